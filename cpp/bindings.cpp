@@ -1,0 +1,136 @@
+// The one pybind11 translation unit: builds relufast._core (and, on x86-64,
+// the same code compiled for AVX2/FMA as relufast._core_avx2).
+#include <pybind11/eigen.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <limits>
+#include <optional>
+
+#include "moments.hpp"
+#include "refine.hpp"
+
+namespace py = pybind11;
+using namespace relufast;
+
+#ifndef RELUFAST_MODULE_NAME
+#define RELUFAST_MODULE_NAME _core
+#endif
+
+namespace {
+
+bool cpu_has_avx2_fma() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool compiled_with_avx2() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstRowRef& Vhat,
+                        std::vector<double> margins, double tol_null, double tol_gap,
+                        double tol_verify, double tol_support, Index min_zeros, int n_jobs) {
+  RefineOptions opts;
+  if (!margins.empty()) opts.margins = std::move(margins);
+  opts.tol_null = tol_null;
+  opts.tol_gap = tol_gap;
+  opts.tol_verify = tol_verify;
+  opts.tol_support = tol_support;
+  opts.min_zeros = min_zeros;
+  std::vector<RowCertificate> res;
+  {
+    py::gil_scoped_release release;
+    res = refine_rows(B, X, Vhat, opts, n_jobs);
+  }
+  const Index c = static_cast<Index>(res.size()), d = X.cols();
+  RowMatrixXd rows = RowMatrixXd::Constant(c, d, std::numeric_limits<double>::quiet_NaN());
+  Eigen::Matrix<bool, Eigen::Dynamic, 1> certified(c), solved(c);
+  Eigen::VectorXi sign(c);
+  Eigen::VectorXd margin(c), null_ratio(c), gap_ratio(c), other_ratio(c), verify(c);
+  Eigen::Matrix<Index, Eigen::Dynamic, 1> n_zero(c), support(c);
+  for (Index i = 0; i < c; ++i) {
+    const RowCertificate& r = res[i];
+    if (r.solved) rows.row(i) = r.row.transpose();
+    certified(i) = r.certified;
+    solved(i) = r.solved;
+    sign(i) = r.sign;
+    margin(i) = r.margin;
+    null_ratio(i) = r.null_ratio;
+    gap_ratio(i) = r.gap_ratio;
+    other_ratio(i) = r.other_ratio;
+    verify(i) = r.verify_residual;
+    n_zero(i) = r.n_zero;
+    support(i) = r.support;
+  }
+  py::dict out;
+  out["rows"] = rows;
+  out["certified"] = certified;
+  out["solved"] = solved;
+  out["sign"] = sign;
+  out["margin"] = margin;
+  out["null_ratio"] = null_ratio;
+  out["gap_ratio"] = gap_ratio;
+  out["other_ratio"] = other_ratio;
+  out["verify_residual"] = verify;
+  out["n_zero"] = n_zero;
+  out["support"] = support;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
+  m.doc() = "relufast compiled kernels (private; use the relufast package)";
+  m.def("cpu_has_avx2_fma", &cpu_has_avx2_fma, "Whether this CPU supports AVX2 and FMA.");
+  m.def("compiled_with_avx2", &compiled_with_avx2, "Whether this module was compiled for AVX2/FMA.");
+
+  py::class_<SecondMoment>(m, "SecondMoment", py::module_local(),
+                           "Mergeable accumulator of sum_s y_s (x) x_s x_s^T (BJW19 Sec. 4.2).")
+      .def(py::init<Index, Index>(), py::arg("d"), py::arg("m"))
+      .def("update", &SecondMoment::update, py::arg("X").noconvert(), py::arg("Y").noconvert(),
+           py::arg("n_jobs") = 0, py::arg("block") = 256, py::call_guard<py::gil_scoped_release>())
+      .def("merge", &SecondMoment::merge, py::arg("other"))
+      .def("tensor", &SecondMoment::tensor)
+      .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))
+      .def_property_readonly("d", &SecondMoment::d)
+      .def_property_readonly("m", &SecondMoment::m)
+      .def_property_readonly("count", &SecondMoment::count)
+      .def_property_readonly("sum_y", [](const SecondMoment& s) { return Eigen::VectorXd(s.sum_y()); })
+      .def_property_readonly("sum_yxx", [](const SecondMoment& s) { return Eigen::MatrixXd(s.sum_yxx()); });
+
+  m.def(
+      "relu_stats",
+      [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
+         int n_jobs, Index block) {
+        ReluStats s;
+        {
+          py::gil_scoped_release release;
+          s = relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block);
+        }
+        py::dict out;
+        out["gram"] = s.gram;
+        out["cross"] = s.cross;
+        out["sq_residual"] = s.sq_residual;
+        out["sq_norm"] = s.sq_norm;
+        out["count"] = s.count;
+        return out;
+      },
+      py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
+      py::arg("n_jobs") = 0, py::arg("block") = 4096,
+      "F = relu(X V^T): returns F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+
+  m.def("refine_rows", &refine_rows_py, py::arg("B").noconvert(), py::arg("X").noconvert(),
+        py::arg("Vhat"), py::arg("margins") = std::vector<double>{}, py::arg("tol_null") = 1e-10,
+        py::arg("tol_gap") = 1e-6, py::arg("tol_verify") = 1e-9, py::arg("tol_support") = 1e-9,
+        py::arg("min_zeros") = 0, py::arg("n_jobs") = 0,
+        "BJW19 Alg. 5 (margin form): certify and solve hidden rows from approximate directions.");
+}

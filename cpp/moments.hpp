@@ -1,0 +1,60 @@
+// Streaming accumulation of Hermite cross moments.
+//
+// BJW19 Alg. 4, step 3 builds E[y (x) S_3(x)]; for ReLU that tensor is zero
+// in expectation (E[relu(z) He_3(z)] = 0), so relufast uses the second-order
+// moment with the output mode kept (spec bjw19.md, Sec. 2.5):
+//
+//   T[i] = (1/n) sum_s y_si (x_s x_s^T - I),   E T[i] = c2 sum_j U_ij v_j v_j^T.
+//
+// The accumulator keeps raw sums (count, sum_s y_s, sum_s y_si x_s x_s^T), so
+// partial sums from blocks, threads, MPI ranks or dask chunks merge by
+// addition. Cost: 2 n m d^2 flops, as one GEMM per block of samples.
+#pragma once
+
+#include "types.hpp"
+
+namespace relufast {
+
+class SecondMoment {
+ public:
+  SecondMoment(Index d, Index m);
+
+  // Adds the samples X (n x d) with outputs Y (n x m). Work is split over
+  // contiguous ranges of sample blocks, one accumulator per thread, merged at
+  // the end in thread order.
+  void update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block);
+  void merge(const SecondMoment& other);
+
+  // (m, d*d): row i is T[i] in row-major order (symmetrised).
+  RowMatrixXd tensor() const;
+
+  Index d() const { return d_; }
+  Index m() const { return m_; }
+  double count() const { return count_; }
+  const Eigen::VectorXd& sum_y() const { return sum_y_; }
+  // (d, m*d): column i*d + k holds sum_s y_si x_s x_sk.
+  const Eigen::MatrixXd& sum_yxx() const { return sum_yxx_; }
+  void set_state(double count, const Eigen::VectorXd& sum_y, const Eigen::MatrixXd& sum_yxx);
+
+ private:
+  Index d_, m_;
+  double count_ = 0.0;
+  Eigen::VectorXd sum_y_;
+  Eigen::MatrixXd sum_yxx_;
+};
+
+// Accumulates over all samples, for the fit of the output layer and the
+// certificate: F = relu(X V^T) (n x k),
+//   gram = F^T F (k x k), cross = F^T Y (k x m), and, when U is given (m x k),
+//   sq_residual = ||Y - F U^T||_F^2 and sq_norm = ||Y||_F^2.
+struct ReluStats {
+  Eigen::MatrixXd gram;
+  Eigen::MatrixXd cross;
+  double sq_residual = 0.0;
+  double sq_norm = 0.0;
+  double count = 0.0;
+};
+ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
+                     const RowMatrixXd* U, int n_jobs, Index block);
+
+}  // namespace relufast

@@ -1,0 +1,12 @@
+#pragma once
+
+#include <Eigen/Dense>
+
+namespace relufast {
+
+// Row-major, to match NumPy's C order: samples are rows.
+using RowMatrixXd = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstRowRef = Eigen::Ref<const RowMatrixXd>;
+using Index = Eigen::Index;
+
+}  // namespace relufast

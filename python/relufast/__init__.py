@@ -1,0 +1,28 @@
+"""relufast: provable weight recovery of two-layer ReLU networks.
+
+Convention: samples are rows, ``Y = relu(X @ V.T) @ U.T`` with V of shape (k, d) and U of
+shape (m, k). Networks are identified up to permutation of hidden units and positive
+scaling of rows of V; results report V with unit-norm rows.
+"""
+from . import algorithms, metrics, moments, planted, refine, tensor
+from ._api import METHODS, recover
+from ._native import BACKEND
+from ._result import RecoveryResult, RelufastWarning, Status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "recover",
+    "METHODS",
+    "RecoveryResult",
+    "Status",
+    "RelufastWarning",
+    "algorithms",
+    "metrics",
+    "moments",
+    "planted",
+    "refine",
+    "tensor",
+    "BACKEND",
+    "__version__",
+]

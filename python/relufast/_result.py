@@ -1,0 +1,115 @@
+"""The result object every relufast entry point returns."""
+from __future__ import annotations
+
+import types
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+__all__ = ["RecoveryResult", "Status", "RelufastWarning"]
+
+
+class RelufastWarning(UserWarning):
+    """Degenerate data, non-convergence or an unmet assumption; the result's status says which."""
+
+
+class Status(str, Enum):
+    """Outcome of a recovery. Compares equal to its string value."""
+
+    EXACT = "exact"  #: every row certified and the fit residual at machine precision
+    APPROXIMATE = "approximate"  #: an estimate; the data are not exactly realizable (noise)
+    FAILED = "failed"  #: the method could not certify k rows; the estimate is unreliable
+    RANK_DEFICIENT = "rank_deficient"  #: the outputs have rank < n_hidden
+    INSUFFICIENT_SAMPLES = "insufficient_samples"  #: too few samples for the method
+    UNSUPPORTED = "unsupported"  #: the data's shape is outside what the method handles
+
+    def __str__(self):
+        return self.value
+
+
+def _freeze(mapping):
+    return types.MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class RecoveryResult:
+    """Recovered two-layer network ``y = U relu(V x)`` with status and certificate.
+
+    Attributes
+    ----------
+    U : ndarray of shape (n_outputs, n_hidden) or None
+        Output layer. Columns carry the scale of the hidden units.
+    V : ndarray of shape (n_hidden, n_features) or None
+        Hidden layer with unit-norm rows.
+    status : Status
+        ``exact``, ``approximate``, ``failed``, ``rank_deficient``, ``insufficient_samples``
+        or ``unsupported``.
+    message : str
+        What happened, and what to try when it did not work.
+    method : str
+        Name of the method in the registry of :func:`relufast.recover`.
+    exact : bool
+        True only when every row of V was certified by the exact refinement and the
+        relative residual of the fit is at most the tolerance.
+    residual : float
+        Relative residual ``||Y - relu(X V^T) U^T||_F / ||Y||_F`` over all samples.
+    seconds : mapping
+        Wall time per stage.
+    counts : mapping
+        Sizes and counts (samples used, candidates tried, rows certified, ...).
+    diagnostics : mapping
+        Method-specific figures (per-row certificates, singular values, gaps, ...).
+    """
+
+    U: Optional[np.ndarray]
+    V: Optional[np.ndarray]
+    status: Status
+    message: str
+    method: str
+    exact: bool = False
+    residual: float = float("nan")
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    counts: Mapping[str, int] = field(default_factory=dict)
+    diagnostics: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "seconds", _freeze(self.seconds))
+        object.__setattr__(self, "counts", _freeze(self.counts))
+        object.__setattr__(self, "diagnostics", _freeze(self.diagnostics))
+        for name in ("U", "V"):
+            a = getattr(self, name)
+            if a is not None:
+                a = np.array(a, dtype=np.float64, copy=True)
+                a.setflags(write=False)
+                object.__setattr__(self, name, a)
+
+    @property
+    def success(self):
+        """True for ``exact`` and ``approximate`` results."""
+        return self.status in (Status.EXACT, Status.APPROXIMATE)
+
+    @property
+    def n_hidden(self):
+        return None if self.V is None else self.V.shape[0]
+
+    def predict(self, X):
+        """Network output ``relu(X V^T) U^T`` for inputs X of shape (n_samples, n_features)."""
+        if self.U is None or self.V is None:
+            raise ValueError(f"this result has no parameters (status {self.status.value})")
+        X = np.asarray(X, dtype=np.float64)
+        return np.maximum(X @ self.V.T, 0.0) @ self.U.T
+
+    def __repr__(self):
+        shape = "" if self.V is None else f", U{self.U.shape}, V{self.V.shape}"
+        return (
+            f"RecoveryResult(method={self.method!r}, status={self.status.value!r}, "
+            f"exact={self.exact}, residual={self.residual:.3g}{shape})"
+        )
+
+
+def warn(message, stacklevel=3):
+    warnings.warn(message, RelufastWarning, stacklevel=stacklevel)

@@ -1,0 +1,105 @@
+"""Input validation shared by every public entry point (validate once, at the facade)."""
+from __future__ import annotations
+
+import numbers
+import os
+
+import numpy as np
+
+__all__ = [
+    "as_float_matrix",
+    "check_xy",
+    "check_n_hidden",
+    "check_random_state",
+    "resolve_n_jobs",
+    "check_positive_int",
+]
+
+
+def as_float_matrix(a, name, *, allow_1d=False):
+    """Return ``a`` as a float64 C-contiguous 2-D array (1-D becomes one column if allowed).
+
+    Integer and boolean arrays are converted; non-numeric input raises TypeError, NaN/inf
+    and wrong dimensionality raise ValueError. A float64 C-contiguous array (or memmap) is
+    returned without a copy.
+    """
+    if hasattr(a, "compute") and hasattr(a, "chunks") and not isinstance(a, np.ndarray):
+        raise TypeError(
+            f"{name} is a lazy array ({type(a).__name__}); this entry point needs an in-memory "
+            "array: call .compute() first, or use relufast.moments.hermite_moment, which "
+            "reduces dask arrays block by block"
+        )
+    arr = np.asarray(a)
+    if arr.dtype == object or not (
+        np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
+    ):
+        raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise TypeError(f"{name} must be real-valued; got dtype {arr.dtype}")
+    if arr.ndim == 1 and allow_1d:
+        arr = arr.reshape(-1, 1)
+    if arr.ndim != 2:
+        expected = "a 1-D or 2-D array" if allow_1d else "a 2-D array of shape (n_samples, n_features)"
+        raise ValueError(f"{name} must be {expected}; got an array with shape {arr.shape}")
+    arr = np.ascontiguousarray(arr, dtype=np.float64)
+    if not np.isfinite(arr).all():
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise ValueError(f"{name} must contain only finite values; found {bad} NaN or infinite entries")
+    return arr
+
+
+def check_xy(X, Y):
+    """Validate inputs X (n, d) and outputs Y (n, m) or (n,); returns float64 C-contiguous arrays."""
+    X = as_float_matrix(X, "X")
+    Y = as_float_matrix(Y, "Y", allow_1d=True)
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(
+            f"X and Y must have the same number of samples (rows); got X with {X.shape[0]} "
+            f"rows and Y with {Y.shape[0]}"
+        )
+    if X.shape[1] == 0 or Y.shape[1] == 0:
+        raise ValueError(f"X and Y must have at least one column; got shapes {X.shape} and {Y.shape}")
+    return X, Y
+
+
+def check_positive_int(value, name, *, minimum=1):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}; got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {value}")
+    return int(value)
+
+
+def check_n_hidden(n_hidden, d):
+    """The number of hidden units k: an integer with 1 <= k <= d (rank V = k needs k <= d)."""
+    k = check_positive_int(n_hidden, "n_hidden")
+    if k > d:
+        raise ValueError(
+            f"n_hidden must be at most the input dimension d = {d} (the rows of V must be "
+            f"linearly independent); got n_hidden = {k}"
+        )
+    return k
+
+
+def check_random_state(random_state):
+    """None, an int seed, or a numpy Generator / SeedSequence -> numpy Generator."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if random_state is None or isinstance(random_state, (numbers.Integral, np.random.SeedSequence)):
+        return np.random.default_rng(random_state)
+    raise TypeError(
+        "random_state must be None, an int, a numpy SeedSequence or a numpy Generator; "
+        f"got {type(random_state).__name__}"
+    )
+
+
+def resolve_n_jobs(n_jobs):
+    """scikit-learn style: None or -1 means all cores; a positive int is a thread count.
+
+    Returns the value the C++ kernels take (0 means all hardware threads).
+    """
+    if n_jobs is None or n_jobs == -1:
+        return 0
+    if isinstance(n_jobs, (bool, np.bool_)) or not isinstance(n_jobs, numbers.Integral) or n_jobs < 1:
+        raise ValueError(f"n_jobs must be None, -1 or a positive integer; got {n_jobs!r}")
+    return int(min(n_jobs, 4 * (os.cpu_count() or 1)))

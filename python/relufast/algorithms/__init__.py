@@ -1,0 +1,5 @@
+"""One module per paper. Each module docstring gives the citation and maps functions to
+the paper's algorithm numbers."""
+from . import bjw19
+
+__all__ = ["bjw19"]

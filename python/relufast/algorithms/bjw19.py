@@ -1,0 +1,321 @@
+"""Bakshi, Jayaram, Woodruff: learning two-layer rectified networks in polynomial time.
+
+References
+----------
+.. [1] A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks
+   in polynomial time. Proceedings of the Thirty-Second Conference on Learning Theory
+   (COLT 2019), PMLR 99:195-268, 2019.
+
+Functions and the paper
+-----------------------
+``gaussian``
+    Theorem 7: exact recovery for Gaussian inputs, noiseless outputs, rank-k U and V.
+    Algorithm 4 (tensor estimate of V up to signs) followed by Algorithm 5 (exact
+    recovery of signs and values from sparsity patterns), then U by least squares.
+    Departures from the paper, all from ``shared/spec/bjw19.md``:
+
+    * Alg. 4, step 3 uses the third-order score tensor, which is zero for ReLU
+      (E[relu(z) He_3(z)] = 0, spec errata 1). relufast uses the second-order moment with
+      the output mode kept, an m x d x d tensor decomposed by Jennrich's algorithm (needs
+      m >= k), polished by CP-ALS, with candidates pooled over random contractions.
+    * Alg. 5, step 2 thresholds at tau = 1/poly(l); relufast uses the margin form (only
+      coordinates where the estimate is confidently negative), which tolerates angle
+      errors of ~0.3 rad and certifies each row (spec Sec. 2.6b).
+    * Alg. 5, step 3 multiplies w in R^k by A (m rows); relufast uses an orthonormal
+      k-row basis of the output span (spec errata 5).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .._native import BACKEND, core
+from .._result import RecoveryResult, Status, warn
+from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
+from ..tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
+
+__all__ = ["gaussian", "CITATION"]
+
+CITATION = (
+    "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "
+    "polynomial time. COLT 2019, PMLR 99:195-268."
+)
+
+#: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
+RANK_TOL = 1e-8
+#: Rows whose |cos| exceeds this are the same hidden unit.
+DUPLICATE_COS = 1.0 - 1e-6
+#: Rows used for the Gaussianity diagnostic.
+GAUSS_ROWS = 20000
+
+
+def _gaussianity(X):
+    """Cheap test of x ~ N(0, I): second-moment matrix and per-coordinate kurtosis."""
+    Xs = X[: min(X.shape[0], GAUSS_ROWS)]
+    N, d = Xs.shape
+    C = Xs.T @ Xs / N
+    cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
+    cov_tol = 3.0 * (2.0 * np.sqrt(d / N) + d / N) + 0.05
+    # Standardised excess kurtosis per coordinate (sd sqrt(96/N) under N(0,1) with unit variance).
+    kurt = np.mean(Xs**4, axis=0) - 3.0 * np.mean(Xs**2, axis=0) ** 2
+    z = kurt / np.sqrt(96.0 / N)
+    kurt_stat = float(np.mean(z**2))
+    kurt_tol = 1.0 + 8.0 * np.sqrt(2.0 / d) + 2.0
+    ok = cov_dev <= cov_tol and kurt_stat <= kurt_tol
+    return {
+        "gaussian_ok": bool(ok),
+        "second_moment_deviation": cov_dev,
+        "second_moment_tolerance": float(cov_tol),
+        "kurtosis_statistic": kurt_stat,
+        "kurtosis_tolerance": float(kurt_tol),
+    }
+
+
+def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
+    """Spec Sec. 2.5 step 9: on samples where every known unit is off, Y is rank one."""
+    Xs, Ys = X[: min(X.shape[0], max_rows)], Y[: min(X.shape[0], max_rows)]
+    off = np.all(Xs @ V_known.T <= 0.0, axis=1)
+    d = X.shape[1]
+    if off.sum() < 2 * d:
+        return None
+    Uy, s, _ = np.linalg.svd(Ys[off], full_matrices=False)
+    a = Uy[:, 0] if Uy[:, 0].sum() >= 0 else -Uy[:, 0]
+    S = a > 1e-6 * a.max()
+    if S.sum() < d:
+        return None
+    z = np.linalg.lstsq(Xs[off][S], a[S], rcond=None)[0]
+    out = refine_rows(B, Xr, z[None, :], n_jobs=threads)
+    return out["rows"][0] if out["certified"][0] else None
+
+
+def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
+             random_state=None, block_size=256):
+    """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs, i.i.d. N(0, I_d) for the guarantee. Integer arrays are converted.
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+        Outputs; noiseless for an exact result (BJW19's A is ``Y.T``, its X is ``X.T``).
+    n_hidden : int
+        Number of hidden units k, with k <= n_features and k <= n_outputs.
+    n_refine : int, optional
+        Samples used by the exact refinement and the fit of U (default
+        ``min(n, max(1000, 25 d, 100 k))``).
+    n_restarts : int, default=10
+        Maximum number of Jennrich draws (each with a CP-ALS polish) whose candidate rows
+        are pooled until k distinct rows are certified.
+    tol : float, default=1e-10
+        Largest relative residual ``||Y - relu(X V^T) U^T||_F / ||Y||_F`` accepted as exact.
+    n_jobs : int or None, default=None
+        Threads for the C++ kernels (None or -1: all cores).
+    random_state : None, int or numpy Generator
+        Seeds the choice of refinement samples and the random contractions.
+    block_size : int, default=256
+        Samples per block in the moment kernel.
+
+    Returns
+    -------
+    RecoveryResult
+        ``status`` is ``exact`` when all k rows were certified and the residual is at most
+        ``tol``; ``approximate`` when the outputs are noisy (the rows then come from the
+        near-null vectors, with errors that shrink with the noise); ``failed``,
+        ``rank_deficient`` or ``unsupported`` otherwise, each with a warning.
+
+    Notes
+    -----
+    Steps, with their place in BJW19:
+
+    1. Rank of Y on the refinement samples (Thm 7 needs rank(U) = k) and an orthonormal
+       basis B of its column span; outputs compressed to k columns ``Y Q``.
+    2. Moment ``T[i] = mean_s (YQ)[s, i] (x_s x_s^T - I)`` (C++, replaces Alg. 4 step 3).
+    3. Span of V from ``sum_i T[i]^2``; projected k x k x k tensor; Jennrich + CP-ALS
+       (Alg. 4 step 4, with the decomposition of spec Sec. 2.5).
+    4. Alg. 5 on every candidate (C++): certified rows are exact.
+    5. U by least squares (Thm 1 proof, "Gaussian elimination"), residual over all samples.
+
+    Cost: 2 n k d^2 flops for the moment, O(n (d k + m k)) for the residual, the rest
+    depends only on the refinement sample size.
+    """
+    t_start = time.perf_counter()
+    seconds = {}
+    method = "bjw19-gaussian"
+    X, Y = check_xy(X, Y)
+    n, d = X.shape
+    m = Y.shape[1]
+    k = check_n_hidden(n_hidden, d)
+    n_restarts = check_positive_int(n_restarts, "n_restarts")
+    block_size = check_positive_int(block_size, "block_size")
+    if not (np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
+    n_min = 2 * (d + 1)
+    if n < n_min:
+        raise ValueError(
+            f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}"
+        )
+    threads = resolve_n_jobs(n_jobs)
+    rng = check_random_state(random_state)
+    if n_refine is None:
+        ell = min(n, max(1000, 25 * d, 100 * k))
+    else:
+        ell = min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
+    counts = {"n_samples": n, "n_refine": ell, "n_hidden": k}
+    diag = {"backend": BACKEND}
+    seconds["validation"] = time.perf_counter() - t_start
+
+    def stop(status, message, U=None, V=None, residual=float("nan")):
+        warn(message, stacklevel=4)
+        seconds["total"] = time.perf_counter() - t_start
+        return RecoveryResult(U=U, V=V, status=status, message=message, method=method,
+                              exact=False, residual=residual, seconds=seconds, counts=counts,
+                              diagnostics=diag)
+
+    if m < k:
+        return stop(
+            Status.UNSUPPORTED,
+            f"bjw19-gaussian needs at least as many outputs as hidden units (m >= k) so that "
+            f"the second-order moment separates the units; got m = {m} < k = {k}. The "
+            "fourth-order variant for m < k is not implemented.",
+        )
+
+    # Step 1: refinement samples, rank of the outputs, output basis and compression.
+    t = time.perf_counter()
+    idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
+    Xr, Yr = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+    B, sv, Q = output_basis(Yr, k)
+    diag["output_singular_values"] = sv
+    rank = int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
+    noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
+    diag["noise_ratio"] = noise_ratio
+    diag.update(_gaussianity(X))
+    seconds["prepare"] = time.perf_counter() - t
+    if rank < k:
+        return stop(
+            Status.RANK_DEFICIENT,
+            f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
+            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {ell} samples); BJW19 Thm 7 needs "
+            "U of rank k. Check n_hidden, or use a method for rank-deficient U.",
+        )
+    if not diag["gaussian_ok"]:
+        warn(
+            "X does not look like standard Gaussian input (second-moment deviation "
+            f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
+            f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
+            "bjw19-gaussian assumes x ~ N(0, I). Rows are still certified exactly, so an "
+            "'exact' status remains trustworthy, but the moment step may fail.",
+            stacklevel=3,
+        )
+
+    # Step 2: the moment tensor on the compressed outputs.
+    t = time.perf_counter()
+    Yc = Y if m == k else np.ascontiguousarray(Y @ Q)
+    acc = core.SecondMoment(d, k)
+    acc.update(X, Yc, threads, block_size)
+    T = acc.tensor().reshape(k, d, d)
+    seconds["moments"] = time.perf_counter() - t
+
+    # Step 3: span, projection; Step 4: candidates pooled over restarts and certified.
+    t = time.perf_counter()
+    W, evals = input_span(T, k)
+    P = project(T, W)
+    diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
+    seconds["tensor"] = time.perf_counter() - t
+    t_ref = 0.0
+    certified, cert_meta = [], []
+    approx_rows = None
+    gaps = []
+    min_null = np.inf
+    n_candidates = 0
+    restarts = 0
+    for restarts in range(1, n_restarts + 1):
+        t = time.perf_counter()
+        Z, gap = jennrich(P, rng)
+        _, Bf, Cf = cp_als(P, Z)
+        gaps.append(gap)
+        cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
+        seconds["tensor"] += time.perf_counter() - t
+        t = time.perf_counter()
+        out = refine_rows(B, Xr, cand, n_jobs=threads)
+        t_ref += time.perf_counter() - t
+        n_candidates += cand.shape[0]
+        min_null = min(min_null, float(np.min(out["null_ratio"])))
+        if approx_rows is None:
+            # Noise-tolerant estimate from the polished draw: near-null-vector rows where
+            # solved, else the tensor direction with the better-supported sign.
+            approx_rows = np.where(out["solved"][:k, None], out["rows"][:k],
+                                   np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k])
+        for i in np.flatnonzero(out["certified"]):
+            row = out["rows"][i]
+            if all(abs(row @ c) < DUPLICATE_COS for c in certified):
+                certified.append(row)
+                cert_meta.append({key: out[key][i] for key in
+                                  ("margin", "null_ratio", "gap_ratio", "other_ratio",
+                                   "verify_residual", "support")})
+        if len(certified) >= k:
+            break
+    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9:
+        t = time.perf_counter()
+        row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
+        t_ref += time.perf_counter() - t
+        if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
+            certified.append(row)
+            cert_meta.append({"deflation": True})
+            diag["deflation_used"] = True
+    seconds["refine"] = t_ref
+    counts.update({"candidates": n_candidates, "restarts": restarts, "certified_rows": len(certified)})
+    diag["jennrich_gaps"] = np.array(gaps)
+    diag["row_certificates"] = tuple(cert_meta)
+
+    # Step 5: the output layer and the certificate over all samples.
+    t = time.perf_counter()
+    exact_rows = len(certified) == k
+    if exact_rows:
+        V = np.array(certified)
+        U, cond = fit_output_layer(Xr, Yr, V)
+    else:
+        V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
+                                  if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
+        if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
+            V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
+        st = relu_stats(X, Y, V, n_jobs=threads)
+        U = np.linalg.lstsq(st["gram"], st["cross"], rcond=None)[0].T
+        cond = float(np.sqrt(np.linalg.cond(st["gram"])))
+    st = relu_stats(X, Y, V, U, n_jobs=threads)
+    residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
+    diag["fit_condition"] = cond
+    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
+    U, V = U[:, order], V[order]
+    seconds["fit"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t_start
+
+    exact = exact_rows and residual <= tol
+    if exact:
+        status = Status.EXACT
+        message = (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
+                   f"relative residual {residual:.2e} over {n} samples")
+    elif exact_rows:
+        status = Status.FAILED
+        message = (f"all {k} rows were certified on {ell} refinement samples but the residual "
+                   f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
+                   "not exactly those of one network (outliers or a few corrupted samples?)")
+    else:
+        noisy = noise_ratio > 1e-9 or min_null > 1e-8
+        status = Status.APPROXIMATE if noisy else Status.FAILED
+        if noisy:
+            message = (f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
+                       f"smallest null-space ratio {min_null:.2e}): returning an approximate "
+                       f"network with relative residual {residual:.2e}; {len(certified)} of {k} "
+                       "rows certified")
+        else:
+            message = (f"only {len(certified)} of {k} rows could be certified after {restarts} "
+                       "restarts: the moment estimate is too crude. Try more samples, more "
+                       "n_restarts, or check that X is standard Gaussian and that rows of V are "
+                       "not nearly parallel")
+    result = RecoveryResult(U=U, V=V, status=status, message=message, method=method, exact=exact,
+                            residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
+    if not exact:
+        warn(message, stacklevel=3)
+    return result

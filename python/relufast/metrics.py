@@ -1,0 +1,89 @@
+"""Errors up to the symmetries of a two-layer ReLU network.
+
+A network ``U relu(V x)`` is unchanged by permuting hidden units and by scaling row j of V
+by c > 0 while dividing column j of U by c. Errors are measured after normalising rows of
+V to unit norm and matching hidden units by the best permutation (Hungarian algorithm on
+the signed cosine: the sign of a row is identifiable for ReLU).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+__all__ = ["ParameterError", "canonical", "match_hidden_units", "parameter_error", "function_error"]
+
+
+class ParameterError(NamedTuple):
+    """Relative Frobenius errors after the best matching."""
+
+    U: float  #: ||U - U*||_F / ||U*||_F
+    V: float  #: ||V - V*||_F / ||V*||_F (unit rows)
+    max_angle: float  #: largest angle (radians) between matched rows of V
+    permutation: np.ndarray  #: row j of the estimate matches row permutation[j] of the truth
+
+
+def _params(obj):
+    if isinstance(obj, tuple) and len(obj) == 2:
+        U, V = obj
+    else:
+        U, V = getattr(obj, "U", None), getattr(obj, "V", None)
+    if U is None or V is None:
+        raise ValueError("expected an object with U and V (a result or a network) or a (U, V) tuple")
+    return np.asarray(U, dtype=np.float64), np.asarray(V, dtype=np.float64)
+
+
+def canonical(U, V):
+    """Scale rows of V to unit norm and columns of U accordingly (network unchanged)."""
+    U = np.asarray(U, dtype=np.float64)
+    V = np.asarray(V, dtype=np.float64)
+    s = np.linalg.norm(V, axis=1)
+    s[s == 0] = 1.0
+    return U * s[None, :], V / s[:, None]
+
+
+def match_hidden_units(V_est, V_true):
+    """Permutation p maximising sum_j cos(V_est[j], V_true[p[j]]) (unit rows assumed)."""
+    if V_est.shape != V_true.shape:
+        raise ValueError(f"V shapes differ: estimate {V_est.shape}, truth {V_true.shape}")
+    rows, cols = linear_sum_assignment(-(V_est @ V_true.T))
+    perm = np.empty(V_est.shape[0], dtype=int)
+    perm[rows] = cols
+    return perm
+
+
+def parameter_error(estimate, truth):
+    """Relative errors of U and V after normalisation and the best permutation.
+
+    Parameters
+    ----------
+    estimate, truth : RecoveryResult, PlantedNetwork or (U, V) tuple
+
+    Returns
+    -------
+    ParameterError
+    """
+    U, V = canonical(*_params(estimate))
+    U0, V0 = canonical(*_params(truth))
+    if U.shape != U0.shape:
+        raise ValueError(f"U shapes differ: estimate {U.shape}, truth {U0.shape}")
+    perm = match_hidden_units(V, V0)
+    Vm, Um = V0[perm], U0[:, perm]
+    cos = np.clip(np.sum(V * Vm, axis=1), -1.0, 1.0)
+    return ParameterError(
+        U=float(np.linalg.norm(U - Um) / np.linalg.norm(Um)),
+        V=float(np.linalg.norm(V - Vm) / np.linalg.norm(Vm)),
+        max_angle=float(np.max(np.arccos(cos))),
+        permutation=perm,
+    )
+
+
+def function_error(estimate, truth, X):
+    """Relative output error ``||f(X) - f*(X)||_F / ||f*(X)||_F`` on inputs X (n, d)."""
+    U, V = _params(estimate)
+    U0, V0 = _params(truth)
+    X = np.asarray(X, dtype=np.float64)
+    F = np.maximum(X @ V.T, 0.0) @ U.T
+    F0 = np.maximum(X @ V0.T, 0.0) @ U0.T
+    return float(np.linalg.norm(F - F0) / np.linalg.norm(F0))
