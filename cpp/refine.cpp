@@ -31,10 +31,13 @@ SignProbe probe(const ConstRowRef& B, const Eigen::VectorXd& p, int q, double ga
   for (Index r = 0; r < out.n_zero; ++r) M.row(r) = B.col(Z[r]).transpose();
   Eigen::JacobiSVD<Eigen::MatrixXd> svd(M, Eigen::ComputeFullV);
   const Eigen::VectorXd& s = svd.singularValues();
-  if (!(s(0) > 0.0)) return out;
+  // Scale of B[:, Z]: its largest singular value; for k = 1 that is the quantity under
+  // test, so use the size B[:, Z] would have if its entries were typical of B.
+  const double scale = k >= 2 ? s(0) : B.norm() * std::sqrt(double(out.n_zero) / double(l));
+  if (!(scale > 0.0)) return out;
   out.usable = true;
-  out.null_ratio = s(k - 1) / s(0);
-  out.gap_ratio = k >= 2 ? s(k - 2) / s(0) : 1.0;
+  out.null_ratio = s(k - 1) / scale;
+  out.gap_ratio = k >= 2 ? s(k - 2) / scale : 1.0;
   out.null_vector = svd.matrixV().col(k - 1);
   return out;
 }

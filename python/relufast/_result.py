@@ -111,5 +111,14 @@ class RecoveryResult:
         )
 
 
-def warn(message, stacklevel=3):
+def warn(message, stacklevel=None):
+    """Issue a RelufastWarning attributed to the first caller outside the relufast package."""
+    if stacklevel is None:
+        import os
+        import sys
+
+        pkg = os.path.dirname(os.path.abspath(__file__))
+        frame, stacklevel = sys._getframe(1), 2
+        while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
+            frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(message, RelufastWarning, stacklevel=stacklevel)

@@ -95,8 +95,9 @@ def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10
                     probes[q] = None
                     continue
                 _, s, Vt = np.linalg.svd(B[:, Z].T, full_matrices=True)
-                gap = s[k - 2] / s[0] if k >= 2 else 1.0
-                probes[q] = (s[k - 1] / s[0], gap, Vt[k - 1])
+                scale = s[0] if k >= 2 else np.linalg.norm(B) * np.sqrt(Z.size / l)
+                gap = s[k - 2] / scale if k >= 2 else 1.0
+                probes[q] = (s[k - 1] / scale, gap, Vt[k - 1])
             for q in (+1, -1):
                 mine, other = probes[q], probes[-q]
                 if mine is None:

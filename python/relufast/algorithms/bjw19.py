@@ -167,7 +167,7 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     seconds["validation"] = time.perf_counter() - t_start
 
     def stop(status, message, U=None, V=None, residual=float("nan")):
-        warn(message, stacklevel=4)
+        warn(message)
         seconds["total"] = time.perf_counter() - t_start
         return RecoveryResult(U=U, V=V, status=status, message=message, method=method,
                               exact=False, residual=residual, seconds=seconds, counts=counts,
@@ -205,8 +205,7 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
             f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
             f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
             "bjw19-gaussian assumes x ~ N(0, I). Rows are still certified exactly, so an "
-            "'exact' status remains trustworthy, but the moment step may fail.",
-            stacklevel=3,
+            "'exact' status remains trustworthy, but the moment step may fail."
         )
 
     # Step 2: the moment tensor on the compressed outputs.
@@ -317,5 +316,5 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     result = RecoveryResult(U=U, V=V, status=status, message=message, method=method, exact=exact,
                             residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
     if not exact:
-        warn(message, stacklevel=3)
+        warn(message)
     return result

@@ -1,0 +1,71 @@
+"""Type stub for relufast._core (and relufast._core_avx2, the same API built for AVX2/FMA)."""
+from typing import TypedDict
+
+import numpy as np
+from numpy.typing import NDArray
+
+def cpu_has_avx2_fma() -> bool: ...
+def compiled_with_avx2() -> bool: ...
+
+class SecondMoment:
+    """Mergeable accumulator of sum_s y_s (x) x_s x_s^T (BJW19 Sec. 4.2)."""
+
+    def __init__(self, d: int, m: int) -> None: ...
+    def update(
+        self, X: NDArray[np.float64], Y: NDArray[np.float64], n_jobs: int = 0, block: int = 256
+    ) -> None: ...
+    def merge(self, other: SecondMoment) -> None: ...
+    def tensor(self) -> NDArray[np.float64]: ...
+    def set_state(self, count: float, sum_y: NDArray[np.float64], sum_yxx: NDArray[np.float64]) -> None: ...
+    @property
+    def d(self) -> int: ...
+    @property
+    def m(self) -> int: ...
+    @property
+    def count(self) -> float: ...
+    @property
+    def sum_y(self) -> NDArray[np.float64]: ...
+    @property
+    def sum_yxx(self) -> NDArray[np.float64]: ...
+
+class _ReluStats(TypedDict):
+    gram: NDArray[np.float64]
+    cross: NDArray[np.float64]
+    sq_residual: float
+    sq_norm: float
+    count: float
+
+def relu_stats(
+    X: NDArray[np.float64],
+    Y: NDArray[np.float64],
+    V: NDArray[np.float64],
+    U: NDArray[np.float64] | None = None,
+    n_jobs: int = 0,
+    block: int = 4096,
+) -> _ReluStats: ...
+
+class _RefineOut(TypedDict):
+    rows: NDArray[np.float64]
+    certified: NDArray[np.bool_]
+    solved: NDArray[np.bool_]
+    sign: NDArray[np.int32]
+    margin: NDArray[np.float64]
+    null_ratio: NDArray[np.float64]
+    gap_ratio: NDArray[np.float64]
+    other_ratio: NDArray[np.float64]
+    verify_residual: NDArray[np.float64]
+    n_zero: NDArray[np.int64]
+    support: NDArray[np.int64]
+
+def refine_rows(
+    B: NDArray[np.float64],
+    X: NDArray[np.float64],
+    Vhat: NDArray[np.float64],
+    margins: list[float] = ...,
+    tol_null: float = 1e-10,
+    tol_gap: float = 1e-6,
+    tol_verify: float = 1e-9,
+    tol_support: float = 1e-9,
+    min_zeros: int = 0,
+    n_jobs: int = 0,
+) -> _RefineOut: ...
