@@ -1,0 +1,45 @@
+"""Whole bjw19-gaussian pipeline vs a straightforward NumPy implementation of it.
+
+d = 50, k = 10, m = 20, n = 1e5 and 1e6, Gaussian inputs. The recovery error is recorded
+in extra_info beside every time, so a faster but wrong run shows.
+"""
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import relufast as rf
+
+from .numpy_pipeline import recover_numpy
+
+D, K, M = 50, 10, 20
+
+
+@pytest.fixture(scope="module", params=[100_000, 1_000_000], ids=lambda n: f"n{n}")
+def planted(request):
+    net = rf.planted.two_layer(d=D, k=K, m=M, random_state=0)
+    X, Y = net.sample(request.param, random_state=1)
+    return net, X, Y
+
+
+def test_relufast_pipeline(benchmark, planted, machine):
+    net, X, Y = planted
+    res = benchmark.pedantic(rf.recover, args=(X, Y), kwargs={"n_hidden": K, "method": "bjw19-gaussian",
+                                                                "random_state": 0},
+                             rounds=3, warmup_rounds=1)
+    err = rf.metrics.parameter_error(res, net)
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update({"status": res.status.value, "error_U": err.U, "error_V": err.V,
+                                 "residual": res.residual, "seconds": dict(res.seconds),
+                                 "certified_rows": res.counts["certified_rows"]})
+    assert res.exact and err.U < 1e-10 and err.V < 1e-10
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_numpy_pipeline(benchmark, planted, threads):
+    net, X, Y = planted
+    with threadpool_limits(threads):
+        U, V, residual = benchmark.pedantic(recover_numpy, args=(X, Y, K), rounds=2, warmup_rounds=0)
+    err = rf.metrics.parameter_error((U, V), net)
+    benchmark.extra_info.update({"threads": threads, "error_U": err.U, "error_V": err.V,
+                                 "residual": residual})
+    assert err.V < 1e-10
