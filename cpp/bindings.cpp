@@ -96,8 +96,16 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   py::class_<SecondMoment>(m, "SecondMoment", py::module_local(),
                            "Mergeable accumulator of sum_s y_s (x) x_s x_s^T (BJW19 Sec. 4.2).")
       .def(py::init<Index, Index>(), py::arg("d"), py::arg("m"))
-      .def("update", &SecondMoment::update, py::arg("X").noconvert(), py::arg("Y").noconvert(),
-           py::arg("n_jobs") = 0, py::arg("block") = 256, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "update",
+          [](SecondMoment& s, const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
+             std::optional<RowMatrixXd> Q) {
+            py::gil_scoped_release release;
+            s.update(X, Y, n_jobs, block, Q ? &*Q : nullptr);
+          },
+          py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("n_jobs") = 0,
+          py::arg("block") = 256, py::arg("Q") = py::none(),
+          "Add samples X (n, d) with outputs Y (n, m), or Y @ Q when Q (p, m) is given.")
       .def("merge", &SecondMoment::merge, py::arg("other"))
       .def("tensor", &SecondMoment::tensor)
       .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))

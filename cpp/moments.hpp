@@ -19,10 +19,13 @@ class SecondMoment {
  public:
   SecondMoment(Index d, Index m);
 
-  // Adds the samples X (n x d) with outputs Y (n x m). Work is split over
-  // contiguous ranges of sample blocks, one accumulator per thread, merged at
-  // the end in thread order.
-  void update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block);
+  // Adds the samples X (n x d) with outputs Y (n x m), or, when Q (p x m) is
+  // given, with outputs Y Q for Y of shape (n x p) (the output compression of
+  // the pipeline, applied per block so no n x m copy is made). Work is split
+  // over contiguous ranges of sample blocks, one accumulator per thread, merged
+  // at the end in thread order.
+  void update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
+              const RowMatrixXd* Q = nullptr);
   void merge(const SecondMoment& other);
 
   // (m, d*d): row i is T[i] in row-major order (symmetrised).
@@ -37,6 +40,7 @@ class SecondMoment {
   void set_state(double count, const Eigen::VectorXd& sum_y, const Eigen::MatrixXd& sum_yxx);
 
  private:
+  static constexpr Index kPanel = 16;
   Index d_, m_;
   double count_ = 0.0;
   Eigen::VectorXd sum_y_;

@@ -12,7 +12,12 @@ class SecondMoment:
 
     def __init__(self, d: int, m: int) -> None: ...
     def update(
-        self, X: NDArray[np.float64], Y: NDArray[np.float64], n_jobs: int = 0, block: int = 256
+        self,
+        X: NDArray[np.float64],
+        Y: NDArray[np.float64],
+        n_jobs: int = 0,
+        block: int = 256,
+        Q: NDArray[np.float64] | None = None,
     ) -> None: ...
     def merge(self, other: SecondMoment) -> None: ...
     def tensor(self) -> NDArray[np.float64]: ...
