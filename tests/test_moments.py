@@ -108,3 +108,21 @@ def test_kernel_refuses_silent_copies():
 
 def test_backend_name():
     assert rf.BACKEND in ("baseline", "avx2")
+
+
+@pytest.mark.parametrize("d", [6, 45])
+def test_output_projection_inside_kernel(d):
+    # The pipeline compresses outputs per block (Y @ Q) inside the kernel.
+    from relufast._native import core
+
+    rng = np.random.default_rng(d)
+    X = rng.standard_normal((900, d))
+    Y = rng.standard_normal((900, 5))
+    Q = np.ascontiguousarray(np.linalg.qr(rng.standard_normal((5, 3)))[0])
+    acc = core.SecondMoment(d, 3)
+    acc.update(X, Y, 2, 64, Q)
+    T = acc.tensor().reshape(3, d, d)
+    R = hermite_moment_reference(X, Y @ Q)
+    np.testing.assert_allclose(T, R, rtol=KERNEL_RTOL, atol=KERNEL_RTOL * np.abs(R).max())
+    with pytest.raises(ValueError, match=r"Q has shape \(5, 3\), expected \(4, 3\)"):
+        acc.update(X, np.ascontiguousarray(Y[:, :4]), 1, 64, Q)

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from ._blas import single_threaded_blas
 from ._native import core
 from ._validation import check_positive_int, check_xy, resolve_n_jobs
 
@@ -61,7 +62,8 @@ class SecondMomentAccumulator:
     def update(self, X, Y):
         """Add samples X of shape (n, d) with outputs Y of shape (n, m); returns self."""
         X, Y = check_xy(X, Y)
-        self._acc.update(X, Y, self._n_jobs, self._block)
+        with single_threaded_blas():
+            self._acc.update(X, Y, self._n_jobs, self._block)
         return self
 
     def merge(self, other):
@@ -132,7 +134,8 @@ def hermite_moment(X, Y, order=2, *, n_jobs=None, block_size=256, comm=None):
         raise ValueError(f"order must be 2 (the only order implemented); got {order!r}")
     X, Y = check_xy(X, Y)
     acc = SecondMomentAccumulator(X.shape[1], Y.shape[1], n_jobs=n_jobs, block_size=block_size)
-    acc._acc.update(X, Y, acc._n_jobs, acc._block)
+    with single_threaded_blas():
+        acc._acc.update(X, Y, acc._n_jobs, acc._block)
     if comm is not None:
         acc.allreduce(comm)
     return acc.tensor()

@@ -184,9 +184,11 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     if m < k:
         return stop(
             Status.UNSUPPORTED,
-            f"bjw19-gaussian needs at least as many outputs as hidden units (m >= k) so that "
-            f"the second-order moment separates the units; got m = {m} < k = {k}. The "
-            "fourth-order variant for m < k is not implemented.",
+            f"bjw19-gaussian needs at least as many outputs as hidden units (m >= k): BJW19 "
+            f"Thm 7 assumes U of rank k, and both the output mode of the moment and the exact "
+            f"refinement (Alg. 5 works in the span of the outputs) rely on it; got m = {m} < "
+            f"k = {k}. Rank-deficient U needs the fixed-parameter algorithm (BJW19 Alg. 7), "
+            "which is not implemented yet.",
         )
 
     # Step 1: refinement samples, rank of the outputs, output basis and compression.
