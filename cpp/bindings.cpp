@@ -6,9 +6,11 @@
 
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "moments.hpp"
 #include "refine.hpp"
+#include "sign_patterns.hpp"
 
 namespace py = pybind11;
 using namespace relufast;
@@ -135,6 +137,38 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
       py::arg("n_jobs") = 0, py::arg("block") = 4096,
       "F = relu(X V^T): returns F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+
+  m.def(
+      "pattern_subset_count",
+      [](Index n, Index k, const std::string& mode) {
+        return pattern_subset_count(n, k, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices);
+      },
+      py::arg("n"), py::arg("k"), py::arg("mode"), "Subsets visited: C(n, k) (vertices) or C(n, k-1) (rays).");
+
+  m.def(
+      "enumerate_patterns",
+      [](const ConstRowRef& B, const std::string& mode, long long begin, long long end, double tol,
+         int n_jobs) {
+        if (mode != "vertices" && mode != "rays")
+          throw std::invalid_argument("mode must be 'vertices' or 'rays'; got '" + mode + "'");
+        PatternBatch b;
+        {
+          py::gil_scoped_release release;
+          b = enumerate_patterns(B, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices,
+                                 begin, end, tol, n_jobs);
+        }
+        const Index count = b.n_words ? static_cast<Index>(b.words.size()) / b.n_words : 0;
+        Eigen::Matrix<std::uint64_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> words(count, b.n_words);
+        if (count) std::copy(b.words.begin(), b.words.end(), words.data());
+        py::dict out;
+        out["words"] = words;
+        out["coeffs"] = b.coeffs;
+        out["systems"] = b.systems;
+        return out;
+      },
+      py::arg("B").noconvert(), py::arg("mode"), py::arg("begin"), py::arg("end"),
+      py::arg("tol") = 1e-9, py::arg("n_jobs") = 0,
+      "BJW19 Lemma 1 (vertices) or extreme rays: positive sets of vectors in the row span of B.");
 
   m.def("refine_rows", &refine_rows_py, py::arg("B").noconvert(), py::arg("X").noconvert(),
         py::arg("Vhat"), py::arg("margins") = std::vector<double>{}, py::arg("tol_null") = 1e-10,

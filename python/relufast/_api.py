@@ -10,6 +10,8 @@ __all__ = ["recover", "METHODS"]
 #: name -> (function, citation). Each function takes (X, Y, n_hidden, **options).
 METHODS = {
     "bjw19-gaussian": (bjw19.gaussian, bjw19.CITATION),
+    "bjw19-enumeration": (bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
+    "bjw19-fpt": (bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
 }
 
 

@@ -25,6 +25,7 @@ class Status(str, Enum):
     RANK_DEFICIENT = "rank_deficient"  #: the outputs have rank < n_hidden
     INSUFFICIENT_SAMPLES = "insufficient_samples"  #: too few samples for the method
     UNSUPPORTED = "unsupported"  #: the data's shape is outside what the method handles
+    NON_IDENTIFIABLE = "non_identifiable"  #: the data do not determine the network
 
     def __str__(self):
         return self.value

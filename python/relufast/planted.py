@@ -11,7 +11,8 @@ import numpy as np
 
 from ._validation import check_positive_int, check_random_state
 
-__all__ = ["PlantedNetwork", "two_layer", "INPUT_DISTRIBUTIONS"]
+__all__ = ["PlantedNetwork", "two_layer", "lemma16_pair", "relu_separability_instance",
+           "INPUT_DISTRIBUTIONS"]
 
 #: Input laws accepted by :meth:`PlantedNetwork.sample`; all have mean 0 and identity
 #: covariance, all but "gaussian" are symmetric and non-Gaussian.
@@ -147,3 +148,71 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
         f"no network met the constraints (max_condition={max_condition}, max_cos={max_cos}, "
         f"max_output_condition={max_output_condition}) in {max_tries} draws; relax them"
     )
+
+
+def lemma16_pair(a=1e-3, *, m=1, random_state=None):
+    """The two networks of BJW19 Lemma 16 (exact recovery needs n = Omega(kappa(V))).
+
+    ``V1`` has rows ``(1, +-a) / sqrt(1 + a^2)`` and ``V2`` rows ``(1, +-2a) / sqrt(1 + 4a^2)``
+    (the paper's V2 has a typo, spec errata 10), both with kappa(V) about 1/a. For m = 1,
+    ``U = [s/2, s/2]`` with s the row norm, so both networks output
+    ``(relu(x1 + a_i x2) + relu(x1 - a_i x2)) / 2``; on a sample they agree whenever
+    ``|x1| > 2a |x2|``, i.e. with probability ``1 - Theta(a)``. For m > 1 both networks
+    share a random output direction matrix (m, 2), scaled the same way.
+
+    Returns
+    -------
+    (PlantedNetwork, PlantedNetwork)
+    """
+    if not (np.isfinite(a) and 0 < a):
+        raise ValueError(f"a must be a positive number; got {a!r}")
+    m = check_positive_int(m, "m")
+    rng = check_random_state(random_state)
+    base = np.full((1, 2), 0.5) if m == 1 else rng.standard_normal((m, 2))
+    nets = []
+    for ai in (a, 2 * a):
+        s = np.sqrt(1 + ai * ai)
+        V = np.array([[1.0, ai], [1.0, -ai]]) / s
+        nets.append(PlantedNetwork(U=base * s, V=V))
+    return nets[0], nets[1]
+
+
+def relu_separability_instance(clauses, n_vars):
+    """The reduction of BJW19 Section 3 (Thm 2): a 6-SAT formula -> (X, Y) with alpha = [1, 1].
+
+    A network ``y = relu(x . v1) + relu(x . v2)`` fits (X, Y) exactly iff the sets P, Q
+    built from the formula are ReLU-separable (Def. 5), which holds iff the (reversible)
+    formula is satisfiable. Outputs have rank 1 < k = 2, the NP-hard regime.
+
+    Parameters
+    ----------
+    clauses : sequence of sequences of nonzero ints
+        Literals in DIMACS style: ``3`` is u_3, ``-3`` is not u_3 (variables 1..n_vars).
+    n_vars : int
+
+    Returns
+    -------
+    X : ndarray of shape (|P| + |Q|, n_vars + 2)
+        Rows: one point p per clause (output 0), then the points of Q (output 1).
+    Y : ndarray of shape (|P| + |Q|, 1)
+    """
+    n = check_positive_int(n_vars, "n_vars")
+    d = n + 2
+    P = []
+    for clause in clauses:
+        lits = list(clause)
+        if not lits or any((not isinstance(l, (int, np.integer))) or l == 0 or abs(l) > n for l in lits):
+            raise ValueError(f"each clause must be a nonempty list of literals in +-1..{n}; got {clause!r}")
+        p = np.zeros(d)
+        for l in lits:
+            p[abs(l) - 1] = -1.0 if l > 0 else 1.0
+        # x_{n+1} + x_{n+2} = 1/2 makes the last two coordinates contribute -(L - 1):
+        # p . x <= 0  <=>  sum of literal values >= -(L - 1)  <=>  some literal is true.
+        p[n] = p[n + 1] = -2.0 * (len(lits) - 1)
+        P.append(p)
+    E = np.eye(d)
+    Q = [E[i] for i in range(n)] + [-E[i] for i in range(n)]
+    Q += [E[n], E[n + 1], -2 * E[n], -2 * E[n + 1], E[n] + E[n + 1]]
+    X = np.vstack(P + Q) if P else np.vstack(Q)
+    Y = np.concatenate([np.zeros(len(P)), np.ones(len(Q))])[:, None]
+    return X, Y

@@ -8,6 +8,13 @@ References
 
 Functions and the paper
 -----------------------
+``enumeration``
+    Theorem 1: exact recovery for any X when rank(Y) = k. Lemma 1 (candidate sign
+    patterns, C++), Algorithm 1 (Iterative LP on HiGHS, ``iterative_lp``) and
+    Algorithm 2 (ExactNeuralNet), with the exact support solve where |S| >= d.
+``fpt``
+    Theorem 11: exact recovery for Gaussian X and rank-deficient U (m < k allowed),
+    Algorithm 7 with the corrections of the spec (pairwise independent columns, m >= 2).
 ``gaussian``
     Theorem 7: exact recovery for Gaussian inputs, noiseless outputs, rank-k U and V.
     Algorithm 4 (tensor estimate of V up to signs) followed by Algorithm 5 (exact
@@ -37,7 +44,9 @@ from .._validation import check_n_hidden, check_positive_int, check_random_state
 from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
 from ..tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
 
-__all__ = ["gaussian", "CITATION"]
+from ._bjw19_exact import enumeration, fpt, iterative_lp
+
+__all__ = ["gaussian", "enumeration", "fpt", "iterative_lp", "CITATION"]
 
 CITATION = (
     "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "

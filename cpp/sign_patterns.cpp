@@ -1,0 +1,176 @@
+#include "sign_patterns.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+#include "parallel.hpp"
+
+namespace relufast {
+namespace {
+
+// Binomial coefficient, saturating at 2^62.
+long long binom(long long n, long long r) {
+  const long long cap = 1LL << 62;
+  if (r < 0 || r > n) return 0;
+  r = std::min(r, n - r);
+  long double acc = 1.0L;
+  long long out = 1;
+  for (long long i = 1; i <= r; ++i) {
+    acc = acc * static_cast<long double>(n - r + i) / static_cast<long double>(i);
+    if (acc > static_cast<long double>(cap)) return cap;
+  }
+  out = static_cast<long long>(std::llround(static_cast<double>(acc)));
+  return out;
+}
+
+// The rank-th r-subset of [0, n) in lexicographic order.
+std::vector<Index> unrank(long long rank, Index n, Index r) {
+  std::vector<Index> c(r);
+  Index x = 0;
+  for (Index i = 0; i < r; ++i) {
+    while (true) {
+      const long long cnt = binom(n - x - 1, r - i - 1);
+      if (rank < cnt) break;
+      rank -= cnt;
+      ++x;
+    }
+    c[i] = x++;
+  }
+  return c;
+}
+
+bool next_combination(std::vector<Index>& c, Index n) {
+  const Index r = static_cast<Index>(c.size());
+  for (Index i = r - 1; i >= 0; --i) {
+    if (c[i] < n - r + i) {
+      ++c[i];
+      for (Index j = i + 1; j < r; ++j) c[j] = c[j - 1] + 1;
+      return true;
+    }
+  }
+  return false;
+}
+
+struct Local {
+  std::vector<std::uint64_t> words;
+  std::vector<double> coeffs;
+  std::unordered_set<std::string> seen;
+  long long systems = 0;
+};
+
+void emit(Local& out, const Eigen::VectorXd& r, const Eigen::VectorXd& z, double tol, Index n_words) {
+  const Index n = r.size();
+  const double scale = r.cwiseAbs().maxCoeff();
+  if (!(scale > 0.0) || !std::isfinite(scale)) return;
+  std::string key(static_cast<size_t>(n_words) * 8, '\0');
+  auto* w = reinterpret_cast<std::uint64_t*>(&key[0]);
+  bool any = false;
+  for (Index j = 0; j < n; ++j)
+    if (r(j) > tol * scale) {
+      w[j >> 6] |= (std::uint64_t(1) << (j & 63));
+      any = true;
+    }
+  if (!any) return;
+  if (!out.seen.insert(key).second) return;
+  out.words.insert(out.words.end(), w, w + n_words);
+  out.coeffs.insert(out.coeffs.end(), z.data(), z.data() + z.size());
+}
+
+}  // namespace
+
+long long pattern_subset_count(Index n, Index k, PatternMode mode) {
+  const long long c = binom(n, mode == PatternMode::Vertices ? k : k - 1);
+  if (c >= (1LL << 62))
+    throw std::domain_error("pattern enumeration: the number of subsets exceeds 2^62");
+  return c;
+}
+
+PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,
+                                long long end, double tol, int n_jobs) {
+  const Index k = B.rows(), n = B.cols();
+  if (k < 1 || n < k)
+    throw std::invalid_argument("enumerate_patterns: B must be k x n with 1 <= k <= n; got " +
+                                std::to_string(k) + " x " + std::to_string(n));
+  if (!(tol >= 0.0)) throw std::invalid_argument("enumerate_patterns: tol must be >= 0");
+  const long long total = pattern_subset_count(n, k, mode);
+  begin = std::max(0LL, begin);
+  end = std::min(end, total);
+  PatternBatch out;
+  out.n_words = (n + 63) / 64;
+  if (begin >= end) {
+    out.coeffs.resize(0, k);
+    return out;
+  }
+  const Index r = mode == PatternMode::Vertices ? k : k - 1;
+  const long long count = end - begin;
+  const int nthreads = resolve_threads(n_jobs, std::max(1LL, count / 256));
+  std::vector<Local> local(nthreads);
+  parallel_ranges(nthreads, count, [&](int t, long long i0, long long i1) {
+    Local& L = local[t];
+    if (i0 >= i1) return;
+    std::vector<Index> c = unrank(begin + i0, n, r);
+    Eigen::MatrixXd BJ(k, std::max<Index>(r, 1));
+    Eigen::VectorXd z(k), rv(n);
+    for (long long i = i0; i < i1; ++i) {
+      for (Index a = 0; a < r; ++a) BJ.col(a) = B.col(c[a]);
+      ++L.systems;
+      if (mode == PatternMode::Vertices) {
+        // B[:, J]^T w = b for all b in {0,1}^k \ {0}: one LU, 2^k - 1 solves.
+        Eigen::PartialPivLU<Eigen::MatrixXd> lu(BJ.leftCols(k).transpose());
+        const double det = std::abs(lu.determinant());
+        double colscale = 1.0;
+        for (Index a = 0; a < k; ++a) colscale *= std::max(BJ.col(a).norm(), 1e-300);
+        if (det > 1e-12 * colscale) {
+          for (std::uint32_t mask = 1; mask < (1u << k); ++mask) {
+            Eigen::VectorXd b(k);
+            for (Index a = 0; a < k; ++a) b(a) = (mask >> a) & 1u ? 1.0 : 0.0;
+            z = lu.solve(b);
+            rv.noalias() = B.transpose() * z;
+            emit(L, rv, z, tol, out.n_words);
+          }
+        }
+      } else {
+        // Null vector of B[:, J]^T (k x (k-1)): the last left singular vector.
+        if (k == 1) {
+          z.setOnes();
+        } else {
+          Eigen::JacobiSVD<Eigen::MatrixXd> svd(BJ, Eigen::ComputeFullU);
+          const auto& s = svd.singularValues();
+          if (!(s(0) > 0.0) || s(k - 2) < 1e-10 * s(0)) goto next;  // null space not 1-dim
+          z = svd.matrixU().col(k - 1);
+        }
+        for (int sgn = 0; sgn < 2; ++sgn) {
+          if (sgn == 1) z = -z;
+          rv.noalias() = B.transpose() * z;
+          const double scale = rv.cwiseAbs().maxCoeff();
+          if (rv.minCoeff() >= -tol * scale) emit(L, rv, z, tol, out.n_words);
+        }
+      }
+    next:
+      if (i + 1 < i1) next_combination(c, n);
+    }
+  });
+  // Merge in thread (= rank) order, keeping first occurrences.
+  std::unordered_set<std::string> seen;
+  std::vector<double> coeffs;
+  for (int t = 0; t < nthreads; ++t) {
+    Local& L = local[t];
+    out.systems += L.systems;
+    const size_t cnt = L.words.size() / out.n_words;
+    for (size_t p = 0; p < cnt; ++p) {
+      std::string key(reinterpret_cast<const char*>(&L.words[p * out.n_words]), out.n_words * 8);
+      if (!seen.insert(key).second) continue;
+      out.words.insert(out.words.end(), L.words.begin() + p * out.n_words,
+                       L.words.begin() + (p + 1) * out.n_words);
+      coeffs.insert(coeffs.end(), L.coeffs.begin() + p * k, L.coeffs.begin() + (p + 1) * k);
+    }
+  }
+  const Index total_found = static_cast<Index>(coeffs.size()) / k;
+  out.coeffs = Eigen::Map<RowMatrixXd>(coeffs.data(), total_found, k);
+  return out;
+}
+
+}  // namespace relufast

@@ -1,0 +1,43 @@
+// Candidate sign patterns (positive sets) of vectors in the row span of the
+// outputs, for BJW19 Algorithms 1-2 (Lemma 1) and the extreme-ray shortcut of
+// spec bjw19.md Sec. 2.1 / 4.3.
+//
+// B is k x n with rows spanning the output span (samples are columns here).
+//  * Vertices (Lemma 1): for every k-subset J with B[:, J] nonsingular and every
+//    b in {0,1}^k \ {0}, w solves B[:, J]^T w = b and r = w B gives the positive
+//    set {j : r_j > tol * max|r|}. Every realizable positive set is produced
+//    (its LP {r >= 1 on S, r <= 0 off S} has such a vertex); C(n,k)(2^k - 1)
+//    systems of cost O(k^3 + n k).
+//  * Rays: for every (k-1)-subset J, the null vector z of B[:, J]^T (when it is
+//    one-dimensional) and its negation; z B >= -tol * max|z B| makes z an
+//    extreme ray of {z : z B >= 0}. The rows of relu(V X) are such rays
+//    (BJW19 Lemma 10), so these are tried first. C(n, k-1) systems.
+// Subsets are visited in lexicographic rank order; a call covers ranks
+// [begin, end) so callers can stream, report progress and stop early. Results
+// are deduplicated and returned in rank order whatever the thread count.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "types.hpp"
+
+namespace relufast {
+
+enum class PatternMode { Vertices, Rays };
+
+struct PatternBatch {
+  Index n_words = 0;                 // 64-bit words per pattern
+  std::vector<std::uint64_t> words;  // count * n_words, bit j of pattern = sample j positive
+  RowMatrixXd coeffs;                // count x k: r = coeffs.row(c) * B realises pattern c
+  long long systems = 0;             // linear systems solved
+};
+
+// Number of subsets the mode visits: C(n, k) or C(n, k-1); throws
+// std::domain_error when it does not fit in 62 bits.
+long long pattern_subset_count(Index n, Index k, PatternMode mode);
+
+PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,
+                                long long end, double tol, int n_jobs);
+
+}  // namespace relufast

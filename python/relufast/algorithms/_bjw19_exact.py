@@ -1,0 +1,429 @@
+"""BJW19 exact algorithms for any input (Alg. 1-2, Thm 1) and for rank-deficient U (Alg. 7).
+
+Kept apart from the Gaussian pipeline in ``bjw19.py`` only for length; ``bjw19.py`` is the
+public module and re-exports :func:`enumeration` and :func:`fpt`.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .._blas import single_threaded_blas
+from .._result import RecoveryResult, Status, warn
+from .._validation import check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from ..lp import INF, LPSession
+from ..patterns import PatternStream
+
+__all__ = ["enumeration", "fpt", "iterative_lp"]
+
+#: Rank test: singular values below this fraction of the largest count as zero.
+RANK_TOL = 1e-8
+#: A rectified row is in the output span when its projection residual is below this.
+SPAN_TOL = 1e-9
+#: A new rectified row is independent of the found ones above this projection residual.
+INDEPENDENCE_TOL = 1e-8
+
+
+def _fit_and_residual(X, Y, V):
+    F = np.maximum(X @ V.T, 0.0)
+    Ut = np.linalg.lstsq(F, Y, rcond=None)[0]
+    R = Y - F @ Ut
+    ny = np.linalg.norm(Y)
+    return np.ascontiguousarray(Ut.T), float(np.linalg.norm(R) / ny) if ny > 0 else float("nan")
+
+
+def _result(method, status, message, U=None, V=None, exact=False, residual=float("nan"),
+            seconds=None, counts=None, diagnostics=None, t_start=None):
+    seconds = dict(seconds or {})
+    if t_start is not None:
+        seconds["total"] = time.perf_counter() - t_start
+    res = RecoveryResult(U=U, V=V, status=status, message=message, method=method, exact=exact,
+                         residual=residual, seconds=seconds, counts=counts or {},
+                         diagnostics=diagnostics or {})
+    if not exact:
+        warn(message)
+    return res
+
+
+def _in_span(f, B):
+    nf = np.linalg.norm(f)
+    return nf > 0 and np.linalg.norm(f - B.T @ (B @ f)) <= SPAN_TOL * nf
+
+
+def _independent(f, Qbasis):
+    """Residual of f after projection on the orthonormal rows of Qbasis, relative to |f|."""
+    if Qbasis is None or Qbasis.shape[0] == 0:
+        return 1.0
+    return float(np.linalg.norm(f - Qbasis.T @ (Qbasis @ f)) / np.linalg.norm(f))
+
+
+def _check_row(w, X, S, B, tol_sign=1e-9):
+    """Is y = X w a valid row for pattern S: positive exactly on S and relu(y) in span(B)?"""
+    y = X @ w
+    scale = np.abs(y).max()
+    if not scale > 0:
+        return None
+    pos = y > tol_sign * scale
+    if not np.array_equal(pos, S):
+        return None
+    f = np.where(pos, y, 0.0)
+    return f if _in_span(f, B) else None
+
+
+def iterative_lp(X, S, B, found, *, rng, time_limit=None):
+    """BJW19 Algorithm 1 (Iterative LP), as an LP in w (d) and z (k) (spec Sec. 2.2).
+
+    Rows: (a) x_j.w >= 1 on S; (b) x_j.w <= 0 off S; (c) x_j.w = B_j.z on S;
+    (d) B_j.z = 0 off S; (e) independence from the rows ``found`` (n,) by the two-LP
+    random-vector form of Remark 1: sum_{j in S} g_j x_j.w >= 1, then <= -1, with
+    g = (I - P) rho for a random rho and P the projector on span(found).
+
+    Returns (w or None, number of LP solves).
+    """
+    n, d = X.shape
+    k = B.shape[0]
+    sess = LPSession(d + k, time_limit=time_limit)
+    XS, XN = X[S], X[~S]
+    BS, BN = B[:, S].T, B[:, ~S].T
+    sess.add_rows(np.hstack([XS, np.zeros((XS.shape[0], k))]), 1.0, INF)
+    if XN.shape[0]:
+        sess.add_rows(np.hstack([XN, np.zeros((XN.shape[0], k))]), -INF, 0.0)
+    sess.add_rows(np.hstack([XS, -BS]), 0.0, 0.0)
+    if XN.shape[0]:
+        sess.add_rows(np.hstack([np.zeros((XN.shape[0], d)), BN]), 0.0, 0.0)
+    if not found:
+        res = sess.solve()
+        return (res.x[:d] if res.feasible else None), 1
+    Q = np.linalg.qr(np.array(found).T)[0]  # n x (i-1)
+    rho = rng.standard_normal(n)
+    g = rho - Q @ (Q.T @ rho)
+    row = np.concatenate([g[S] @ XS, np.zeros(k)])
+    (idx,) = sess.add_rows(row[None, :], 1.0, INF)
+    res = sess.solve()
+    if res.feasible:
+        return res.x[:d], 1
+    sess.set_row_bounds(idx, -INF, -1.0)
+    res = sess.solve()
+    return (res.x[:d] if res.feasible else None), 2
+
+
+def _determined(S, X, B):
+    """Is the row fixed by its pattern S? The non-negative span vectors with support S form
+    a single ray (B[:, ~S] has a one-dimensional left null space) and X_S has rank d."""
+    d, k = X.shape[1], B.shape[0]
+    if S.sum() < d:
+        return False
+    if (~S).any():
+        s = np.linalg.svd(B[:, ~S], compute_uv=False)
+        rank_off = int(np.sum(s > 1e-9 * max(s[0], 1e-300)))
+        if k - rank_off != 1:
+            return False
+    return bool(np.linalg.matrix_rank(X[S]) == d)
+
+
+def _try_pattern(S, coeff, X, B, found, rng, time_limit):
+    """One candidate pattern: the exact support solve when it applies, else Algorithm 1.
+
+    Returns (w, f, determined, path, lps) or None.
+    """
+    d = X.shape[1]
+    r = coeff @ B
+    lps = 0
+    if S.sum() >= d:
+        XS = X[S]
+        w = np.linalg.lstsq(XS, r[S], rcond=None)[0]
+        if np.linalg.norm(XS @ w - r[S]) <= 1e-9 * np.linalg.norm(r[S]):
+            f = _check_row(w, X, S, B)
+            if f is not None:
+                return w, f, _determined(S, X, B), "support", lps
+    w, lps = iterative_lp(X, S, B, found, rng=rng, time_limit=time_limit)
+    if w is None:
+        return None
+    f = _check_row(w, X, S, B)
+    if f is None:
+        return None
+    return w, f, _determined(S, X, B), "lp", lps
+
+
+def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
+                progress=None, random_state=None):
+    """Exact recovery for any input distribution (BJW19 Thm 1; Algorithms 1 and 2).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs, from any distribution (Laplace, uniform, real data, ...).
+    Y : array-like of shape (n_samples, n_outputs)
+        Noiseless outputs of rank exactly ``n_hidden``.
+    n_hidden : int
+        Number of hidden units k.
+    tol : float, default=1e-10
+        Largest relative residual accepted as an exact fit.
+    max_patterns : int, optional
+        Stop after trying this many distinct candidate patterns.
+    time_limit : float, optional
+        Stop after this many seconds (checked between chunks of the enumeration).
+    n_jobs : int or None, default=None
+        Threads for the enumeration kernel and for trying patterns (None or -1: all
+        cores). The result does not depend on it.
+    progress : bool or None, default=None
+        Progress bar on stderr; None shows it only on a terminal.
+    random_state : None, int or numpy Generator
+        Seeds the random vectors of the independence rows (Remark 1).
+
+    Returns
+    -------
+    RecoveryResult
+        ``exact`` when k independent rows were found and the fit is exact. The network
+        found fits Y exactly but need not be the planted one (BJW19 Thm 1 promises *a*
+        factorization, spec errata 14). ``diagnostics['determined']`` says, per row,
+        whether its sign pattern fixes it (a single ray of the output span has that
+        support, |S_i| >= d and X restricted to S_i has rank d); even then another set of
+        rectified vectors in the span may fit, so uniqueness is not claimed.
+        ``rank_deficient`` when rank(Y) < k (then the problem is NP-hard, BJW19 Thm 2).
+
+    Notes
+    -----
+    1. rank(Y) must equal k; B = orthonormal basis of the column span of Y (the row span
+       of the paper's A), k x n.
+    2. Candidate positive sets (BJW19 Lemma 1) from the C++ enumeration: supports of
+       extreme rays of {w : w B >= 0} first (the true rows are such rays, Lemma 10), then
+       all vertices of Lemma 1 (the guarantee), deduplicated.
+    3. For each candidate S in order (Algorithm 2, step 3): when |S| >= d, solve
+       X_S w = r_S exactly (QR least squares) and verify; otherwise, or if that fails,
+       Algorithm 1 (Iterative LP on HiGHS) with the independence rows of Remark 1.
+       Accept the first valid row whose rectified vector is independent of those found.
+    4. V = rows w (normalised), U by least squares, residual over all samples.
+
+    Time ``poly(n, m, d) * min(n^O(k), 2^n)``: C(n, k-1) ray systems, then C(n, k)
+    (2^k - 1) vertex systems of cost O(k^3 + nk) each, at most k LP pairs per pattern.
+    """
+    with single_threaded_blas():
+        return _enumeration(X, Y, n_hidden, tol=tol, max_patterns=max_patterns,
+                            time_limit=time_limit, n_jobs=n_jobs, progress=progress,
+                            random_state=random_state)
+
+
+def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progress, random_state):
+    t_start = time.perf_counter()
+    method = "bjw19-enumeration"
+    X, Y = check_xy(X, Y)
+    n, d = X.shape
+    m = Y.shape[1]
+    k = check_positive_int(n_hidden, "n_hidden")
+    if k > n:
+        raise ValueError(f"n_hidden must be at most n_samples = {n}; got {k}")
+    if max_patterns is not None:
+        max_patterns = check_positive_int(max_patterns, "max_patterns")
+    if time_limit is not None and not (np.isfinite(time_limit) and time_limit > 0):
+        raise ValueError(f"time_limit must be a positive number of seconds; got {time_limit!r}")
+    threads = resolve_n_jobs(n_jobs)
+    workers = threads if threads > 0 else (__import__("os").cpu_count() or 1)
+    rng = check_random_state(random_state)
+    seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {}
+
+    t = time.perf_counter()
+    Uy, sv, _ = np.linalg.svd(Y, full_matrices=False)
+    rank = int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
+    diag["output_singular_values"] = sv
+    seconds["rank"] = time.perf_counter() - t
+    if rank < k:
+        return _result(method, Status.RANK_DEFICIENT,
+                       f"the outputs have rank {rank} < n_hidden = {k}: BJW19 Thm 1 needs rank(Y) = k "
+                       "(with rank(Y) < k, deciding whether a network exists is NP-hard, Thm 2)",
+                       seconds=seconds, counts=counts, diagnostics=diag, t_start=t_start)
+    if rank > k:
+        return _result(method, Status.FAILED,
+                       f"the outputs have rank {rank} > n_hidden = {k}: no network with {k} hidden "
+                       "units fits them exactly (noisy outputs, or n_hidden too small)",
+                       seconds=seconds, counts=counts, diagnostics=diag, t_start=t_start)
+    B = np.ascontiguousarray(Uy[:, :k].T)
+
+    t = time.perf_counter()
+    stream = PatternStream(B, n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
+                           progress=progress)
+    W, F, det, paths, sources = [], [], [], [], []
+    Qb = np.zeros((0, n))
+    tried = lps = 0
+    batch_size = 8  # fixed, so that counts and random rows do not depend on n_jobs
+    pool = ThreadPoolExecutor(workers) if workers > 1 else None
+    try:
+        for chunk in stream.chunks():
+            for b0 in range(0, len(chunk), batch_size):
+                batch = chunk[b0 : b0 + batch_size]
+                tried += len(batch)
+                found = list(F)
+                seeds = rng.integers(0, 2**63, size=len(batch))
+                args = [(S, c, X, B, found, np.random.default_rng(s), time_limit)
+                        for (S, c, _), s in zip(batch, seeds)]
+                outs = list(pool.map(lambda a: _try_pattern(*a), args)) if pool else [_try_pattern(*a) for a in args]
+                # First-feasible in stream order: the outcome does not depend on the thread count.
+                for (S, c, src), out in zip(batch, outs):
+                    if out is None:
+                        continue
+                    w, f, determined, path, nlp = out
+                    lps += nlp
+                    if _independent(f, Qb) <= INDEPENDENCE_TOL:
+                        continue
+                    W.append(w)
+                    F.append(f)
+                    det.append(determined)
+                    paths.append(path)
+                    sources.append(src)
+                    Qb = np.linalg.qr(np.array(F).T)[0].T
+                    if len(W) == k:
+                        break
+                if len(W) == k:
+                    break
+            if len(W) == k:
+                break
+    finally:
+        if pool:
+            pool.shutdown()
+    seconds["search"] = time.perf_counter() - t
+    counts.update({"patterns_tried": tried, "lps_solved": lps, "linear_systems": stream.systems,
+                   "rows_found": len(W)})
+    diag.update({"determined": tuple(det), "row_paths": tuple(paths), "row_sources": tuple(sources),
+                 "stopped_by": stream.stopped_by})
+
+    if len(W) < k:
+        if stream.stopped_by:
+            msg = (f"stopped by {stream.stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
+                   "raise max_patterns or time_limit")
+        else:
+            msg = (f"all candidate patterns tried ({tried}); only {len(W)} of {k} independent rows "
+                   "exist: the outputs are not realizable by a ReLU network with these inputs")
+        return _result(method, Status.FAILED, msg, seconds=seconds, counts=counts, diagnostics=diag,
+                       t_start=t_start)
+
+    t = time.perf_counter()
+    V = np.array(W)
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    U, residual = _fit_and_residual(X, Y, V)
+    seconds["fit"] = time.perf_counter() - t
+    exact = residual <= tol
+    all_det = all(det)
+    if exact:
+        msg = (f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "
+               f"patterns and {lps} LPs; "
+               + ("each row is determined by its sign pattern (a single ray of the output span "
+                  "with that support, |S| >= d, X_S of rank d)" if all_det else
+                  f"{k - sum(det)} row(s) are not determined by their sign pattern (|S| < d, X_S "
+                  "rank-deficient, or a face of dimension > 1)")
+               + ". An exact fit does not by itself make the network unique: other rectified "
+               "vectors in the output span may give another exact factorization")
+        status = Status.EXACT
+    else:
+        msg = f"k rows found but the least-squares fit has residual {residual:.2e} > tol = {tol:.1e}"
+        status = Status.FAILED
+    diag["all_rows_determined"] = all_det
+    return _result(method, status, msg, U=U, V=V, exact=exact, residual=residual, seconds=seconds,
+                   counts=counts, diagnostics=diag, t_start=t_start)
+
+
+def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None):
+    """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Gaussian inputs (the sample bound of Lemma 21 is for Gaussian X; the algorithm
+        itself only needs samples where exactly one unit is active).
+    Y : array-like of shape (n_samples, n_outputs)
+        Noiseless outputs; n_outputs >= 2.
+    n_hidden : int
+        Number of hidden units k (rank V = k, k <= d).
+    tol : float, default=1e-10
+        Largest relative residual accepted as exact.
+    class_tol : float, default=1e-9
+        Unit output directions closer than this are the same class.
+    min_class_size : int, optional
+        Smallest class kept (default d: the row is then determined, Lemma 21).
+    random_state : None, int or numpy Generator
+
+    Returns
+    -------
+    RecoveryResult
+        ``non_identifiable`` when a class is polluted (the paper's claim that
+        antiparallel columns [u, -u] are allowed is false: samples with both units active
+        are parallel to +-u too; spec errata 7), ``unsupported`` for m = 1 with k >= 2.
+
+    Notes
+    -----
+    Algorithm 7 with the corrections of spec Sec. 2.10:
+
+    1. Drop samples with zero output; normalise the others.
+    2. Group samples with identical output directions (positive multiples only): sort by
+       a random projection, compare neighbours. A sample with exactly one active unit i
+       has output parallel to U_i. Keep classes of at least d samples; expect k.
+    3. Class i: U_i = a representative output; c_j = <y_j, U_i> / |U_i|^2 = relu(V_i x_j).
+    4. Solve X_S w = c (least squares); its residual must vanish, else the class is
+       polluted and the network is not identifiable from this construction.
+    5. V_i = w / |w|; U by least squares on relu(X V^T) (unique when it has rank k).
+
+    Requires the columns of U pairwise linearly independent and m >= 2. Time
+    O(n m log n + k n d^2).
+    """
+    t_start = time.perf_counter()
+    method = "bjw19-fpt"
+    X, Y = check_xy(X, Y)
+    n, d = X.shape
+    m = Y.shape[1]
+    from .._validation import check_n_hidden
+
+    k = check_n_hidden(n_hidden, d)
+    rng = check_random_state(random_state)
+    min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
+    counts, diag = {"n_samples": n, "n_hidden": k}, {}
+    if m == 1 and k >= 2:
+        return _result(method, Status.UNSUPPORTED,
+                       f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
+                       f"parallel to the single column of U and the units cannot be told apart "
+                       f"(spec errata 7); got m = 1, k = {k}", counts=counts, t_start=t_start)
+    norms = np.linalg.norm(Y, axis=1)
+    keep = np.flatnonzero(norms > 1e-12 * norms.max()) if norms.max() > 0 else np.array([], int)
+    A = Y[keep] / norms[keep, None]
+    order = np.argsort(A @ rng.standard_normal(m), kind="stable")
+    A = A[order]
+    breaks = np.flatnonzero(np.linalg.norm(np.diff(A, axis=0), axis=1) >= class_tol) + 1
+    runs = np.split(np.arange(len(A)), breaks)
+    classes = [keep[order[r]] for r in runs if len(r) >= min_size]
+    counts["classes"] = len(classes)
+    diag["class_sizes"] = tuple(len(c) for c in classes)
+    if len(classes) != k:
+        status = Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE
+        return _result(method, status,
+                       f"found {len(classes)} classes of at least {min_size} samples with parallel "
+                       f"outputs, expected k = {k}: "
+                       + ("too few samples with a single active unit (Lemma 21 needs n of order "
+                          "d (k kappa)^(2k)); add samples" if len(classes) < k else
+                          "the columns of U are not pairwise independent or k is too small"),
+                       counts=counts, diagnostics=diag, t_start=t_start)
+    V = np.empty((k, d))
+    class_res = []
+    for i, S in enumerate(classes):
+        u = Y[S[0]]
+        c = Y[S] @ u / (u @ u)
+        w = np.linalg.lstsq(X[S], c, rcond=None)[0]
+        res = float(np.linalg.norm(X[S] @ w - c) / np.linalg.norm(c))
+        class_res.append(res)
+        V[i] = w / np.linalg.norm(w)
+    diag["class_residuals"] = tuple(class_res)
+    if max(class_res) > 1e-9:
+        return _result(method, Status.NON_IDENTIFIABLE,
+                       f"a class of parallel outputs is not produced by one unit (least-squares "
+                       f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
+                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (spec errata 7)",
+                       counts=counts, diagnostics=diag, t_start=t_start)
+    U, residual = _fit_and_residual(X, Y, V)
+    exact = residual <= tol
+    if exact:
+        return _result(method, Status.EXACT,
+                       f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
+                       f"residual {residual:.2e}", U=U, V=V, exact=True, residual=residual,
+                       counts=counts, diagnostics=diag, t_start=t_start)
+    return _result(method, Status.FAILED,
+                   f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
+                   U=U, V=V, residual=residual, counts=counts, diagnostics=diag, t_start=t_start)

@@ -1,0 +1,204 @@
+"""Sign-pattern stage: candidate positive sets of vectors in the row span of the outputs.
+
+BJW19 Lemma 1 enumerates, for the k x n basis B of the output span (samples are columns),
+every set S that is the positive set of some vector ``w B``: each such set is the positive
+set of a vertex of the LP ``{w : (wB)_j >= 1 on S, (wB)_j <= 0 off S}``, found by solving
+a k x k system for a k-subset of tight constraints. The rows of ``relu(X V^T)`` are, in
+addition, extreme rays of the cone ``{w : w B >= 0}`` (Lemma 10), found from (k-1)-subsets;
+those are tried first. Both enumerations run in C++ over ranges of subsets, so callers can
+stream them in chunks (:class:`PatternStream`) with progress, limits and early stopping.
+
+References
+----------
+.. [1] A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks
+   in polynomial time. COLT 2019. Lemma 1, Lemma 10.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+
+from ._native import core
+
+__all__ = ["unpack_patterns", "sign_patterns", "sign_patterns_reference", "cell_count",
+           "PatternStream"]
+
+
+def unpack_patterns(words, n):
+    """Bit-packed patterns (count, n_words) uint64 -> boolean array (count, n)."""
+    words = np.ascontiguousarray(words, dtype="<u8")
+    if words.shape[0] == 0:
+        return np.zeros((0, n), dtype=bool)
+    bits = np.unpackbits(words.view(np.uint8).reshape(words.shape[0], -1), axis=1, bitorder="little")
+    return bits[:, :n].astype(bool)
+
+
+def sign_patterns(B, *, mode="vertices", tol=1e-9, begin=0, end=None, n_jobs=0):
+    """Positive sets of vectors in the row span of B (k, n), from subsets of rank [begin, end).
+
+    Parameters
+    ----------
+    B : ndarray of shape (k, n)
+    mode : {"vertices", "rays"}
+        "vertices": BJW19 Lemma 1 (all realizable positive sets; C(n, k) subsets).
+        "rays": supports of extreme rays of ``{w : w B >= 0}`` (C(n, k-1) subsets).
+    tol : float
+        Entries with ``r_j <= tol * max|r|`` count as zero (ties are never positive).
+
+    Returns
+    -------
+    patterns : ndarray of bool, shape (c, n)
+    coeffs : ndarray of shape (c, k)
+        ``coeffs[i] @ B`` has positive set ``patterns[i]``.
+    systems : int
+        Linear systems solved.
+    """
+    B = np.ascontiguousarray(B, dtype=np.float64)
+    k, n = B.shape
+    total = core.pattern_subset_count(n, k, mode)
+    end = total if end is None else min(end, total)
+    out = core.enumerate_patterns(B, mode, int(begin), int(end), float(tol), int(n_jobs))
+    return unpack_patterns(out["words"], n), out["coeffs"], int(out["systems"])
+
+
+def sign_patterns_reference(B, *, mode="vertices", tol=1e-9):
+    """Pure NumPy version of :func:`sign_patterns` over all subsets (small n only, for tests)."""
+    k, n = B.shape
+    found = {}
+    if mode == "vertices":
+        for J in itertools.combinations(range(n), k):
+            M = B[:, J].T
+            if abs(np.linalg.det(M)) <= 1e-12 * np.prod(np.linalg.norm(M, axis=1)):
+                continue
+            for bits in itertools.product((0.0, 1.0), repeat=k):
+                if not any(bits):
+                    continue
+                r = np.linalg.solve(M, np.array(bits)) @ B
+                S = r > tol * np.abs(r).max()
+                found.setdefault(S.tobytes(), S)
+    else:
+        for J in itertools.combinations(range(n), k - 1):
+            if k == 1:
+                z = np.ones(1)
+            else:
+                Uj, s, _ = np.linalg.svd(B[:, J], full_matrices=True)
+                if s[0] <= 0 or s[-1] < 1e-10 * s[0]:
+                    continue
+                z = Uj[:, k - 1]
+            for zz in (z, -z):
+                r = zz @ B
+                if r.min() >= -tol * np.abs(r).max():
+                    S = r > tol * np.abs(r).max()
+                    if S.any():
+                        found.setdefault(S.tobytes(), S)
+    return np.array(list(found.values()), dtype=bool).reshape(-1, n)
+
+
+def cell_count(n, k):
+    """Full-dimensional cells of a central arrangement of n generic hyperplanes in R^k."""
+    return 2 * sum(math.comb(n - 1, i) for i in range(k))
+
+
+class _Progress:
+    """A one-line progress report on stderr for terminals; silent otherwise."""
+
+    def __init__(self, total, label, enabled):
+        import sys
+
+        self.stream = sys.stderr
+        self.enabled = bool(enabled) and (enabled is True or getattr(self.stream, "isatty", lambda: False)())
+        self.total, self.label, self.last = total, label, 0.0
+
+    def update(self, done, extra=""):
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.2 and done < self.total:
+            return
+        self.last = now
+        frac = done / self.total if self.total else 1.0
+        bar = "#" * int(30 * frac)
+        self.stream.write(f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% {extra}")
+        self.stream.flush()
+
+    def close(self):
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class PatternStream:
+    """Stream deduplicated candidate patterns: extreme-ray supports first, then Lemma 1.
+
+    Iterating yields ``(pattern, coeff, source)`` with ``pattern`` a boolean (n,) array,
+    ``coeff @ B`` a vector with that positive set, and ``source`` "rays" or "vertices".
+    Enumeration runs in chunks of ``chunk`` subsets; ``max_patterns`` and ``time_limit``
+    end the stream early (see :attr:`exhausted` and :attr:`stopped_by`).
+    """
+
+    def __init__(self, B, *, tol=1e-9, n_jobs=0, chunk=20000, max_patterns=None, time_limit=None,
+                 progress=None, phases=("rays", "vertices")):
+        self.B = np.ascontiguousarray(B, dtype=np.float64)
+        self.k, self.n = self.B.shape
+        self.tol, self.n_jobs, self.chunk = tol, n_jobs, chunk
+        self.max_patterns, self.time_limit = max_patterns, time_limit
+        self.phases = phases
+        self.totals = {p: core.pattern_subset_count(self.n, self.k, p) for p in phases}
+        self.progress = progress
+        self.systems = 0
+        self.yielded = 0
+        self.exhausted = False
+        self.stopped_by = None
+        self._seen = set()
+
+    def chunks(self):
+        """Yield lists of new ``(pattern, coeff, source)``, one list per enumerated chunk.
+
+        Chunks start small (early stopping is cheap when the first patterns suffice) and
+        double up to ``chunk`` subsets.
+        """
+        start = time.monotonic()
+        total = sum(self.totals.values())
+        bar = _Progress(total, "sign patterns", self.progress)
+        done = 0
+        size = min(2000, self.chunk)
+        try:
+            for phase in self.phases:
+                begin = 0
+                while begin < self.totals[phase]:
+                    end = min(begin + size, self.totals[phase])
+                    pats, coeffs, systems = sign_patterns(self.B, mode=phase, tol=self.tol,
+                                                          begin=begin, end=end, n_jobs=self.n_jobs)
+                    self.systems += systems
+                    done += end - begin
+                    begin = end
+                    size = min(2 * size, self.chunk)
+                    new = []
+                    for S, c in zip(pats, coeffs):
+                        key = S.tobytes()
+                        if key in self._seen:
+                            continue
+                        if self.max_patterns is not None and self.yielded >= self.max_patterns:
+                            self.stopped_by = "max_patterns"
+                            break
+                        self._seen.add(key)
+                        self.yielded += 1
+                        new.append((S, c, phase))
+                    bar.update(done, f"{self.yielded} patterns")
+                    if new:
+                        yield new
+                    if self.stopped_by:
+                        return
+                    if self.time_limit is not None and time.monotonic() - start > self.time_limit:
+                        self.stopped_by = "time_limit"
+                        return
+            self.exhausted = True
+        finally:
+            bar.close()
+
+    def __iter__(self):
+        for chunk in self.chunks():
+            yield from chunk
