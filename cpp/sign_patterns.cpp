@@ -114,6 +114,12 @@ PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long lon
     std::vector<Index> c = unrank(begin + i0, n, r);
     Eigen::MatrixXd BJ(k, std::max<Index>(r, 1));
     Eigen::VectorXd z(k), rv(n);
+    Eigen::MatrixXd bits, Wall, Rall;
+    if (mode == PatternMode::Vertices) {
+      bits.setZero(k, (Index(1) << k) - 1);
+      for (Index mask = 1; mask < (Index(1) << k); ++mask)
+        for (Index a = 0; a < k; ++a) bits(a, mask - 1) = (mask >> a) & 1 ? 1.0 : 0.0;
+    }
     for (long long i = i0; i < i1; ++i) {
       for (Index a = 0; a < r; ++a) BJ.col(a) = B.col(c[a]);
       ++L.systems;
@@ -124,11 +130,12 @@ PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long lon
         double colscale = 1.0;
         for (Index a = 0; a < k; ++a) colscale *= std::max(BJ.col(a).norm(), 1e-300);
         if (det > 1e-12 * colscale) {
-          for (std::uint32_t mask = 1; mask < (1u << k); ++mask) {
-            Eigen::VectorXd b(k);
-            for (Index a = 0; a < k; ++a) b(a) = (mask >> a) & 1u ? 1.0 : 0.0;
-            z = lu.solve(b);
-            rv.noalias() = B.transpose() * z;
+          // All 2^k - 1 right-hand sides at once: W = (B_J^T)^{-1} Bits, R = B^T W.
+          Wall = lu.solve(bits);
+          Rall.noalias() = B.transpose() * Wall;
+          for (Index col = 0; col < Wall.cols(); ++col) {
+            rv = Rall.col(col);
+            z = Wall.col(col);
             emit(L, rv, z, tol, out.n_words);
           }
         }

@@ -77,7 +77,7 @@ def test_noise_is_graceful_and_error_shrinks_with_noise():
     for sigma in (1e-1, 1e-2, 1e-3, 1e-4):
         X, Y = net.sample(50000, random_state=4, noise=sigma)
         with pytest.warns(rf.RelufastWarning, match="not exactly realizable"):
-            res = rf.recover(X, Y, n_hidden=5, random_state=0)
+            res = rf.recover(X, Y, n_hidden=5, method="bjw19-gaussian", random_state=0)
         assert res.status == "approximate" and not res.exact
         errors.append(rf.metrics.parameter_error(res, net).V)
     # Measured: error ~ sigma (0.07, 6e-3, 2e-4, 2e-5 on this seed); require monotone
@@ -93,7 +93,7 @@ def test_rank_deficient_outputs_give_a_status():
     X = np.random.default_rng(1).standard_normal((5000, 6))
     Y = np.maximum(X @ net.V.T, 0) @ U.T
     with pytest.warns(rf.RelufastWarning, match="numerical rank 2 < n_hidden = 3"):
-        res = rf.recover(X, Y, n_hidden=3)
+        res = rf.recover(X, Y, n_hidden=3, method="bjw19-gaussian")
     assert res.status == "rank_deficient" and not res.exact and res.V is None
 
 
@@ -101,7 +101,7 @@ def test_fewer_outputs_than_hidden_units_is_unsupported():
     net = planted(6, 3, 2, 0)
     X, Y = net.sample(5000, random_state=1)
     with pytest.warns(rf.RelufastWarning, match="m >= k"):
-        res = rf.recover(X, Y, n_hidden=3)
+        res = rf.recover(X, Y, n_hidden=3, method="bjw19-gaussian")
     assert res.status == "unsupported" and res.U is None
 
 
@@ -109,7 +109,7 @@ def test_non_gaussian_input_warns_and_never_claims_false_exactness():
     net = planted(8, 3, 5, 2, max_cos=0.7)
     X, Y = net.sample(40000, random_state=3, input="laplace")
     with pytest.warns(rf.RelufastWarning, match="does not look like standard Gaussian"):
-        res = rf.recover(X, Y, n_hidden=3, random_state=0)
+        res = rf.recover(X, Y, n_hidden=3, method="bjw19-gaussian", random_state=0)
     err = rf.metrics.parameter_error(res, net)
     assert res.diagnostics["gaussian_ok"] is False
     # Certified rows are exact whatever X is; an 'exact' claim must be true.
@@ -155,6 +155,14 @@ def test_auto_method_says_why():
     X, Y = net.sample(3000, random_state=1)
     res = rf.recover(X, Y, n_hidden=2)
     assert res.method == "bjw19-gaussian" and "chose bjw19-gaussian" in res.diagnostics["auto"]
+    assert res.exact
+    X, Y = net.sample(300, random_state=1, input="laplace")
+    res = rf.recover(X, Y, n_hidden=2)
+    assert res.method == "bjw19-enumeration" and "any X" in res.diagnostics["auto"] and res.exact
+    net = planted(5, 4, 2, 3)
+    X, Y = net.sample(5000, random_state=4)
+    res = rf.recover(X, Y, n_hidden=4)
+    assert res.method == "bjw19-fpt" and "Alg. 7" in res.diagnostics["auto"] and res.exact
 
 
 def test_unknown_method_lists_valid_ones():

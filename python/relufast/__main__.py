@@ -18,8 +18,10 @@ def _demo(args):
     t = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", rf.RelufastWarning)
-        res = rf.recover(X, Y, n_hidden=args.k, method=args.method, n_jobs=args.n_jobs,
-                         random_state=args.seed)
+        options = {"random_state": args.seed}
+        if args.n_jobs is not None:
+            options["n_jobs"] = args.n_jobs
+        res = rf.recover(X, Y, n_hidden=args.k, method=args.method, **options)
     elapsed = time.perf_counter() - t
     err = rf.metrics.parameter_error(res, net)
     print(f"method:   {res.method}")
@@ -49,8 +51,10 @@ def _recover(args):
 
     X = load(args.x if args.x else args.data, "X")
     Y = load(args.y if args.y else args.data, "Y")
-    res = rf.recover(X, Y, n_hidden=args.n_hidden, method=args.method, n_jobs=args.n_jobs,
-                     random_state=args.seed)
+    options = {"random_state": args.seed}
+    if args.n_jobs is not None:
+        options["n_jobs"] = args.n_jobs
+    res = rf.recover(X, Y, n_hidden=args.n_hidden, method=args.method, **options)
     print(res)
     print(res.message)
     if args.out:

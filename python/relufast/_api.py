@@ -15,6 +15,30 @@ METHODS = {
 }
 
 
+def _choose(X, Y, n_hidden):
+    """Pick a method from what the data allow (cheap checks on at most 2000 samples)."""
+    import numpy as np
+
+    from ._validation import check_positive_int, check_xy
+    from .algorithms.bjw19 import _gaussianity
+
+    X, Y = check_xy(X, Y)
+    k = check_positive_int(n_hidden, "n_hidden")
+    sub = Y[: min(len(Y), 2000)]
+    sv = np.linalg.svd(sub, compute_uv=False)
+    rank = int(np.sum(sv > 1e-8 * sv[0])) if sv.size and sv[0] > 0 else 0
+    gaussian = _gaussianity(X)["gaussian_ok"]
+    if gaussian and rank >= k:
+        return "bjw19-gaussian", f"X looks standard Gaussian and rank(Y) = {rank} >= k = {k}"
+    if gaussian and Y.shape[1] >= 2:
+        return "bjw19-fpt", (f"X looks standard Gaussian and rank(Y) = {rank} < k = {k}: "
+                             "rank-deficient U needs Alg. 7")
+    if rank == k:
+        return "bjw19-enumeration", f"X is not Gaussian and rank(Y) = k = {k}: Thm 1 holds for any X"
+    return "bjw19-gaussian", (f"no method's assumptions hold (Gaussian X: {gaussian}, rank(Y) = "
+                              f"{rank}, k = {k}); running bjw19-gaussian, which reports why it fails")
+
+
 def recover(X, Y, *, n_hidden, method="auto", **options):
     """Recover a planted two-layer network ``Y = relu(X V^T) U^T`` (+ noise).
 
@@ -26,7 +50,9 @@ def recover(X, Y, *, n_hidden, method="auto", **options):
         Number of hidden units k.
     method : str, default="auto"
         A key of :data:`METHODS`, or "auto" to choose from what the data allow (the
-        choice and its reason are recorded in ``result.diagnostics["auto"]``).
+        choice and its reason are recorded in ``result.diagnostics["auto"]``):
+        Gaussian-looking X with rank(Y) >= k -> "bjw19-gaussian"; Gaussian X with
+        rank(Y) < k -> "bjw19-fpt"; other X with rank(Y) = k -> "bjw19-enumeration".
     **options
         Passed to the method's function (see its docstring).
 
@@ -35,10 +61,8 @@ def recover(X, Y, *, n_hidden, method="auto", **options):
     RecoveryResult
     """
     if method == "auto":
-        name = "bjw19-gaussian"
-        reason = "bjw19-gaussian is the only method implemented so far"
-        func = METHODS[name][0]
-        res = func(X, Y, n_hidden, **options)
+        name, reason = _choose(X, Y, n_hidden)
+        res = METHODS[name][0](X, Y, n_hidden, **options)
         diag = dict(res.diagnostics)
         diag["auto"] = f"chose {name}: {reason}"
         return dataclasses.replace(res, diagnostics=diag)
