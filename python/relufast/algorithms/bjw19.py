@@ -38,11 +38,11 @@ import time
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._native import BACKEND, core
+from .._native import BACKEND
 from .._result import RecoveryResult, Status, warn
 from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
 from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
-from ..tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
+from ._bjw19_tensor import draw_candidates, moment_span
 
 from ._bjw19_exact import enumeration, fpt, iterative_lp
 
@@ -228,18 +228,12 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         )
 
     # Step 2: the moment tensor on the compressed outputs.
-    t = time.perf_counter()
-    acc = core.SecondMoment(d, k)
-    acc.update(X, Y, threads, block_size, None if m == k else Q)
-    T = acc.tensor().reshape(k, d, d)
-    seconds["moments"] = time.perf_counter() - t
-
     # Step 3: span, projection; Step 4: candidates pooled over restarts and certified.
     t = time.perf_counter()
-    W, evals = input_span(T, k)
-    P = project(T, W)
+    W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size)
+    seconds["moments"] = time.perf_counter() - t
     diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-    seconds["tensor"] = time.perf_counter() - t
+    seconds["tensor"] = 0.0
     t_ref = 0.0
     certified, cert_meta = [], []
     approx_rows = None
@@ -249,10 +243,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     restarts = 0
     for restarts in range(1, n_restarts + 1):
         t = time.perf_counter()
-        Z, gap = jennrich(P, rng)
-        _, Bf, Cf = cp_als(P, Z)
+        cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
-        cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
         seconds["tensor"] += time.perf_counter() - t
         t = time.perf_counter()
         out = refine_rows(B, Xr, cand, n_jobs=threads)

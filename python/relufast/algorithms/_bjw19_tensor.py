@@ -1,0 +1,48 @@
+"""The tensor estimate shared by the BJW19 Gaussian pipelines (Alg. 4 with the spec's fix).
+
+``moment_span`` accumulates the second-order moment of the (compressed) outputs in C++ and
+returns the span of V and the projected k x k x k tensor; ``draw_candidates`` runs one
+Jennrich draw plus a CP-ALS polish and returns candidate rows (up to sign).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._native import core
+from ..tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
+
+__all__ = ["moment_span", "draw_candidates"]
+
+
+def moment_span(X, Y, k, Q, threads, block_size):
+    """Moment of ``Y Q`` (Q None: Y itself), span W (d, k), projected tensor P (k, k, k).
+
+    Returns (W, P, eigenvalues of sum_i T[i]^2 in descending order).
+    """
+    d = X.shape[1]
+    acc = core.SecondMoment(d, k)
+    acc.update(X, Y, threads, block_size, Q)
+    T = acc.tensor().reshape(k, d, d)
+    W, evals = input_span(T, k)
+    return W, project(T, W), evals
+
+
+def draw_candidates(P, W, rng):
+    """One Jennrich draw and its CP-ALS polish.
+
+    Returns
+    -------
+    cand : ndarray of shape (2k, d)
+        Rows 0..k-1 from the polished factors, rows k..2k-1 from Jennrich alone (unit
+        norm, sign unknown).
+    gap : float
+        Jennrich's minimum relative eigen-gap.
+    fit : float
+        Relative error of the polished CP model of P (small: a good draw).
+    """
+    Z, gap = jennrich(P, rng)
+    A, Bf, Cf = cp_als(P, Z)
+    fit = float(np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, Bf, Cf)) / max(np.linalg.norm(P), 1e-300))
+    cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
+    cand /= np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
+    return cand, gap, fit
