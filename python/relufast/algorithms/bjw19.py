@@ -12,6 +12,9 @@ Functions and the paper
     Theorem 1: exact recovery for any X when rank(Y) = k. Lemma 1 (candidate sign
     patterns, C++), Algorithm 1 (Iterative LP on HiGHS, ``iterative_lp``) and
     Algorithm 2 (ExactNeuralNet), with the exact support solve where |S| >= d.
+``noisy``
+    Theorem 10: i.i.d. sub-Gaussian output noise. Tensor estimate, Algorithm 6 (signs by
+    projections, ``sign_by_projection``), U by least squares; opt-in ``polish``.
 ``fpt``
     Theorem 11: exact recovery for Gaussian X and rank-deficient U (m < k allowed),
     Algorithm 7 with the corrections of the spec (pairwise independent columns, m >= 2).
@@ -45,8 +48,10 @@ from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
 from ._bjw19_tensor import draw_candidates, moment_span
 
 from ._bjw19_exact import enumeration, fpt, iterative_lp
+from ._bjw19_noisy import noisy, polish, sign_by_projection
 
-__all__ = ["gaussian", "enumeration", "fpt", "iterative_lp", "CITATION"]
+__all__ = ["gaussian", "enumeration", "fpt", "noisy", "iterative_lp", "sign_by_projection",
+           "polish", "CITATION"]
 
 CITATION = (
     "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "
