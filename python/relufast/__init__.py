@@ -4,7 +4,7 @@ Convention: samples are rows, ``Y = relu(X @ V.T) @ U.T`` with V of shape (k, d)
 shape (m, k). Networks are identified up to permutation of hidden units and positive
 scaling of rows of V; results report V with unit-norm rows.
 """
-from . import algorithms, metrics, moments, planted, refine, tensor
+from . import algorithms, lp, metrics, moments, patterns, planted, refine, robust_pca, tensor
 from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
@@ -23,6 +23,9 @@ __all__ = [
     "planted",
     "refine",
     "tensor",
+    "lp",
+    "patterns",
+    "robust_pca",
     "BACKEND",
     "__version__",
 ]

@@ -13,6 +13,7 @@ METHODS = {
     "bjw19-enumeration": (bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
     "bjw19-fpt": (bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
     "bjw19-noisy": (bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
+    "bjw19-sparse-noise": (bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
 }
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from ._validation import check_positive_int, check_random_state
 
 __all__ = ["PlantedNetwork", "two_layer", "lemma16_pair", "relu_separability_instance",
+           "sparse_corruption",
            "INPUT_DISTRIBUTIONS"]
 
 #: Input laws accepted by :meth:`PlantedNetwork.sample`; all have mean 0 and identity
@@ -94,7 +95,7 @@ def _condition(A):
 
 
 def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None, max_cos=None,
-              max_output_condition=None, max_tries=10000):
+              max_output_condition=None, orthonormal_U=False, max_tries=10000):
     """Plant a random two-layer network with unit-norm hidden rows.
 
     Parameters
@@ -112,6 +113,8 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
         Reject-and-redraw until every pair of rows has |cos| <= max_cos.
     max_output_condition : float, optional
         Reject-and-redraw until kappa(U) <= max_output_condition (needs m >= k).
+    orthonormal_U : bool, default=False
+        U with orthonormal columns (needs m >= k), as in BJW19 Thm 14.
     max_tries : int, default=10000
 
     Returns
@@ -141,6 +144,10 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
             if C.max() > max_cos:
                 continue
         U = rng.standard_normal((m, k))
+        if orthonormal_U:
+            if m < k:
+                raise ValueError(f"orthonormal_U needs m >= k; got m = {m}, k = {k}")
+            U = np.linalg.qr(U)[0]
         if max_output_condition is not None and (m < k or _condition(U) > max_output_condition):
             continue
         return PlantedNetwork(U=U, V=V)
@@ -148,6 +155,25 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
         f"no network met the constraints (max_condition={max_condition}, max_cos={max_cos}, "
         f"max_output_condition={max_output_condition}) in {max_tries} draws; relax them"
     )
+
+
+def sparse_corruption(Y, fraction=0.05, *, scale=10.0, random_state=None):
+    """Corrupt a random ``fraction`` of the entries of Y by adding U(-scale, scale) values.
+
+    BJW19 Def. 12 (sparse noise: random support, arbitrary values).
+
+    Returns
+    -------
+    Y_corrupted : ndarray, same shape as Y
+    support : ndarray of bool, same shape as Y
+    """
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"fraction must be in [0, 1]; got {fraction!r}")
+    rng = check_random_state(random_state)
+    Y = np.array(Y, dtype=np.float64)
+    support = rng.random(Y.shape) < fraction
+    Y[support] += rng.uniform(-scale, scale, size=int(support.sum()))
+    return Y, support
 
 
 def lemma16_pair(a=1e-3, *, m=1, random_state=None):

@@ -15,6 +15,9 @@ Functions and the paper
 ``noisy``
     Theorem 10: i.i.d. sub-Gaussian output noise. Tensor estimate, Algorithm 6 (signs by
     projections, ``sign_by_projection``), U by least squares; opt-in ``polish``.
+``sparse_noise``
+    Section 8, Theorem 14: sparse gross corruption of the outputs. Principal component
+    pursuit, the Gaussian pipeline, then an exact polish on the uncorrupted entries.
 ``fpt``
     Theorem 11: exact recovery for Gaussian X and rank-deficient U (m < k allowed),
     Algorithm 7 with the corrections of the spec (pairwise independent columns, m >= 2).
@@ -48,10 +51,10 @@ from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
 from ._bjw19_tensor import draw_candidates, moment_span
 
 from ._bjw19_exact import enumeration, fpt, iterative_lp
-from ._bjw19_noisy import noisy, polish, sign_by_projection
+from ._bjw19_noisy import noisy, polish, sign_by_projection, sparse_noise
 
-__all__ = ["gaussian", "enumeration", "fpt", "noisy", "iterative_lp", "sign_by_projection",
-           "polish", "CITATION"]
+__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "iterative_lp",
+           "sign_by_projection", "polish", "CITATION"]
 
 CITATION = (
     "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "
