@@ -14,6 +14,7 @@ METHODS = {
     "bjw19-fpt": (bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
     "bjw19-noisy": (bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
     "bjw19-sparse-noise": (bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
+    "bjw19-ica": (bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
 }
 
 

@@ -95,7 +95,7 @@ def _condition(A):
 
 
 def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None, max_cos=None,
-              max_output_condition=None, orthonormal_U=False, max_tries=10000):
+              max_output_condition=None, orthonormal_U=False, orthonormal_V=False, max_tries=10000):
     """Plant a random two-layer network with unit-norm hidden rows.
 
     Parameters
@@ -113,6 +113,8 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
         Reject-and-redraw until every pair of rows has |cos| <= max_cos.
     max_output_condition : float, optional
         Reject-and-redraw until kappa(U) <= max_output_condition (needs m >= k).
+    orthonormal_V : bool, default=False
+        V with orthonormal rows (BJW19 Thm 4); overrides ``condition``.
     orthonormal_U : bool, default=False
         U with orthonormal columns (needs m >= k), as in BJW19 Thm 14.
     max_tries : int, default=10000
@@ -136,6 +138,8 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
             Q1 = np.linalg.qr(rng.standard_normal((k, k)))[0]
             Q2 = np.linalg.qr(rng.standard_normal((d, k)))[0]
             V = Q1 @ np.diag(np.geomspace(1.0, 1.0 / condition, k)) @ Q2.T
+        if orthonormal_V:
+            V = np.linalg.qr(rng.standard_normal((d, k)))[0].T
         V /= np.linalg.norm(V, axis=1, keepdims=True)
         if max_condition is not None and _condition(V) > max_condition:
             continue

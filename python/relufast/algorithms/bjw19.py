@@ -15,6 +15,9 @@ Functions and the paper
 ``noisy``
     Theorem 10: i.i.d. sub-Gaussian output noise. Tensor estimate, Algorithm 6 (signs by
     projections, ``sign_by_projection``), U by least squares; opt-in ``polish``.
+``ica``
+    Theorem 4: orthonormal V. Algorithm 3 with relufast's FastICA (``fastica``) and the
+    exact refinement of Algorithm 5.
 ``sparse_noise``
     Section 8, Theorem 14: sparse gross corruption of the outputs. Principal component
     pursuit, the Gaussian pipeline, then an exact polish on the uncorrupted entries.
@@ -51,9 +54,10 @@ from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
 from ._bjw19_tensor import draw_candidates, moment_span
 
 from ._bjw19_exact import enumeration, fpt, iterative_lp
+from ._bjw19_ica import fastica, ica
 from ._bjw19_noisy import noisy, polish, sign_by_projection, sparse_noise
 
-__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "iterative_lp",
+__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "ica", "fastica", "iterative_lp",
            "sign_by_projection", "polish", "CITATION"]
 
 CITATION = (
