@@ -15,6 +15,7 @@ METHODS = {
     "bjw19-noisy": (bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
     "bjw19-sparse-noise": (bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
     "bjw19-ica": (bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
+    "bjw19-independent-noise": (bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
 }
 
 

@@ -18,6 +18,9 @@ Functions and the paper
 ``ica``
     Theorem 4: orthonormal V. Algorithm 3 with relufast's FastICA (``fastica``) and the
     exact refinement of Algorithm 5.
+``independent_noise``
+    Theorem 13: arbitrary noise independent of X. Algorithm 8 with the halfspace
+    estimator of Theorem 12 (``halfspace_estimate``), a ``given_M`` mode and a capped grid.
 ``sparse_noise``
     Section 8, Theorem 14: sparse gross corruption of the outputs. Principal component
     pursuit, the Gaussian pipeline, then an exact polish on the uncorrupted entries.
@@ -55,9 +58,11 @@ from ._bjw19_tensor import draw_candidates, moment_span
 
 from ._bjw19_exact import enumeration, fpt, iterative_lp
 from ._bjw19_ica import fastica, ica
+from ._bjw19_indep import halfspace_estimate, independent_noise
 from ._bjw19_noisy import noisy, polish, sign_by_projection, sparse_noise
 
-__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "ica", "fastica", "iterative_lp",
+__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "ica", "independent_noise",
+           "fastica", "halfspace_estimate", "iterative_lp",
            "sign_by_projection", "polish", "CITATION"]
 
 CITATION = (
