@@ -40,7 +40,8 @@ bool compiled_with_avx2() {
 
 py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstRowRef& Vhat,
                         std::vector<double> margins, double tol_null, double tol_gap,
-                        double tol_verify, double tol_support, Index min_zeros, int n_jobs) {
+                        double tol_verify, double tol_support, Index min_zeros, int n_jobs,
+                        double power) {
   RefineOptions opts;
   if (!margins.empty()) opts.margins = std::move(margins);
   opts.tol_null = tol_null;
@@ -48,6 +49,7 @@ py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstR
   opts.tol_verify = tol_verify;
   opts.tol_support = tol_support;
   opts.min_zeros = min_zeros;
+  opts.power = power;
   std::vector<RowCertificate> res;
   {
     py::gil_scoped_release release;
@@ -120,11 +122,11 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def(
       "relu_stats",
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
-         int n_jobs, Index block) {
+         int n_jobs, Index block, double power) {
         ReluStats s;
         {
           py::gil_scoped_release release;
-          s = relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block);
+          s = relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power);
         }
         py::dict out;
         out["gram"] = s.gram;
@@ -135,8 +137,8 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         return out;
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
-      py::arg("n_jobs") = 0, py::arg("block") = 4096,
-      "F = relu(X V^T): returns F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+      py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0,
+      "F = relu(X V^T)^power: returns F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
 
   m.def(
       "pattern_subset_count",
@@ -173,6 +175,6 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def("refine_rows", &refine_rows_py, py::arg("B").noconvert(), py::arg("X").noconvert(),
         py::arg("Vhat"), py::arg("margins") = std::vector<double>{}, py::arg("tol_null") = 1e-10,
         py::arg("tol_gap") = 1e-6, py::arg("tol_verify") = 1e-9, py::arg("tol_support") = 1e-9,
-        py::arg("min_zeros") = 0, py::arg("n_jobs") = 0,
+        py::arg("min_zeros") = 0, py::arg("n_jobs") = 0, py::arg("power") = 1.0,
         "BJW19 Alg. 5 (margin form): certify and solve hidden rows from approximate directions.");
 }

@@ -121,7 +121,7 @@ RowMatrixXd SecondMoment::tensor() const {
 }
 
 ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
-                     const RowMatrixXd* U, int n_jobs, Index block) {
+                     const RowMatrixXd* U, int n_jobs, Index block, double power) {
   const Index n = X.rows(), d = X.cols(), m = Y.cols(), k = V.rows();
   if (V.cols() != d)
     throw std::invalid_argument("relu_stats: V has " + std::to_string(V.cols()) +
@@ -130,6 +130,7 @@ ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowR
   if (U && (U->rows() != m || U->cols() != k))
     throw std::invalid_argument("relu_stats: U must have shape (m, k)");
   if (block < 1) throw std::invalid_argument("relu_stats: block must be >= 1");
+  if (!(power > 0.0)) throw std::invalid_argument("relu_stats: power must be > 0");
   const Index nblocks = std::max<Index>(1, (n + block - 1) / block);
   const int nthreads = resolve_threads(n_jobs, nblocks);
   std::vector<ReluStats> part(nthreads);
@@ -143,6 +144,7 @@ ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowR
       if (len <= 0) break;
       F.noalias() = X.middleRows(s0, len) * V.transpose();
       F = F.cwiseMax(0.0);
+      if (power != 1.0) F = F.array().pow(power).matrix();
       p.gram.noalias() += F.transpose() * F;
       p.cross.noalias() += F.transpose() * Y.middleRows(s0, len);
       if (U) {

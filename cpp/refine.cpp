@@ -60,6 +60,7 @@ void solve_row(const ConstRowRef& B, const ConstRowRef& X, const Eigen::VectorXd
   for (Index i = 0; i < c.support; ++i) {
     XS.row(i) = X.row(S[i]);
     rS(i) = r(S[i]) / rmax;
+    if (opts.power != 1.0) rS(i) = std::pow(rS(i), 1.0 / opts.power);  // phi^{-1}
   }
   Eigen::ColPivHouseholderQR<Eigen::MatrixXd> qr(XS);
   qr.setThreshold(1e-10);
@@ -71,6 +72,7 @@ void solve_row(const ConstRowRef& B, const ConstRowRef& X, const Eigen::VectorXd
   c.solved = true;
   // Certificate: t = relu(X z) must lie in span(B) (B orthonormal rows) with support S.
   Eigen::VectorXd t = (X * z).cwiseMax(0.0);
+  if (opts.power != 1.0) t = t.array().pow(opts.power).matrix();
   const double tn = t.norm();
   if (!(tn > 0.0)) return;
   Eigen::VectorXd proj = B.transpose() * (B * t);
@@ -157,6 +159,7 @@ std::vector<RowCertificate> refine_rows(const ConstRowRef& B, const ConstRowRef&
     throw std::invalid_argument("refine_rows: Vhat has " + std::to_string(Vhat.cols()) +
                                 " columns, expected d = " + std::to_string(d));
   if (opts.margins.empty()) throw std::invalid_argument("refine_rows: margins must not be empty");
+  if (!(opts.power > 0.0)) throw std::invalid_argument("refine_rows: power must be > 0");
   const Index c = Vhat.rows();
   std::vector<RowCertificate> out(c);
   const int nthreads = resolve_threads(n_jobs, c);

@@ -7,10 +7,12 @@
 //             null space of B[:, Z_q] (B: k x l orthonormal basis of the span);
 //   step 4:   accept q when that null space is one-dimensional and the other
 //             sign's is not; r = w B is then (a multiple of) relu(X v*);
-//   step 5:   v* solves X_S v = r_S on the support S = {r > 0} (|S| >= d,
-//             rank X_S = d), by column-pivoted Householder QR.
-// Verification: relu(X v*) must lie in the output span (relative residual of
+//   step 5:   v* solves X_S v = phi^{-1}(r_S) on the support S = {r > 0}
+//             (|S| >= d, rank X_S = d), by column-pivoted Householder QR.
+// Verification: phi(X v*) must lie in the output span (relative residual of
 // its projection below tol_verify) and its support must equal S.
+// phi(t) = relu(t)^p (p = 1 is ReLU). For positively homogeneous phi the
+// unknown scale of r only rescales v*, which is then normalised (Sec. 9.1).
 #pragma once
 
 #include <vector>
@@ -26,6 +28,7 @@ struct RefineOptions {
   double tol_verify = 1e-9;   // relative distance of relu(X v*) from the output span
   double tol_support = 1e-9;  // r_j > tol_support * max r counts as positive
   Index min_zeros = 0;        // 0 means 2k + 5
+  double power = 1.0;         // activation relu(t)^power (BJW19 Sec. 9.1, homogeneous case)
 };
 
 struct RowCertificate {

@@ -47,6 +47,7 @@ def relu_stats(
     U: NDArray[np.float64] | None = None,
     n_jobs: int = 0,
     block: int = 4096,
+    power: float = 1.0,
 ) -> _ReluStats: ...
 
 class _RefineOut(TypedDict):
@@ -73,4 +74,5 @@ def refine_rows(
     tol_support: float = 1e-9,
     min_zeros: int = 0,
     n_jobs: int = 0,
+    power: float = 1.0,
 ) -> _RefineOut: ...

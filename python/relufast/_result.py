@@ -63,6 +63,8 @@ class RecoveryResult:
         Sizes and counts (samples used, candidates tried, rows certified, ...).
     diagnostics : mapping
         Method-specific figures (per-row certificates, singular values, gaps, ...).
+    activation : Activation or None
+        The rectified activation of the model (None: ReLU).
     """
 
     U: Optional[np.ndarray]
@@ -75,6 +77,7 @@ class RecoveryResult:
     seconds: Mapping[str, float] = field(default_factory=dict)
     counts: Mapping[str, int] = field(default_factory=dict)
     diagnostics: Mapping[str, Any] = field(default_factory=dict)
+    activation: Any = None  #: the rectified activation (None means ReLU)
 
     def __post_init__(self):
         object.__setattr__(self, "status", Status(self.status))
@@ -98,11 +101,13 @@ class RecoveryResult:
         return None if self.V is None else self.V.shape[0]
 
     def predict(self, X):
-        """Network output ``relu(X V^T) U^T`` for inputs X of shape (n_samples, n_features)."""
+        """Network output ``f(X V^T) U^T`` for inputs X of shape (n_samples, n_features)."""
         if self.U is None or self.V is None:
             raise ValueError(f"this result has no parameters (status {self.status.value})")
         X = np.asarray(X, dtype=np.float64)
-        return np.maximum(X @ self.V.T, 0.0) @ self.U.T
+        Z = X @ self.V.T
+        F = np.maximum(Z, 0.0) if self.activation is None else self.activation(Z)
+        return F @ self.U.T
 
     def __repr__(self):
         shape = "" if self.V is None else f", U{self.U.shape}, V{self.V.shape}"

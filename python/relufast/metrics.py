@@ -34,13 +34,24 @@ def _params(obj):
     return np.asarray(U, dtype=np.float64), np.asarray(V, dtype=np.float64)
 
 
-def canonical(U, V):
-    """Scale rows of V to unit norm and columns of U accordingly (network unchanged)."""
+def canonical(U, V, degree=1.0):
+    """Scale rows of V to unit norm and columns of U by ``norm^degree`` (network unchanged).
+
+    ``degree`` is the homogeneity degree of the activation (1 for ReLU); None (a
+    non-homogeneous activation, whose row norms are identifiable) leaves both as they are.
+    """
     U = np.asarray(U, dtype=np.float64)
     V = np.asarray(V, dtype=np.float64)
+    if degree is None:
+        return U, V
     s = np.linalg.norm(V, axis=1)
     s[s == 0] = 1.0
-    return U * s[None, :], V / s[:, None]
+    return U * s[None, :] ** degree, V / s[:, None]
+
+
+def _degree(obj):
+    act = getattr(obj, "activation", None)
+    return 1.0 if act is None else act.degree
 
 
 def match_hidden_units(V_est, V_true):
@@ -64,13 +75,17 @@ def parameter_error(estimate, truth):
     -------
     ParameterError
     """
-    U, V = canonical(*_params(estimate))
-    U0, V0 = canonical(*_params(truth))
+    degree = _degree(truth)
+    U, V = canonical(*_params(estimate), degree=degree)
+    U0, V0 = canonical(*_params(truth), degree=degree)
     if U.shape != U0.shape:
         raise ValueError(f"U shapes differ: estimate {U.shape}, truth {U0.shape}")
-    perm = match_hidden_units(V, V0)
+    if degree is None:  # match directions; the norms are compared in the error
+        perm = match_hidden_units(canonical(U, V)[1], canonical(U0, V0)[1])
+    else:
+        perm = match_hidden_units(V, V0)
     Vm, Um = V0[perm], U0[:, perm]
-    cos = np.clip(np.sum(V * Vm, axis=1), -1.0, 1.0)
+    cos = np.clip(np.sum(V * Vm, axis=1) / (np.linalg.norm(V, axis=1) * np.linalg.norm(Vm, axis=1)), -1.0, 1.0)
     return ParameterError(
         U=float(np.linalg.norm(U - Um) / np.linalg.norm(Um)),
         V=float(np.linalg.norm(V - Vm) / np.linalg.norm(Vm)),
@@ -84,6 +99,8 @@ def function_error(estimate, truth, X):
     U, V = _params(estimate)
     U0, V0 = _params(truth)
     X = np.asarray(X, dtype=np.float64)
-    F = np.maximum(X @ V.T, 0.0) @ U.T
-    F0 = np.maximum(X @ V0.T, 0.0) @ U0.T
+    act = getattr(truth, "activation", None)
+    f = (lambda Z: np.maximum(Z, 0.0)) if act is None else act
+    F = f(X @ V.T) @ U.T
+    F0 = f(X @ V0.T) @ U0.T
     return float(np.linalg.norm(F - F0) / np.linalg.norm(F0))

@@ -44,6 +44,7 @@ class PlantedNetwork:
 
     U: np.ndarray
     V: np.ndarray
+    activation: object = None  #: rectified activation (None: ReLU)
 
     @property
     def n_features(self):
@@ -58,8 +59,9 @@ class PlantedNetwork:
         return self.U.shape[0]
 
     def __call__(self, X):
-        """Outputs ``relu(X V^T) U^T`` for X of shape (n_samples, n_features)."""
-        return np.maximum(np.asarray(X, dtype=np.float64) @ self.V.T, 0.0) @ self.U.T
+        """Outputs ``f(X V^T) U^T`` for X of shape (n_samples, n_features)."""
+        Z = np.asarray(X, dtype=np.float64) @ self.V.T
+        return (np.maximum(Z, 0.0) if self.activation is None else self.activation(Z)) @ self.U.T
 
     def sample(self, n, *, random_state=None, noise=0.0, input="gaussian"):
         """Draw n samples.
@@ -95,7 +97,8 @@ def _condition(A):
 
 
 def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None, max_cos=None,
-              max_output_condition=None, orthonormal_U=False, orthonormal_V=False, max_tries=10000):
+              max_output_condition=None, orthonormal_U=False, orthonormal_V=False, activation=None,
+              row_norms=None, max_tries=10000):
     """Plant a random two-layer network with unit-norm hidden rows.
 
     Parameters
@@ -113,6 +116,11 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
         Reject-and-redraw until every pair of rows has |cos| <= max_cos.
     max_output_condition : float, optional
         Reject-and-redraw until kappa(U) <= max_output_condition (needs m >= k).
+    activation : str, float or Activation, optional
+        Rectified activation of the teacher (default ReLU), see :mod:`relufast.activations`.
+    row_norms : array-like of shape (k,), optional
+        Norms of the rows of V (default 1). Only non-homogeneous activations can tell them
+        from a rescaling of U.
     orthonormal_V : bool, default=False
         V with orthonormal rows (BJW19 Thm 4); overrides ``condition``.
     orthonormal_U : bool, default=False
@@ -154,7 +162,14 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
             U = np.linalg.qr(U)[0]
         if max_output_condition is not None and (m < k or _condition(U) > max_output_condition):
             continue
-        return PlantedNetwork(U=U, V=V)
+        if row_norms is not None:
+            V = V * np.asarray(row_norms, dtype=np.float64).reshape(k, 1)
+        act = None
+        if activation is not None:
+            from .activations import get_activation
+
+            act = get_activation(activation)
+        return PlantedNetwork(U=U, V=V, activation=act)
     raise ValueError(
         f"no network met the constraints (max_condition={max_condition}, max_cos={max_cos}, "
         f"max_output_condition={max_output_condition}) in {max_tries} draws; relax them"

@@ -18,6 +18,7 @@ import numpy as np
 import scipy.linalg
 
 from ._native import core
+from .activations import RELU
 
 __all__ = [
     "DEFAULT_MARGINS",
@@ -47,8 +48,8 @@ def output_basis(Y, k):
 
 
 def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=1e-6,
-                tol_verify=1e-9, n_jobs=0):
-    """Certify and solve hidden rows from approximate directions (C++; Alg. 5, steps 2-5).
+                tol_verify=1e-9, n_jobs=0, activation=RELU):
+    """Certify and solve hidden rows from approximate directions (Alg. 5, steps 2-5).
 
     Parameters
     ----------
@@ -58,91 +59,151 @@ def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=
         Refinement samples.
     Vhat : ndarray of shape (c, d)
         Candidate directions (any norm, sign unknown).
+    activation : Activation, default=RELU
+        Homogeneous activations (relu^p) run in C++; others in NumPy with the
+        one-dimensional scale search of BJW19 Sec. 9.1 (spec Sec. 2.13).
 
     Returns
     -------
-    dict of arrays, one entry per candidate: ``rows`` (c, d) unit rows (NaN if unsolved),
-    ``certified``, ``solved``, ``sign``, ``margin``, ``null_ratio``, ``gap_ratio``,
-    ``other_ratio``, ``verify_residual``, ``n_zero``, ``support``.
+    dict of arrays, one entry per candidate: ``rows`` (c, d) (NaN if unsolved; unit norm
+    for homogeneous activations), ``certified``, ``solved``, ``sign``, ``margin``,
+    ``null_ratio``, ``gap_ratio``, ``other_ratio``, ``verify_residual``, ``n_zero``,
+    ``support``.
     """
     B = np.ascontiguousarray(B, dtype=np.float64)
     X = np.ascontiguousarray(X, dtype=np.float64)
     Vhat = np.ascontiguousarray(np.atleast_2d(Vhat), dtype=np.float64)
-    return core.refine_rows(B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, 1e-9, 0, n_jobs)
+    if activation.homogeneous:
+        return core.refine_rows(B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, 1e-9, 0,
+                                n_jobs, float(activation.degree))
+    outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify) for v in Vhat]
+    keys = ("certified", "solved", "sign", "margin", "null_ratio", "gap_ratio", "other_ratio",
+            "verify_residual", "n_zero", "support")
+    res = {key: np.array([o[key] for o in outs]) for key in keys}
+    res["rows"] = np.array([o["row"] for o in outs]).reshape(len(outs), X.shape[1])
+    return res
+
+
+def _solve_scaled(XS, rS, activation):
+    """z with activation(X_S z) proportional to r_S; the scale c is searched in 1-D
+    (grid over log c, then bounded Brent) unless the activation is homogeneous."""
+    if activation.homogeneous:
+        t = activation.inverse(rS / rS.max())
+        return np.linalg.lstsq(XS, t, rcond=None)[0]
+    from scipy.optimize import minimize_scalar
+
+    def resid(logc):
+        t = activation.inverse(rS / np.exp(logc))
+        z = np.linalg.lstsq(XS, t, rcond=None)[0]
+        return float(np.linalg.norm(XS @ z - t) / max(np.linalg.norm(t), 1e-300))
+
+    center = np.log(rS.max())
+    grid = center + np.linspace(-25, 25, 201)
+    vals = [resid(g) for g in grid]
+    i = int(np.argmin(vals))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    sc = minimize_scalar(resid, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}).x
+    # Function values only locate the minimum to about sqrt(eps); finish with Gauss-Newton on
+    # X_S z = t(s), t(s) = phi^{-1}(r_S e^{-s}), jointly in (z, s) (a zero-residual problem).
+    h = 1e-6
+    for _ in range(8):
+        t = activation.inverse(rS * np.exp(-sc))
+        dt = (activation.inverse(rS * np.exp(-(sc + h))) - activation.inverse(rS * np.exp(-(sc - h)))) / (2 * h)
+        sol = np.linalg.lstsq(np.column_stack([XS, -dt]), t, rcond=None)[0]
+        step = sol[-1]
+        sc += step
+        if abs(step) < 1e-15 * max(1.0, abs(sc)):
+            break
+    t = activation.inverse(rS * np.exp(-sc))
+    return np.linalg.lstsq(XS, t, rcond=None)[0]
+
+
+def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify):
+    """NumPy version of the C++ kernel for one candidate (certified rows only)."""
+    k, l = B.shape
+    d = X.shape[1]
+    out = {"certified": False, "solved": False, "sign": 0, "margin": 0.0, "null_ratio": 1.0,
+           "gap_ratio": 0.0, "other_ratio": 1.0, "verify_residual": 1.0, "n_zero": 0, "support": 0,
+           "row": np.full(d, np.nan)}
+    v = v / np.linalg.norm(v)
+    p = X @ v
+    for gamma in margins:
+        probes = {}
+        for q in (+1, -1):
+            Z = np.flatnonzero(q * p < -gamma)
+            if Z.size < 2 * k + 5:
+                probes[q] = None
+                continue
+            _, s, Vt = np.linalg.svd(B[:, Z].T, full_matrices=True)
+            scale = s[0] if k >= 2 else np.linalg.norm(B) * np.sqrt(Z.size / l)
+            gap = s[k - 2] / scale if k >= 2 else 1.0
+            probes[q] = (s[k - 1] / scale, gap, Vt[k - 1], Z.size)
+        for q in (+1, -1):
+            mine, other = probes[q], probes[-q]
+            if mine is None:
+                continue
+            other_ratio = 1.0 if other is None else other[0]
+            if not (mine[0] < tol_null and mine[1] > tol_gap and other_ratio > tol_gap):
+                continue
+            r = mine[2] @ B
+            if r.sum() < 0:
+                r = -r
+            S = r > 1e-9 * r.max()
+            if S.sum() < d or np.linalg.matrix_rank(X[S]) < d:
+                continue
+            z = _solve_scaled(X[S], r[S], activation)
+            if activation.homogeneous:
+                z = z / np.linalg.norm(z)
+            t = activation(X @ z)
+            res = np.linalg.norm(t - B.T @ (B @ t)) / np.linalg.norm(t)
+            supp = t > 1e-9 * t.max()
+            out.update({"solved": True, "row": z, "sign": q, "margin": gamma, "null_ratio": mine[0],
+                        "gap_ratio": mine[1], "other_ratio": other_ratio, "verify_residual": res,
+                        "n_zero": mine[3], "support": int(S.sum())})
+            if res < tol_verify and np.array_equal(supp, S):
+                out["certified"] = True
+                return out
+    return out
 
 
 def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=1e-6,
-                          tol_verify=1e-9):
+                          tol_verify=1e-9, activation=RELU):
     """NumPy reference of :func:`refine_rows` for certified rows (for tests).
 
     Returns (rows, certified, sign) with the same conventions.
     """
-    k, l = B.shape
-    d = X.shape[1]
-    c = Vhat.shape[0]
-    rows = np.full((c, d), np.nan)
-    certified = np.zeros(c, dtype=bool)
-    signs = np.zeros(c, dtype=int)
-    for i in range(c):
-        v = Vhat[i] / np.linalg.norm(Vhat[i])
-        p = X @ v
-        done = False
-        for gamma in margins:
-            probes = {}
-            for q in (+1, -1):
-                Z = np.flatnonzero(q * p < -gamma)
-                if Z.size < 2 * k + 5:
-                    probes[q] = None
-                    continue
-                _, s, Vt = np.linalg.svd(B[:, Z].T, full_matrices=True)
-                scale = s[0] if k >= 2 else np.linalg.norm(B) * np.sqrt(Z.size / l)
-                gap = s[k - 2] / scale if k >= 2 else 1.0
-                probes[q] = (s[k - 1] / scale, gap, Vt[k - 1])
-            for q in (+1, -1):
-                mine, other = probes[q], probes[-q]
-                if mine is None:
-                    continue
-                other_ratio = 1.0 if other is None else other[0]
-                if not (mine[0] < tol_null and mine[1] > tol_gap and other_ratio > tol_gap):
-                    continue
-                r = mine[2] @ B
-                if r.sum() < 0:
-                    r = -r
-                S = r > 1e-9 * r.max()
-                if S.sum() < d or np.linalg.matrix_rank(X[S]) < d:
-                    continue
-                z = np.linalg.lstsq(X[S], r[S] / r.max(), rcond=None)[0]
-                z /= np.linalg.norm(z)
-                t = np.maximum(X @ z, 0.0)
-                res = np.linalg.norm(t - B.T @ (B @ t)) / np.linalg.norm(t)
-                supp = t > 1e-9 * t.max()
-                if res < tol_verify and np.array_equal(supp, S):
-                    rows[i], certified[i], signs[i] = z, True, q
-                    done = True
-                    break
-            if done:
-                break
-    return rows, certified, signs
+    outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify) for v in Vhat]
+    certified = np.array([o["certified"] for o in outs], dtype=bool)
+    rows = np.array([o["row"] if o["certified"] else np.full(X.shape[1], np.nan) for o in outs])
+    signs = np.array([o["sign"] if o["certified"] else 0 for o in outs], dtype=int)
+    return rows.reshape(len(outs), X.shape[1]), certified, signs
 
 
-def fit_output_layer(X, Y, V):
-    """Least-squares output layer: ``U = argmin ||Y - relu(X V^T) U^T||_F`` via QR.
+def fit_output_layer(X, Y, V, activation=RELU):
+    """Least-squares output layer: ``U = argmin ||Y - f(X V^T) U^T||_F`` via QR.
 
-    Exact (to rounding) on noiseless data whenever relu(X V^T) has rank k (BJW19 Lemma 4).
-    Returns U of shape (m, k) and the condition number of relu(X V^T).
+    Exact (to rounding) on noiseless data whenever f(X V^T) has rank k (BJW19 Lemma 4).
+    Returns U of shape (m, k) and the condition number of f(X V^T).
     """
-    F = np.maximum(X @ V.T, 0.0)
+    F = activation(X @ V.T)
     Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
     cond = float(np.inf) if rank < V.shape[0] else float(np.linalg.cond(F))
     return np.ascontiguousarray(Ut.T), cond
 
 
-def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096):
-    """One threaded pass over all samples with F = relu(X V^T) (C++).
+def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
+    """One threaded pass over all samples with F = f(X V^T) (C++ for relu^p).
 
     Returns a dict: ``gram`` = F^T F, ``cross`` = F^T Y, and with U given ``sq_residual`` =
     ||Y - F U^T||_F^2 and ``sq_norm`` = ||Y||_F^2.
     """
     Vc = np.ascontiguousarray(V, dtype=np.float64)
     Uc = None if U is None else np.ascontiguousarray(U, dtype=np.float64)
-    return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size)
+    if activation.homogeneous:
+        return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size, float(activation.degree))
+    F = activation(X @ Vc.T)
+    out = {"gram": F.T @ F, "cross": F.T @ Y, "count": float(X.shape[0])}
+    if Uc is not None:
+        out["sq_residual"] = float(np.sum((Y - F @ Uc.T) ** 2))
+        out["sq_norm"] = float(np.sum(Y * Y))
+    return out

@@ -52,6 +52,7 @@ import numpy as np
 from .._blas import single_threaded_blas
 from .._native import BACKEND
 from .._result import RecoveryResult, Status, warn
+from ..activations import RELU, get_activation, hermite_coefficient
 from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
 from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
 from ._bjw19_tensor import draw_candidates, moment_span
@@ -119,7 +120,7 @@ def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
 
 
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
-             random_state=None, block_size=256):
+             random_state=None, block_size=256, activation="relu"):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -144,6 +145,11 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
         Seeds the choice of refinement samples and the random contractions.
     block_size : int, default=256
         Samples per block in the moment kernel.
+    activation : str, float or Activation, default="relu"
+        Rectified activation (BJW19 Sec. 9.1): "relu", "relu2", a power p (relu^p),
+        "expm1" (exp(t) - 1 on t > 0), or ``relufast.activations.custom(phi, phi_inverse)``.
+        The refinement solves with the inverse of phi; for non-homogeneous phi the scale
+        of each row is found by a one-dimensional search and the rows keep their norms.
 
     Returns
     -------
@@ -170,10 +176,12 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     """
     with single_threaded_blas():
         return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
-                         n_jobs=n_jobs, random_state=random_state, block_size=block_size)
+                         n_jobs=n_jobs, random_state=random_state, block_size=block_size,
+                         activation=activation)
 
 
-def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size):
+def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
+              activation):
     t_start = time.perf_counter()
     seconds = {}
     method = "bjw19-gaussian"
@@ -192,12 +200,13 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         )
     threads = resolve_n_jobs(n_jobs)
     rng = check_random_state(random_state)
+    act = get_activation(activation)
     if n_refine is None:
         ell = min(n, max(1000, 25 * d, 100 * k))
     else:
         ell = min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
     counts = {"n_samples": n, "n_refine": ell, "n_hidden": k}
-    diag = {"backend": BACKEND}
+    diag = {"backend": BACKEND, "activation": act.name}
     seconds["validation"] = time.perf_counter() - t_start
 
     def stop(status, message, U=None, V=None, residual=float("nan")):
@@ -205,7 +214,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         seconds["total"] = time.perf_counter() - t_start
         return RecoveryResult(U=U, V=V, status=status, message=message, method=method,
                               exact=False, residual=residual, seconds=seconds, counts=counts,
-                              diagnostics=diag)
+                              diagnostics=diag, activation=None if act is RELU else act)
 
     if m < k:
         return stop(
@@ -216,6 +225,14 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             f"k = {k}. Rank-deficient U needs the fixed-parameter algorithm (BJW19 Alg. 7), "
             "which is not implemented yet.",
         )
+
+    if act is not RELU:
+        c = np.array([hermite_coefficient(act, r) for r in range(5)])
+        diag["hermite_c2"] = float(c[2])
+        if abs(c[2]) < 1e-3 * np.abs(c).max():
+            return stop(Status.UNSUPPORTED,
+                        f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): the "
+                        "second-order moment carries no information (spec Sec. 3.2)")
 
     # Step 1: refinement samples, rank of the outputs, output basis and compression.
     t = time.perf_counter()
@@ -264,7 +281,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         gaps.append(gap)
         seconds["tensor"] += time.perf_counter() - t
         t = time.perf_counter()
-        out = refine_rows(B, Xr, cand, n_jobs=threads)
+        out = refine_rows(B, Xr, cand, n_jobs=threads, activation=act)
         t_ref += time.perf_counter() - t
         n_candidates += cand.shape[0]
         min_null = min(min_null, float(np.min(out["null_ratio"])))
@@ -275,14 +292,15 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                                    np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k])
         for i in np.flatnonzero(out["certified"]):
             row = out["rows"][i]
-            if all(abs(row @ c) < DUPLICATE_COS for c in certified):
+            unit = row / np.linalg.norm(row)
+            if all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in certified):
                 certified.append(row)
                 cert_meta.append({key: out[key][i] for key in
                                   ("margin", "null_ratio", "gap_ratio", "other_ratio",
                                    "verify_residual", "support")})
         if len(certified) >= k:
             break
-    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9:
+    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU:
         t = time.perf_counter()
         row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
         t_ref += time.perf_counter() - t
@@ -300,16 +318,16 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     exact_rows = len(certified) == k
     if exact_rows:
         V = np.array(certified)
-        U, cond = fit_output_layer(Xr, Yr, V)
+        U, cond = fit_output_layer(Xr, Yr, V, act)
     else:
         V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
                                   if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
         if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
             V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-        st = relu_stats(X, Y, V, n_jobs=threads)
+        st = relu_stats(X, Y, V, n_jobs=threads, activation=act)
         U = np.linalg.lstsq(st["gram"], st["cross"], rcond=None)[0].T
         cond = float(np.sqrt(np.linalg.cond(st["gram"])))
-    st = relu_stats(X, Y, V, U, n_jobs=threads)
+    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=act)
     residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
     diag["fit_condition"] = cond
     order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
@@ -341,7 +359,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                        "n_restarts, or check that X is standard Gaussian and that rows of V are "
                        "not nearly parallel")
     result = RecoveryResult(U=U, V=V, status=status, message=message, method=method, exact=exact,
-                            residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
+                            residual=residual, seconds=seconds, counts=counts, diagnostics=diag,
+                            activation=None if act is RELU else act)
     if not exact:
         warn(message)
     return result
