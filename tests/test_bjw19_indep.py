@@ -51,6 +51,19 @@ def test_brute_force_grid_small_instance_and_cap():
         rf.recover(X2, Y2, n_hidden=2, method="bjw19-independent-noise")
 
 
+def test_grid_has_signs_for_negative_output_weights():
+    # Spec errata 8: the paper's grid has only positive entries, so a negative U (whose
+    # left inverse is negative) would be missed. relufast's grid has signs and zero.
+    rng = np.random.default_rng(5)
+    net = rf.planted.two_layer(d=3, k=1, m=1, random_state=0)
+    net = rf.planted.PlantedNetwork(U=-np.abs(net.U), V=net.V)
+    X, Y0 = net.sample(20000, random_state=1)
+    Y = Y0 + 0.1 * rng.standard_normal(Y0.shape)
+    res = rf.recover(X, Y, n_hidden=1, method="bjw19-independent-noise", eps=0.2, random_state=0)
+    assert res.U[0, 0] < 0
+    assert rf.metrics.parameter_error(res, net).max_angle < 0.1
+
+
 def test_pure_noise_explains_almost_nothing():
     # With no network in the data the best candidate barely beats the zero network
     # (which is always a candidate, Alg. 8 step 0).
