@@ -31,8 +31,6 @@ void SecondMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs
   if (block < 1) throw std::invalid_argument("SecondMoment.update: block must be >= 1");
   const Index n = X.rows();
   if (n == 0) return;
-  const Index nblocks = (n + block - 1) / block;
-  const int nthreads = resolve_threads(n_jobs, nblocks);
   const Index d = d_, m = m_;
   // Each slice sum_s y_si x_s x_s^T is symmetric. Columns are split into panels
   // of kPanel; panel c0:c1 needs only rows c0:d, one GEMM per panel
@@ -45,45 +43,50 @@ void SecondMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs
   c0.push_back(d);
   const Index npanels = static_cast<Index>(c0.size()) - 1;
 
-  std::vector<std::vector<Eigen::MatrixXd>> acc(nthreads);
-  std::vector<Eigen::VectorXd> accy(nthreads);
-  parallel_ranges(nthreads, nblocks, [&](int t, long long b0, long long b1) {
-    auto& a = acc[t];
-    a.resize(npanels);
-    for (Index p = 0; p < npanels; ++p) a[p].setZero(d - c0[p], m * (c0[p + 1] - c0[p]));
-    accy[t].setZero(m);
-    RowMatrixXd W(block, m * width), Yq;
-    for (long long b = b0; b < b1; ++b) {
-      const Index s0 = b * block, len = std::min(block, n - s0);
-      if (Q) Yq.noalias() = Y.middleRows(s0, len) * (*Q);
-      const auto Yb = Q ? ConstRowRef(Yq) : ConstRowRef(Y.middleRows(s0, len));
-      const auto Xb = X.middleRows(s0, len);
-      for (Index p = 0; p < npanels; ++p) {
-        const Index w = c0[p + 1] - c0[p];
-        for (Index s = 0; s < len; ++s) {
-          const auto x = Xb.row(s).segment(c0[p], w);
-          for (Index i = 0; i < m; ++i) W.row(s).segment(i * w, w).noalias() = Yb(s, i) * x;
-        }
-        a[p].noalias() += Xb.rightCols(d - c0[p]).transpose() * W.topLeftCorner(len, m * w);
-      }
-      accy[t].noalias() += Yb.colwise().sum().transpose();
-    }
-  });
-  for (int t = 0; t < nthreads; ++t) {
-    sum_y_ += accy[t];
-    for (Index p = 0; p < npanels; ++p) {
-      const Index w = c0[p + 1] - c0[p];
-      const Eigen::MatrixXd& a = acc[t][p];
-      for (Index i = 0; i < m; ++i)
-        for (Index c = 0; c < w; ++c)
-          for (Index r = 0; r < d - c0[p]; ++r) {
-            const Index row = c0[p] + r, col = c0[p] + c;
-            const double v = a(r, i * w + c);
-            sum_yxx_(row, i * d + col) += v;
-            if (row >= c0[p + 1]) sum_yxx_(col, i * d + row) += v;  // mirror the lower part
+  struct Local {
+    std::vector<Eigen::MatrixXd> panels;
+    Eigen::VectorXd sy;
+    RowMatrixXd W, Yq;
+  };
+  accumulate_blocks<Local>(
+      n, block, n_jobs,
+      [&] {
+        Local L;
+        L.panels.resize(npanels);
+        for (Index p = 0; p < npanels; ++p) L.panels[p].setZero(d - c0[p], m * (c0[p + 1] - c0[p]));
+        L.sy.setZero(m);
+        L.W.resize(block, m * width);
+        return L;
+      },
+      [&](Local& L, Index s0, Index len) {
+        if (Q) L.Yq.noalias() = Y.middleRows(s0, len) * (*Q);
+        const auto Yb = Q ? ConstRowRef(L.Yq) : ConstRowRef(Y.middleRows(s0, len));
+        const auto Xb = X.middleRows(s0, len);
+        for (Index p = 0; p < npanels; ++p) {
+          const Index w = c0[p + 1] - c0[p];
+          for (Index s = 0; s < len; ++s) {
+            const auto x = Xb.row(s).segment(c0[p], w);
+            for (Index i = 0; i < m; ++i) L.W.row(s).segment(i * w, w).noalias() = Yb(s, i) * x;
           }
-    }
-  }
+          L.panels[p].noalias() += Xb.rightCols(d - c0[p]).transpose() * L.W.topLeftCorner(len, m * w);
+        }
+        L.sy.noalias() += Yb.colwise().sum().transpose();
+      },
+      [&](const Local& L) {
+        sum_y_ += L.sy;
+        for (Index p = 0; p < npanels; ++p) {
+          const Index w = c0[p + 1] - c0[p];
+          const Eigen::MatrixXd& a = L.panels[p];
+          for (Index i = 0; i < m; ++i)
+            for (Index c = 0; c < w; ++c)
+              for (Index r = 0; r < d - c0[p]; ++r) {
+                const Index row = c0[p] + r, col = c0[p] + c;
+                const double v = a(r, i * w + c);
+                sum_yxx_(row, i * d + col) += v;
+                if (row >= c0[p + 1]) sum_yxx_(col, i * d + row) += v;  // mirror the lower part
+              }
+        }
+      });
   count_ += static_cast<double>(n);
 }
 
@@ -131,39 +134,42 @@ ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowR
     throw std::invalid_argument("relu_stats: U must have shape (m, k)");
   if (block < 1) throw std::invalid_argument("relu_stats: block must be >= 1");
   if (!(power > 0.0)) throw std::invalid_argument("relu_stats: power must be > 0");
-  const Index nblocks = std::max<Index>(1, (n + block - 1) / block);
-  const int nthreads = resolve_threads(n_jobs, nblocks);
-  std::vector<ReluStats> part(nthreads);
-  parallel_ranges(nthreads, nblocks, [&](int t, long long b0, long long b1) {
-    ReluStats& p = part[t];
-    p.gram.setZero(k, k);
-    p.cross.setZero(k, m);
+  ReluStats out;
+  out.gram.setZero(k, k);
+  out.cross.setZero(k, m);
+  struct Local {
+    ReluStats s;
     RowMatrixXd F, R;
-    for (long long b = b0; b < b1; ++b) {
-      const Index s0 = b * block, len = std::min(block, n - s0);
-      if (len <= 0) break;
-      F.noalias() = X.middleRows(s0, len) * V.transpose();
-      F = F.cwiseMax(0.0);
-      if (power != 1.0) F = F.array().pow(power).matrix();
-      p.gram.noalias() += F.transpose() * F;
-      p.cross.noalias() += F.transpose() * Y.middleRows(s0, len);
-      if (U) {
-        R = Y.middleRows(s0, len);
-        R.noalias() -= F * U->transpose();
-        p.sq_residual += R.squaredNorm();
-        p.sq_norm += Y.middleRows(s0, len).squaredNorm();
-      }
-      p.count += static_cast<double>(len);
-    }
-  });
-  ReluStats out = part[0];
-  for (int t = 1; t < nthreads; ++t) {
-    out.gram += part[t].gram;
-    out.cross += part[t].cross;
-    out.sq_residual += part[t].sq_residual;
-    out.sq_norm += part[t].sq_norm;
-    out.count += part[t].count;
-  }
+  };
+  accumulate_blocks<Local>(
+      n, block, n_jobs,
+      [&] {
+        Local L;
+        L.s.gram.setZero(k, k);
+        L.s.cross.setZero(k, m);
+        return L;
+      },
+      [&](Local& L, Index s0, Index len) {
+        L.F.noalias() = X.middleRows(s0, len) * V.transpose();
+        L.F = L.F.cwiseMax(0.0);
+        if (power != 1.0) L.F = L.F.array().pow(power).matrix();
+        L.s.gram.noalias() += L.F.transpose() * L.F;
+        L.s.cross.noalias() += L.F.transpose() * Y.middleRows(s0, len);
+        if (U) {
+          L.R = Y.middleRows(s0, len);
+          L.R.noalias() -= L.F * U->transpose();
+          L.s.sq_residual += L.R.squaredNorm();
+          L.s.sq_norm += Y.middleRows(s0, len).squaredNorm();
+        }
+        L.s.count += static_cast<double>(len);
+      },
+      [&](const Local& L) {
+        out.gram += L.s.gram;
+        out.cross += L.s.cross;
+        out.sq_residual += L.s.sq_residual;
+        out.sq_norm += L.s.sq_norm;
+        out.count += L.s.count;
+      });
   return out;
 }
 

@@ -44,4 +44,26 @@ void parallel_ranges(int nthreads, long long n, F&& f) {
     if (e) std::rethrow_exception(e);
 }
 
+// The mergeable-accumulator pattern shared by every moment kernel: samples
+// [0, n) are cut into blocks of `block`; each thread owns one accumulator
+// (make_local()) and a contiguous range of blocks (per_block(local, s0, len));
+// the accumulators are then merged in thread order (merge(local)), so partial
+// sums over chunks, threads, MPI ranks or dask blocks all reduce the same way.
+template <class Local, class MakeLocal, class PerBlock, class Merge>
+void accumulate_blocks(long long n, long long block, int n_jobs, MakeLocal make_local,
+                       PerBlock per_block, Merge merge) {
+  if (n <= 0) return;
+  const long long nblocks = (n + block - 1) / block;
+  const int nthreads = resolve_threads(n_jobs, nblocks);
+  std::vector<Local> locals(nthreads);
+  parallel_ranges(nthreads, nblocks, [&](int t, long long b0, long long b1) {
+    locals[t] = make_local();
+    for (long long b = b0; b < b1; ++b) {
+      const long long s0 = b * block;
+      per_block(locals[t], s0, std::min(block, n - s0));
+    }
+  });
+  for (auto& L : locals) merge(L);
+}
+
 }  // namespace relufast
