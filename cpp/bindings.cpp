@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "detector.hpp"
 #include "moments.hpp"
 #include "refine.hpp"
 #include "sign_patterns.hpp"
@@ -118,6 +119,17 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def_property_readonly("count", &SecondMoment::count)
       .def_property_readonly("sum_y", [](const SecondMoment& s) { return Eigen::VectorXd(s.sum_y()); })
       .def_property_readonly("sum_yxx", [](const SecondMoment& s) { return Eigen::MatrixXd(s.sum_yxx()); });
+
+  py::class_<DetectorMoment>(m, "DetectorMoment", py::module_local(),
+                             "GKLW19 pure-neuron detector matrix, covariance form (mergeable).")
+      .def(py::init<const RowMatrixXd&>(), py::arg("M"))
+      .def("update", &DetectorMoment::update, py::arg("X").noconvert(), py::arg("Y").noconvert(),
+           py::arg("n_jobs") = 0, py::arg("block") = 256, py::call_guard<py::gil_scoped_release>())
+      .def("merge", &DetectorMoment::merge, py::arg("other"))
+      .def("matrix", &DetectorMoment::matrix, py::arg("centred") = true)
+      .def_property_readonly("count", &DetectorMoment::count)
+      .def_property_readonly("d", &DetectorMoment::d)
+      .def_property_readonly("k", &DetectorMoment::k);
 
   m.def(
       "relu_stats",

@@ -63,6 +63,14 @@ def _recover(args):
     return 0 if res.success else 1
 
 
+def _reproduce(args):
+    from relufast import reproduce
+
+    reproduce.main(args.experiment, full=args.full, trials=args.trials, out=args.out, seed=args.seed,
+                   progress=False if args.no_progress else None)
+    return 0
+
+
 def _info(args):
     import relufast as rf
 
@@ -98,6 +106,15 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-jobs", type=int, default=None)
     p.set_defaults(func=_recover)
+
+    p = sub.add_parser("reproduce", help="reproduce a paper's experiment to a CSV and a PNG figure")
+    p.add_argument("experiment", choices=["gklw19-fig2", "gklw19-fig3", "gklw19-fig4"])
+    p.add_argument("--full", action="store_true", help="the paper's sizes (slow)")
+    p.add_argument("--trials", type=int, default=5, help="trials per point (paper: 5)")
+    p.add_argument("--out", default=".", help="output folder (default: current folder)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_reproduce)
 
     p = sub.add_parser("info", help="version, kernel build and methods")
     p.set_defaults(func=_info)

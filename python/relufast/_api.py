@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .algorithms import bjw19
+from .algorithms import bjw19, gklw19
 
 __all__ = ["recover", "METHODS"]
 
@@ -16,6 +16,7 @@ METHODS = {
     "bjw19-sparse-noise": (bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
     "bjw19-ica": (bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
     "bjw19-independent-noise": (bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
+    "gklw19": (gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
 }
 
 

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-__all__ = ["ParameterError", "canonical", "match_hidden_units", "parameter_error", "function_error"]
+__all__ = ["ParameterError", "canonical", "match_hidden_units", "parameter_error", "function_error",
+           "matched_squared_error"]
 
 
 class ParameterError(NamedTuple):
@@ -104,3 +105,19 @@ def function_error(estimate, truth, X):
     F = f(X @ V.T) @ U.T
     F0 = f(X @ V0.T) @ U0.T
     return float(np.linalg.norm(F - F0) / np.linalg.norm(F0))
+
+
+def matched_squared_error(estimate, truth):
+    """GKLW19's error (Sec. 4.1): squared distance of normalised, matched parameters.
+
+    Rows of W (= V) and columns of A (= U) are normalised to unit norm, units are matched
+    by the Hungarian algorithm on the rows of W, and the squared distances are summed over
+    units. Returns (error_W, error_A).
+    """
+    U, V = _params(estimate)
+    U0, V0 = _params(truth)
+    nv = lambda M: M / np.maximum(np.linalg.norm(M, axis=1, keepdims=True), 1e-300)
+    Vn, V0n = nv(V), nv(V0)
+    Un, U0n = nv(U.T), nv(U0.T)
+    perm = match_hidden_units(Vn, V0n)
+    return float(np.sum((Vn - V0n[perm]) ** 2)), float(np.sum((Un - U0n[perm]) ** 2))

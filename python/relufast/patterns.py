@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from ._native import core
+from ._progress import Progress as _Progress
 
 __all__ = ["unpack_patterns", "sign_patterns", "sign_patterns_reference", "cell_count",
            "PatternStream"]
@@ -100,34 +101,6 @@ def sign_patterns_reference(B, *, mode="vertices", tol=1e-9):
 def cell_count(n, k):
     """Full-dimensional cells of a central arrangement of n generic hyperplanes in R^k."""
     return 2 * sum(math.comb(n - 1, i) for i in range(k))
-
-
-class _Progress:
-    """A one-line progress report on stderr for terminals; silent otherwise."""
-
-    def __init__(self, total, label, enabled):
-        import sys
-
-        self.stream = sys.stderr
-        self.enabled = bool(enabled) and (enabled is True or getattr(self.stream, "isatty", lambda: False)())
-        self.total, self.label, self.last = total, label, 0.0
-
-    def update(self, done, extra=""):
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if now - self.last < 0.2 and done < self.total:
-            return
-        self.last = now
-        frac = done / self.total if self.total else 1.0
-        bar = "#" * int(30 * frac)
-        self.stream.write(f"\r{self.label} [{bar:<30}] {100 * frac:5.1f}% {extra}")
-        self.stream.flush()
-
-    def close(self):
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 class PatternStream:

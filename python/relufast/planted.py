@@ -12,12 +12,13 @@ import numpy as np
 from ._validation import check_positive_int, check_random_state
 
 __all__ = ["PlantedNetwork", "two_layer", "lemma16_pair", "relu_separability_instance",
-           "sparse_corruption",
+           "sparse_corruption", "gklw19_network", "smoothed_perturbation", "q_lambda_perturbation",
            "INPUT_DISTRIBUTIONS"]
 
-#: Input laws accepted by :meth:`PlantedNetwork.sample`; all have mean 0 and identity
-#: covariance, all but "gaussian" are symmetric and non-Gaussian.
-INPUT_DISTRIBUTIONS = ("gaussian", "laplace", "uniform", "rademacher")
+#: Input laws accepted by :meth:`PlantedNetwork.sample`. All are symmetric with mean 0;
+#: all but "mixture" have identity covariance. "mixture" is GKLW19's two-Gaussian mixture
+#: with components at +1 and -1 (the all-ones vector), covariance I + 1 1^T.
+INPUT_DISTRIBUTIONS = ("gaussian", "laplace", "uniform", "rademacher", "mixture")
 
 
 def _draw_inputs(rng, n, d, law):
@@ -29,6 +30,8 @@ def _draw_inputs(rng, n, d, law):
         return rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), size=(n, d))
     if law == "rademacher":
         return rng.choice(np.array([-1.0, 1.0]), size=(n, d))
+    if law == "mixture":
+        return rng.choice(np.array([-1.0, 1.0]), size=(n, 1)) + rng.standard_normal((n, d))
     raise ValueError(f"input must be one of {INPUT_DISTRIBUTIONS}; got {law!r}")
 
 
@@ -63,7 +66,7 @@ class PlantedNetwork:
         Z = np.asarray(X, dtype=np.float64) @ self.V.T
         return (np.maximum(Z, 0.0) if self.activation is None else self.activation(Z)) @ self.U.T
 
-    def sample(self, n, *, random_state=None, noise=0.0, input="gaussian"):
+    def sample(self, n, *, random_state=None, noise=0.0, input="gaussian", symmetrize=False):
         """Draw n samples.
 
         Parameters
@@ -72,8 +75,11 @@ class PlantedNetwork:
         random_state : None, int or numpy Generator
         noise : float, default=0.0
             Standard deviation of i.i.d. Gaussian noise added to the outputs.
-        input : {"gaussian", "laplace", "uniform", "rademacher"}, default="gaussian"
-            Law of the i.i.d. input coordinates (mean 0, variance 1).
+        input : {"gaussian", "laplace", "uniform", "rademacher", "mixture"}, default="gaussian"
+            Law of the inputs (see :data:`INPUT_DISTRIBUTIONS`).
+        symmetrize : bool, default=False
+            Return 2n samples: the n drawn and their negations (then every odd empirical
+            moment of X vanishes exactly, as GKLW19's identities need).
 
         Returns
         -------
@@ -85,6 +91,8 @@ class PlantedNetwork:
             raise ValueError(f"noise must be a finite number >= 0; got {noise!r}")
         rng = check_random_state(random_state)
         X = _draw_inputs(rng, n, self.n_features, input)
+        if symmetrize:
+            X = np.vstack([X, -X])
         Y = self(X)
         if noise > 0:
             Y += noise * rng.standard_normal(Y.shape)
@@ -261,3 +269,57 @@ def relu_separability_instance(clauses, n_vars):
     X = np.vstack(P + Q) if P else np.vstack(Q)
     Y = np.concatenate([np.zeros(len(P)), np.ones(len(Q))])[:, None]
     return X, Y
+
+
+def _conditioned(rng, rows, cols, kappa):
+    """rows x cols with singular values lambda^-i (i = 1..r), kappa = lambda^(r-1) (GKLW19 Sec. 4.3)."""
+    r = min(rows, cols)
+    lam = kappa ** (1.0 / (r - 1)) if r > 1 and kappa > 1 else 1.0
+    Q1 = np.linalg.qr(rng.standard_normal((rows, r)))[0]
+    Q2 = np.linalg.qr(rng.standard_normal((cols, r)))[0]
+    return Q1 @ np.diag(lam ** -np.arange(1, r + 1)) @ Q2.T
+
+
+def gklw19_network(d, k=None, m=None, *, condition_A=None, condition_W=None, random_state=None):
+    """GKLW19's instances (Sec. 4): random orthonormal A (m, k) and W (k, d), or conditioned.
+
+    ``condition_A`` / ``condition_W`` give singular values lambda^-i with kappa = lambda^(k-1)
+    (Figure 4); rows of W are then not unit norm. Defaults: k = d, m = k.
+    """
+    d = check_positive_int(d, "d")
+    k = d if k is None else check_positive_int(k, "k")
+    m = k if m is None else check_positive_int(m, "m")
+    if k > d or m < k:
+        raise ValueError(f"need k <= d and m >= k; got d = {d}, k = {k}, m = {m}")
+    rng = check_random_state(random_state)
+    W = (np.linalg.qr(rng.standard_normal((d, k)))[0].T if condition_W is None
+         else _conditioned(rng, k, d, float(condition_W)))
+    A = (np.linalg.qr(rng.standard_normal((m, k)))[0] if condition_A is None
+         else _conditioned(rng, m, k, float(condition_A)))
+    return PlantedNetwork(U=A, V=W)
+
+
+def smoothed_perturbation(net, rho, *, random_state=None):
+    """GKLW19 Thm 9: W + rho E and A + rho E' with i.i.d. N(0, 1) entries."""
+    if not (np.isfinite(rho) and rho >= 0):
+        raise ValueError(f"rho must be a number >= 0; got {rho!r}")
+    rng = check_random_state(random_state)
+    return PlantedNetwork(U=net.U + rho * rng.standard_normal(net.U.shape),
+                          V=net.V + rho * rng.standard_normal(net.V.shape), activation=net.activation)
+
+
+def q_lambda_perturbation(X, lam, *, Q=None, random_state=None):
+    """GKLW19 Thm 10: replace each sample, with probability lam, by Q g (g ~ N(0, I)).
+
+    The result is again symmetric and within lam of the original law in total variation.
+    Returns (X_perturbed, Q).
+    """
+    if not 0 <= lam <= 1:
+        raise ValueError(f"lam must be in [0, 1]; got {lam!r}")
+    rng = check_random_state(random_state)
+    X = np.array(X, dtype=np.float64)
+    n, d = X.shape
+    Q = rng.standard_normal((d, d)) if Q is None else np.asarray(Q, dtype=np.float64)
+    swap = rng.random(n) < lam
+    X[swap] = rng.standard_normal((int(swap.sum()), d)) @ Q.T
+    return X, Q

@@ -1,0 +1,93 @@
+#include "detector.hpp"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "parallel.hpp"
+
+namespace relufast {
+
+DetectorMoment::DetectorMoment(const RowMatrixXd& M) : d_(M.cols()), k_(M.rows()), M_(M) {
+  if (d_ < 1 || k_ < 1) throw std::invalid_argument("DetectorMoment: M must be k x d with k, d >= 1");
+  const Index D1 = d_ * (d_ + 1) / 2, D2 = k_ * (k_ + 1) / 2;
+  sum_phipsi_.setZero(D1, D2);
+  sum_phi_.setZero(D1);
+  sum_psi_.setZero(D2);
+}
+
+void DetectorMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block) {
+  if (X.cols() != d_)
+    throw std::invalid_argument("DetectorMoment.update: X has " + std::to_string(X.cols()) +
+                                " columns, expected d = " + std::to_string(d_));
+  if (Y.cols() != k_)
+    throw std::invalid_argument("DetectorMoment.update: Y has " + std::to_string(Y.cols()) +
+                                " columns, expected k = " + std::to_string(k_));
+  if (X.rows() != Y.rows())
+    throw std::invalid_argument("DetectorMoment.update: X and Y have different numbers of rows");
+  if (block < 1) throw std::invalid_argument("DetectorMoment.update: block must be >= 1");
+  const Index d = d_, k = k_, D1 = d * (d + 1) / 2, D2 = k * (k + 1) / 2;
+  const double r2 = std::sqrt(2.0);
+  struct Local {
+    Eigen::MatrixXd S;
+    Eigen::VectorXd sphi, spsi;
+    RowMatrixXd Phi, Psi, Yt;
+  };
+  accumulate_blocks<Local>(
+      X.rows(), block, n_jobs,
+      [&] {
+        Local L;
+        L.S.setZero(D1, D2);
+        L.sphi.setZero(D1);
+        L.spsi.setZero(D2);
+        L.Phi.resize(block, D1);
+        L.Psi.resize(block, D2);
+        return L;
+      },
+      [&](Local& L, Index s0, Index len) {
+        L.Yt.noalias() = X.middleRows(s0, len) * M_.transpose();  // linear predictor, len x k
+        for (Index s = 0; s < len; ++s) {
+          const double* x = X.data() + (s0 + s) * X.outerStride();
+          const double* y = Y.data() + (s0 + s) * Y.outerStride();
+          const double* yt = &L.Yt(s, 0);
+          double* ph = &L.Phi(s, 0);
+          for (Index a = 0; a < d; ++a) {
+            *ph++ = x[a] * x[a];
+            const double xa = r2 * x[a];
+            for (Index c = a + 1; c < d; ++c) *ph++ = xa * x[c];
+          }
+          double* ps = &L.Psi(s, 0);
+          for (Index a = 0; a < k; ++a) {
+            *ps++ = 2.0 * y[a] * yt[a] - y[a] * y[a];
+            for (Index c = a + 1; c < k; ++c) *ps++ = 2.0 * (y[a] * yt[c] + y[c] * yt[a] - y[a] * y[c]);
+          }
+        }
+        L.S.noalias() += L.Phi.topRows(len).transpose() * L.Psi.topRows(len);
+        L.sphi.noalias() += L.Phi.topRows(len).colwise().sum().transpose();
+        L.spsi.noalias() += L.Psi.topRows(len).colwise().sum().transpose();
+      },
+      [&](const Local& L) {
+        sum_phipsi_ += L.S;
+        sum_phi_ += L.sphi;
+        sum_psi_ += L.spsi;
+      });
+  count_ += static_cast<double>(X.rows());
+}
+
+void DetectorMoment::merge(const DetectorMoment& other) {
+  if (other.d_ != d_ || other.k_ != k_ || other.M_ != M_)
+    throw std::invalid_argument("DetectorMoment.merge: accumulators differ in d, k or M");
+  count_ += other.count_;
+  sum_phipsi_ += other.sum_phipsi_;
+  sum_phi_ += other.sum_phi_;
+  sum_psi_ += other.sum_psi_;
+}
+
+Eigen::MatrixXd DetectorMoment::matrix(bool centred) const {
+  if (count_ <= 0.0) throw std::domain_error("DetectorMoment.matrix: no samples accumulated");
+  Eigen::MatrixXd T = sum_phipsi_ / count_;
+  if (centred) T.noalias() -= (sum_phi_ / count_) * (sum_psi_ / count_).transpose();
+  return T;
+}
+
+}  // namespace relufast

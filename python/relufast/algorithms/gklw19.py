@@ -1,0 +1,335 @@
+"""Ge, Kuditipudi, Li, Wang: learning two-layer neural networks with symmetric inputs.
+
+References
+----------
+.. [1] R. Ge, R. Kuditipudi, Z. Li, X. Wang. Learning two-layer neural networks with
+   symmetric inputs. International Conference on Learning Representations (ICLR), 2019.
+   arXiv:1810.06793.
+
+Model: ``y = A relu(W x) + noise`` with x symmetric (x and -x equally likely), W (k, d)
+with k <= d, A (m, k) of full column rank; in relufast's names U = A and V = W.
+
+Functions and the paper
+-----------------------
+``single_neuron``
+    Algorithm 1: ``w = 2 E[x x^T]^{-1} E[y x]``.
+``detector_matrix``
+    The matrix T of the pure-neuron detector (Algorithms 2-3, steps 2-4), in the
+    covariance form of the spec (a streaming C++ accumulation; the k d^3 tensor is never
+    formed). ``centred=True`` is the noise-corrected detector of Algorithm 3 (eq. 11).
+``recover``
+    Algorithms 2-4: null space of T, simultaneous diagonalisation, sign fix, Algorithm 1
+    for each unit, A = Z^{-1}; non-square A by Algorithm 4. ``practical=True`` is the
+    paper's Section 4 variant: CP-ALS over 10k null-space slices, best of several restarts,
+    then W refit with A fixed.
+``population_detector``
+    Lemma 19: closed form of T for Gaussian input (for tests and diagnostics).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from .._blas import single_threaded_blas
+from .._native import core
+from .._result import RecoveryResult, Status, warn
+from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from ..tensor import cp_als, jennrich, merge_symmetric_factors
+
+__all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
+           "symmetry_statistic", "vech_weighted", "mat_star"]
+
+CITATION = ("R. Ge, R. Kuditipudi, Z. Li, X. Wang. Learning two-layer neural networks with "
+            "symmetric inputs. ICLR 2019.")
+
+
+def single_neuron(X, y):
+    """GKLW19 Algorithm 1: ``w = 2 E[x x^T]^{-1} E[y x]`` for ``y = relu(w . x) + noise``.
+
+    Exact on a symmetrised sample (each x with -x) and unbiased for symmetric inputs
+    (Lemma 1: E[relu(w.x) x] = E[x x^T] w / 2).
+    """
+    X, Y = check_xy(X, y)
+    n = X.shape[0]
+    C = X.T @ X / n
+    return 2.0 * np.linalg.solve(C, X.T @ Y / n).T.squeeze()
+
+
+def vech_weighted(S):
+    """Upper triangle of a symmetric matrix, sqrt(2) on the off-diagonal (an isometry)."""
+    d = S.shape[0]
+    iu = np.triu_indices(d)
+    w = np.where(iu[0] == iu[1], 1.0, math.sqrt(2.0))
+    return S[iu] * w
+
+
+def mat_star(v, k):
+    """Inverse of the unweighted vec* (upper triangle, row-major): symmetric k x k matrix."""
+    M = np.zeros((k, k))
+    M[np.triu_indices(k)] = v
+    return M + np.triu(M, 1).T
+
+
+def detector_matrix(X, Y, *, centred=True, n_jobs=None, block_size=256):
+    """The linear map T with ``T vec*(u u^T) = f(u)``, f the pure-neuron detector.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    Y : ndarray of shape (n, k)
+    centred : bool, default=True
+        True: the noise-corrected detector of Algorithm 3 (eq. 11), exact under any output
+        noise independent of x. False: Algorithm 2's detector (biased under noise).
+
+    Returns
+    -------
+    T : ndarray of shape (d (d+1) / 2, k (k+1) / 2)
+        Rows are the weighted vech of the paper's d^2 rows (same singular values).
+    C : ndarray (d, d)
+        E[x x^T].
+    P : ndarray (k, d)
+        E[y x^T].
+    """
+    n = X.shape[0]
+    C = X.T @ X / n
+    P = Y.T @ X / n
+    M = np.ascontiguousarray(np.linalg.solve(C, P.T).T)  # P C^{-1}
+    acc = core.DetectorMoment(M)
+    with single_threaded_blas():
+        acc.update(X, Y, resolve_n_jobs(n_jobs), block_size)
+    return acc.matrix(centred), C, P
+
+
+def detector_matrix_reference(X, Y, *, centred=True):
+    """Plain NumPy version of :func:`detector_matrix` (for tests and benchmarks)."""
+    n, d = X.shape
+    k = Y.shape[1]
+    C = X.T @ X / n
+    P = Y.T @ X / n
+    Yt = X @ np.linalg.solve(C, P.T)
+    iu_d, iu_k = np.triu_indices(d), np.triu_indices(k)
+    wd = np.where(iu_d[0] == iu_d[1], 1.0, math.sqrt(2.0))
+    Phi = X[:, iu_d[0]] * X[:, iu_d[1]] * wd
+    a, c = iu_k
+    Psi = Y[:, a] * Yt[:, c] + Y[:, c] * Yt[:, a] - Y[:, a] * Y[:, c]
+    Psi = np.where(a == c, Psi, 2.0 * Psi)
+    T = Phi.T @ Psi / n
+    if centred:
+        T -= np.outer(Phi.mean(axis=0), Psi.mean(axis=0))
+    return T, C, P
+
+
+def population_detector(W, A, *, centred=True):
+    """T for Gaussian input N(0, I) from the closed form of Lemma 19 (W (k, d), A (k, k)).
+
+    ``m_ij = (phi cos phi - sin phi) |w_i| |w_j| / pi`` and
+    ``N_ij = m_ij I + (phi / pi)(w_i w_j^T + w_j w_i^T) - (sin phi / pi)(|w_i|/|w_j| w_j w_j^T
+    + |w_j|/|w_i| w_i w_i^T)``; column (a, c) of T is ``sum_{i<j} (A^T U^(ac) A)_ij
+    (N_ij - m_ij I)`` (Alg. 3; Alg. 2 drops the ``m_ij I`` term).
+    """
+    k, d = W.shape
+    iu = np.triu_indices(k)
+    cols = []
+    terms = {}
+    for i in range(k):
+        for j in range(i + 1, k):
+            ni, nj = np.linalg.norm(W[i]), np.linalg.norm(W[j])
+            phi = math.acos(np.clip(W[i] @ W[j] / (ni * nj), -1, 1))
+            m = (phi * math.cos(phi) - math.sin(phi)) * ni * nj / math.pi
+            N = (m * np.eye(d) + phi / math.pi * (np.outer(W[i], W[j]) + np.outer(W[j], W[i]))
+                 - math.sin(phi) / math.pi * (ni / nj * np.outer(W[j], W[j]) + nj / ni * np.outer(W[i], W[i])))
+            terms[i, j] = N - (m * np.eye(d) if centred else 0.0)
+    for a, c in zip(*iu):
+        Uac = np.zeros((k, k))
+        Uac[a, c] = Uac[c, a] = 1.0
+        if a == c:
+            Uac[a, a] = 1.0
+        coef = A.T @ Uac @ A
+        col = sum(coef[i, j] * terms[i, j] for (i, j) in terms)
+        cols.append(vech_weighted(col if not np.isscalar(col) else np.zeros((d, d))))
+    return np.array(cols).T
+
+
+def symmetry_statistic(X, rows=20000):
+    """Largest standardised odd moment (mean and third moment along the axes): about 1 for
+    symmetric data, large when x and -x are not equally likely."""
+    Xs = X[: min(len(X), rows)]
+    N = len(Xs)
+    mean_z = np.abs(Xs.mean(axis=0)) / (Xs.std(axis=0) / math.sqrt(N) + 1e-300)
+    third = np.mean(Xs**3, axis=0)
+    sd3 = np.sqrt(np.maximum(np.mean(Xs**6, axis=0), 1e-300) / N)
+    return float(max(mean_z.max(), (np.abs(third) / sd3).max()))
+
+
+def _refit_W(X, Y, A, V, steps):
+    """W refit with A fixed (the paper's Sec. 4 uses gradient descent): Nesterov-accelerated
+    gradient descent on (1/2n) |Y - relu(X W^T) A^T|^2 with step 1/L, L = |A|^2 |X|^2 / n."""
+    n = X.shape[0]
+    L = np.linalg.norm(A, 2) ** 2 * np.linalg.norm(X, 2) ** 2 / n
+    W, Wprev = V.copy(), V.copy()
+    for t in range(steps):
+        Z = W + (t / (t + 3.0)) * (W - Wprev)
+        H = X @ Z.T
+        R = np.maximum(H, 0.0) @ A.T - Y
+        G = ((R @ A) * (H > 0)).T @ X / n
+        Wprev, W = W, Z - G / L
+    return W
+
+
+def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20, n_slices=None,
+            als_restarts=10, als_iter=300, refit_steps=200, tol=1e-9, n_jobs=None, random_state=None):
+    """Recover ``y = A relu(W x) (+ noise)`` for symmetric inputs (GKLW19 Algorithms 1-4).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs from a symmetric distribution (Gaussian, mixtures of +-mu Gaussians,
+        Laplace, discrete symmetric, ...).
+    Y : array-like of shape (n_samples, n_outputs)
+        Outputs, n_outputs >= n_hidden (A of full column rank).
+    n_hidden : int
+        k <= n_features.
+    noise_corrected : bool, default=True
+        Algorithm 3's detector (default) or Algorithm 2's.
+    practical : bool, default=False
+        The paper's Section 4 variant: CP-ALS on ``n_slices`` (default 10 k) random elements
+        of the null space, ``als_restarts`` random starts of ``als_iter`` iterations, lowest
+        residual kept; then W refit with A fixed by ``refit_steps`` steps of accelerated
+        gradient descent.
+    n_draws : int, default=20
+        Without ``practical``: random pairs for the simultaneous diagonalisation (step 4-5),
+        the best-separated draw kept (spec Sec. 2.7, "cheap middle ground").
+    tol : float, default=1e-9
+        Relative residual below which the result is reported exact (a symmetrised
+        noiseless sample gives machine precision).
+
+    Returns
+    -------
+    RecoveryResult
+        ``diagnostics['distinguishing_sigma']`` is sigma_{k(k-1)/2}(T) / sigma_1(T), which
+        is zero when the distinguishing matrix is rank-deficient (then the status is
+        ``non_identifiable``); ``diagnostics['symmetry_statistic']`` near 1 for symmetric
+        inputs (a warning above 6).
+    """
+    with single_threaded_blas():
+        return _recover(X, Y, n_hidden, noise_corrected=noise_corrected, practical=practical,
+                        n_draws=n_draws, n_slices=n_slices, als_restarts=als_restarts,
+                        als_iter=als_iter, refit_steps=refit_steps, tol=tol, n_jobs=n_jobs,
+                        random_state=random_state)
+
+
+def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, als_restarts, als_iter,
+             refit_steps, tol, n_jobs, random_state):
+    t_start = time.perf_counter()
+    method = "gklw19"
+    X, Y = check_xy(X, Y)
+    n, d = X.shape
+    m = Y.shape[1]
+    k = check_n_hidden(n_hidden, d)
+    n_draws = check_positive_int(n_draws, "n_draws")
+    als_restarts = check_positive_int(als_restarts, "als_restarts")
+    refit_steps = check_positive_int(refit_steps, "refit_steps", minimum=0)
+    rng = check_random_state(random_state)
+    k2 = k * (k - 1) // 2
+    if n < (d * (d + 1)) // 2 + 1:
+        raise ValueError(f"gklw19 needs more samples than d (d + 1) / 2 = {d * (d + 1) // 2} for d = {d}; got n = {n}")
+    seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {}
+
+    def stop(status, msg):
+        warn(msg)
+        seconds["total"] = time.perf_counter() - t_start
+        return RecoveryResult(U=None, V=None, status=status, message=msg, method=method,
+                              seconds=seconds, counts=counts, diagnostics=diag)
+
+    if m < k:
+        return stop(Status.UNSUPPORTED, f"gklw19 needs A of full column rank, so m >= k; got m = {m} < k = {k}")
+    sym = symmetry_statistic(X)
+    diag["symmetry_statistic"] = sym
+    if sym > 6.0:
+        warn(f"X does not look symmetric (largest standardised odd moment {sym:.1f}); GKLW19 assumes "
+             "x and -x equally likely, so the detector is biased")
+
+    # Algorithm 4: project non-square outputs on the top-k left singular vectors of E[y x^T].
+    t = time.perf_counter()
+    Pl = None
+    Yk = Y
+    if m > k:
+        Pfull = Y.T @ X / n
+        Pl = np.linalg.svd(Pfull, full_matrices=False)[0][:, :k]
+        Yk = np.ascontiguousarray(Y @ Pl)
+    T, C, P = detector_matrix(X, Yk, centred=noise_corrected, n_jobs=n_jobs)
+    seconds["detector"] = time.perf_counter() - t
+
+    # Step 3: the k least right singular vectors of T span {vec*(z_i z_i^T)}.
+    t = time.perf_counter()
+    _, s, Vt = np.linalg.svd(T, full_matrices=True)
+    s_full = np.zeros(Vt.shape[0])
+    s_full[: len(s)] = s
+    S = Vt[-k:].T
+    gap = float(s_full[k2 - 1] / s_full[0]) if k2 >= 1 and s_full[0] > 0 else 1.0
+    diag["distinguishing_sigma"] = gap
+    diag["null_sigma"] = float(s_full[k2] / s_full[0]) if len(s_full) > k2 and s_full[0] > 0 else 0.0
+    if k2 >= 1 and gap < 1e-10:
+        return stop(Status.NON_IDENTIFIABLE,
+                    f"the distinguishing matrix is rank-deficient (sigma_(k(k-1)/2)(T) / sigma_1(T) = {gap:.2e}): "
+                    "the pure-neuron detector has spurious zeros (GKLW19 needs N or M of full column rank)")
+    slices = np.array([mat_star(S[:, j], k) for j in range(k)])  # (k, k, k)
+    cands = []
+    if practical:
+        ns = 10 * k if n_slices is None else check_positive_int(n_slices, "n_slices")
+        G = rng.standard_normal((ns, k))
+        R = np.linalg.qr(G)[1]  # CP-ALS on G x slices equals CP-ALS on R x slices (spec 2.7)
+        Tc = np.einsum("rj,jab->rab", R, slices)
+        als_res = []
+        for _ in range(als_restarts):
+            B0 = rng.standard_normal((k, k))
+            B0 /= np.linalg.norm(B0, axis=0)
+            Af, Bf, Cf = cp_als(Tc, B0, n_iter=als_iter)
+            als_res.append(float(np.linalg.norm(Tc - np.einsum("ir,jr,kr->ijk", Af, Bf, Cf)) / np.linalg.norm(Tc)))
+            cands.append(merge_symmetric_factors(Bf, Cf))
+        diag["als_residual"] = float(min(als_res))
+    Zj, egap = jennrich(slices, rng, n_draws=n_draws)
+    diag["eigen_gap"] = egap
+    cands.append(Zj)
+    seconds["decomposition"] = time.perf_counter() - t
+
+    # Steps 6-8: sign fix, Algorithm 1 for every unit, A = Z^{-1}. With several candidates
+    # (practical variant) keep the one whose network fits the data best (spec Sec. 2.7).
+    t = time.perf_counter()
+    ybar = Yk.mean(axis=0)
+    CiPt = np.linalg.solve(C, P.T).T  # P C^{-1}
+    sub = slice(0, min(n, 20000))
+    best = None
+    for Zc in cands:
+        Z = Zc.T.copy()  # rows z_i
+        Z *= np.where(Z @ ybar < 0, -1.0, 1.0)[:, None]
+        try:
+            Ainv = np.linalg.inv(Z)
+        except np.linalg.LinAlgError:
+            continue
+        Vc = 2.0 * Z @ CiPt
+        Ac = Ainv if Pl is None else Pl @ Ainv
+        fit = float(np.linalg.norm(Y[sub] - np.maximum(X[sub] @ Vc.T, 0.0) @ Ac.T))
+        if best is None or fit < best[0]:
+            best = (fit, Vc, Ac)
+    if best is None:
+        return stop(Status.FAILED, "the recovered pure-neuron directions are linearly dependent")
+    _, V, A = best
+    counts["candidates"] = len(cands)
+    if practical and refit_steps:
+        V = _refit_W(X, Y, A, V, refit_steps)
+    s_norm = np.linalg.norm(V, axis=1)
+    V, A = V / s_norm[:, None], A * s_norm[None, :]
+    R = Y - np.maximum(X @ V.T, 0.0) @ A.T
+    residual = float(np.linalg.norm(R) / max(np.linalg.norm(Y), 1e-300))
+    seconds["fit"] = time.perf_counter() - t
+    seconds["total"] = time.perf_counter() - t_start
+    exact = residual <= tol
+    status = Status.EXACT if exact else Status.APPROXIMATE
+    msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
+           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}")
+    diag["mse"] = float(np.mean(R * R))
+    return RecoveryResult(U=A, V=V, status=status, message=msg, method=method, exact=exact,
+                          residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
