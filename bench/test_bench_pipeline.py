@@ -3,7 +3,6 @@
 d = 50, k = 10, m = 20, n = 1e5 and 1e6, Gaussian inputs. The recovery error is recorded
 in extra_info beside every time, so a faster but wrong run shows.
 """
-import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 

@@ -1,16 +1,13 @@
 """GKLW19: symmetric inputs (Algorithms 1-4, the practical variant, the detector)."""
-import math
 import warnings
 
 import numpy as np
 import pytest
 
 import relufast as rf
-from relufast.algorithms import gklw19
 from relufast.algorithms.gklw19 import (
     detector_matrix,
     detector_matrix_reference,
-    mat_star,
     population_detector,
     single_neuron,
 )

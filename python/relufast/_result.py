@@ -1,15 +1,17 @@
 """The result object every relufast entry point returns."""
 from __future__ import annotations
 
+import time
 import types
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["RecoveryResult", "Status", "RelufastWarning"]
+__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run"]
 
 
 class RelufastWarning(UserWarning):
@@ -128,3 +130,34 @@ def warn(message, stacklevel=None):
         while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
             frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(message, RelufastWarning, stacklevel=stacklevel)
+
+
+class Run:
+    """Bookkeeping shared by every method: stage timings, counts, diagnostics and the
+    :class:`RecoveryResult` the run ends with (warning the user unless told otherwise)."""
+
+    def __init__(self, method, **counts):
+        self.method = method
+        self.t_start = time.perf_counter()
+        self.seconds = {}
+        self.counts = dict(counts)
+        self.diag = {}
+
+    @contextmanager
+    def stage(self, name):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+
+    def result(self, status, message, *, U=None, V=None, exact=False, residual=float("nan"),
+               activation=None, warn_user=None):
+        """The final result; ``warn_user`` defaults to: warn unless the status is exact."""
+        self.seconds["total"] = time.perf_counter() - self.t_start
+        res = RecoveryResult(U=U, V=V, status=status, message=message, method=self.method, exact=exact,
+                             residual=residual, seconds=self.seconds, counts=self.counts,
+                             diagnostics=self.diag, activation=activation)
+        if (Status(status) != Status.EXACT) if warn_user is None else warn_user:
+            warn(message)
+        return res

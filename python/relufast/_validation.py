@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 __all__ = [
+    "check_problem",
     "as_float_matrix",
     "check_xy",
     "check_n_hidden",
@@ -103,3 +104,17 @@ def resolve_n_jobs(n_jobs):
     if isinstance(n_jobs, (bool, np.bool_)) or not isinstance(n_jobs, numbers.Integral) or n_jobs < 1:
         raise ValueError(f"n_jobs must be None, -1 or a positive integer; got {n_jobs!r}")
     return int(min(n_jobs, 4 * (os.cpu_count() or 1)))
+
+
+def check_problem(X, Y, n_hidden, *, k_at_most_d=True):
+    """The common preamble: X (n, d) and Y (n, m) as float64, and k = n_hidden checked.
+
+    Returns (X, Y, n, d, m, k).
+    """
+    X, Y = check_xy(X, Y)
+    n, d = X.shape
+    if k_at_most_d:
+        k = check_n_hidden(n_hidden, d)
+    else:
+        k = check_positive_int(n_hidden, "n_hidden")
+    return X, Y, n, d, Y.shape[1], k

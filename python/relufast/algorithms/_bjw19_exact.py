@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._result import RecoveryResult, Status, warn
-from .._validation import check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from .._result import Run, Status
+from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ..lp import INF, LPSession
 from ..patterns import PatternStream
 
@@ -32,19 +32,6 @@ def _fit_and_residual(X, Y, V):
     R = Y - F @ Ut
     ny = np.linalg.norm(Y)
     return np.ascontiguousarray(Ut.T), float(np.linalg.norm(R) / ny) if ny > 0 else float("nan")
-
-
-def _result(method, status, message, U=None, V=None, exact=False, residual=float("nan"),
-            seconds=None, counts=None, diagnostics=None, t_start=None):
-    seconds = dict(seconds or {})
-    if t_start is not None:
-        seconds["total"] = time.perf_counter() - t_start
-    res = RecoveryResult(U=U, V=V, status=status, message=message, method=method, exact=exact,
-                         residual=residual, seconds=seconds, counts=counts or {},
-                         diagnostics=diagnostics or {})
-    if not exact:
-        warn(message)
-    return res
 
 
 def _in_span(f, B):
@@ -207,12 +194,8 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
 
 
 def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progress, random_state):
-    t_start = time.perf_counter()
-    method = "bjw19-enumeration"
-    X, Y = check_xy(X, Y)
-    n, d = X.shape
-    m = Y.shape[1]
-    k = check_positive_int(n_hidden, "n_hidden")
+    run = Run("bjw19-enumeration")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden, k_at_most_d=False)
     if k > n:
         raise ValueError(f"n_hidden must be at most n_samples = {n}; got {k}")
     if max_patterns is not None:
@@ -222,7 +205,8 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     threads = resolve_n_jobs(n_jobs)
     workers = threads if threads > 0 else (__import__("os").cpu_count() or 1)
     rng = check_random_state(random_state)
-    seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {}
+    seconds, counts, diag = run.seconds, run.counts, run.diag
+    counts.update(n_samples=n, n_hidden=k)
 
     t = time.perf_counter()
     Uy, sv, _ = np.linalg.svd(Y, full_matrices=False)
@@ -230,15 +214,13 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     diag["output_singular_values"] = sv
     seconds["rank"] = time.perf_counter() - t
     if rank < k:
-        return _result(method, Status.RANK_DEFICIENT,
+        return run.result(Status.RANK_DEFICIENT,
                        f"the outputs have rank {rank} < n_hidden = {k}: BJW19 Thm 1 needs rank(Y) = k "
-                       "(with rank(Y) < k, deciding whether a network exists is NP-hard, Thm 2)",
-                       seconds=seconds, counts=counts, diagnostics=diag, t_start=t_start)
+                       "(with rank(Y) < k, deciding whether a network exists is NP-hard, Thm 2)")
     if rank > k:
-        return _result(method, Status.FAILED,
+        return run.result(Status.FAILED,
                        f"the outputs have rank {rank} > n_hidden = {k}: no network with {k} hidden "
-                       "units fits them exactly (noisy outputs, or n_hidden too small)",
-                       seconds=seconds, counts=counts, diagnostics=diag, t_start=t_start)
+                       "units fits them exactly (noisy outputs, or n_hidden too small)")
     B = np.ascontiguousarray(Uy[:, :k].T)
 
     t = time.perf_counter()
@@ -295,8 +277,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         else:
             msg = (f"all candidate patterns tried ({tried}); only {len(W)} of {k} independent rows "
                    "exist: the outputs are not realizable by a ReLU network with these inputs")
-        return _result(method, Status.FAILED, msg, seconds=seconds, counts=counts, diagnostics=diag,
-                       t_start=t_start)
+        return run.result(Status.FAILED, msg)
 
     t = time.perf_counter()
     V = np.array(W)
@@ -319,8 +300,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         msg = f"k rows found but the least-squares fit has residual {residual:.2e} > tol = {tol:.1e}"
         status = Status.FAILED
     diag["all_rows_determined"] = all_det
-    return _result(method, status, msg, U=U, V=V, exact=exact, residual=residual, seconds=seconds,
-                   counts=counts, diagnostics=diag, t_start=t_start)
+    return run.result(status, msg, U=U, V=V, exact=exact, residual=residual)
 
 
 def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None):
@@ -366,22 +346,17 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     Requires the columns of U pairwise linearly independent and m >= 2. Time
     O(n m log n + k n d^2).
     """
-    t_start = time.perf_counter()
-    method = "bjw19-fpt"
-    X, Y = check_xy(X, Y)
-    n, d = X.shape
-    m = Y.shape[1]
-    from .._validation import check_n_hidden
-
-    k = check_n_hidden(n_hidden, d)
+    run = Run("bjw19-fpt")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
     rng = check_random_state(random_state)
     min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
-    counts, diag = {"n_samples": n, "n_hidden": k}, {}
+    counts, diag = run.counts, run.diag
+    counts.update(n_samples=n, n_hidden=k)
     if m == 1 and k >= 2:
-        return _result(method, Status.UNSUPPORTED,
+        return run.result(Status.UNSUPPORTED,
                        f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
                        f"parallel to the single column of U and the units cannot be told apart "
-                       f"(spec errata 7); got m = 1, k = {k}", counts=counts, t_start=t_start)
+                       f"(spec errata 7); got m = 1, k = {k}")
     norms = np.linalg.norm(Y, axis=1)
     keep = np.flatnonzero(norms > 1e-12 * norms.max()) if norms.max() > 0 else np.array([], int)
     A = Y[keep] / norms[keep, None]
@@ -394,13 +369,12 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     diag["class_sizes"] = tuple(len(c) for c in classes)
     if len(classes) != k:
         status = Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE
-        return _result(method, status,
+        return run.result(status,
                        f"found {len(classes)} classes of at least {min_size} samples with parallel "
                        f"outputs, expected k = {k}: "
                        + ("too few samples with a single active unit (Lemma 21 needs n of order "
                           "d (k kappa)^(2k)); add samples" if len(classes) < k else
-                          "the columns of U are not pairwise independent or k is too small"),
-                       counts=counts, diagnostics=diag, t_start=t_start)
+                          "the columns of U are not pairwise independent or k is too small"))
     V = np.empty((k, d))
     class_res = []
     for i, S in enumerate(classes):
@@ -412,18 +386,16 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         V[i] = w / np.linalg.norm(w)
     diag["class_residuals"] = tuple(class_res)
     if max(class_res) > 1e-9:
-        return _result(method, Status.NON_IDENTIFIABLE,
+        return run.result(Status.NON_IDENTIFIABLE,
                        f"a class of parallel outputs is not produced by one unit (least-squares "
                        f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
-                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (spec errata 7)",
-                       counts=counts, diagnostics=diag, t_start=t_start)
+                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (spec errata 7)")
     U, residual = _fit_and_residual(X, Y, V)
     exact = residual <= tol
     if exact:
-        return _result(method, Status.EXACT,
+        return run.result(Status.EXACT,
                        f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
-                       f"residual {residual:.2e}", U=U, V=V, exact=True, residual=residual,
-                       counts=counts, diagnostics=diag, t_start=t_start)
-    return _result(method, Status.FAILED,
+                       f"residual {residual:.2e}", U=U, V=V, exact=True, residual=residual)
+    return run.result(Status.FAILED,
                    f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
-                   U=U, V=V, residual=residual, counts=counts, diagnostics=diag, t_start=t_start)
+                   U=U, V=V, residual=residual)

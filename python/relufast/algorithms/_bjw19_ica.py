@@ -4,14 +4,14 @@ Kept apart from ``bjw19.py`` for length; ``bjw19.py`` is the public module.
 """
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._result import RecoveryResult, Status, warn
-from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
-from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
+from .._result import Run, Status
+from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ..activations import RELU
+from ..refine import fit_output_layer, output_basis, refine_rows
+from ._bjw19_tensor import refinement_subset, relative_residual
 
 __all__ = ["fastica", "ica"]
 
@@ -103,57 +103,40 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
     (k x k unmixing), noise-free, and needs no optional dependency.
     """
     with single_threaded_blas():
-        t_start = time.perf_counter()
-        method = "bjw19-ica"
-        X, Y = check_xy(X, Y)
-        n, d = X.shape
-        m = Y.shape[1]
-        k = check_n_hidden(n_hidden, d)
+        run = Run("bjw19-ica")
+        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
         max_iter = check_positive_int(max_iter, "max_iter")
         n_restarts = check_positive_int(n_restarts, "n_restarts")
         threads = resolve_n_jobs(n_jobs)
         rng = check_random_state(random_state)
         if n < 2 * (d + 1):
             raise ValueError(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
-        seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {}
-
-        def stop(status, msg, U=None, V=None, residual=float("nan")):
-            warn(msg)
-            seconds["total"] = time.perf_counter() - t_start
-            return RecoveryResult(U=U, V=V, status=status, message=msg, method=method,
-                                  residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
-
+        run.counts.update(n_samples=n, n_hidden=k)
         if m < k:
-            return stop(Status.UNSUPPORTED, f"bjw19-ica needs m >= k (U of rank k); got m = {m} < k = {k}")
-        ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else min(n, check_positive_int(n_refine, "n_refine"))
-        idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
-        Xr, Yr = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+            return run.result(Status.UNSUPPORTED, f"bjw19-ica needs m >= k (U of rank k); got m = {m} < k = {k}")
+        Xr, Yr = refinement_subset(X, Y, k, n_refine, rng)
         B, _, _ = output_basis(Yr, k)
-        seconds["ica"] = seconds["refine"] = 0.0
         certified, approx, iters_all = [], None, []
         for restart in range(n_restarts):
             # Steps 1-3: a fresh sketch and FastICA start per restart; certified rows are pooled.
-            t = time.perf_counter()
-            T = rng.standard_normal((k, m))
-            Zs = Y @ T.T
-            try:
-                unmix, iters, conv = fastica(Zs, rng, tol=ica_tol, max_iter=max_iter)
-            except np.linalg.LinAlgError:
-                return stop(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
-            iters_all.append(iters)
-            S = Zs @ unmix
-            Sc = S - S.mean(axis=0)
-            skew = np.mean(Sc**3, axis=0) / np.mean(Sc**2, axis=0) ** 1.5
-            S *= np.where(skew < 0, -1.0, 1.0)
-            cand = np.empty((k, d))
-            for i in range(k):
-                pos = S[:, i] > 0.2 * S[:, i].max()
-                cand[i] = np.linalg.lstsq(X[pos], S[pos, i], rcond=None)[0]
-            seconds["ica"] += time.perf_counter() - t
-            # Step 4: Algorithm 5 certifies.
-            t = time.perf_counter()
-            out = refine_rows(B, Xr, cand, n_jobs=threads)
-            seconds["refine"] += time.perf_counter() - t
+            with run.stage("ica"):
+                T = rng.standard_normal((k, m))
+                Zs = Y @ T.T
+                try:
+                    unmix, iters, conv = fastica(Zs, rng, tol=ica_tol, max_iter=max_iter)
+                except np.linalg.LinAlgError:
+                    return run.result(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
+                iters_all.append(iters)
+                S = Zs @ unmix
+                Sc = S - S.mean(axis=0)
+                skew = np.mean(Sc**3, axis=0) / np.mean(Sc**2, axis=0) ** 1.5
+                S *= np.where(skew < 0, -1.0, 1.0)
+                cand = np.empty((k, d))
+                for i in range(k):
+                    pos = S[:, i] > 0.2 * S[:, i].max()
+                    cand[i] = np.linalg.lstsq(X[pos], S[pos, i], rcond=None)[0]
+            with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
+                out = refine_rows(B, Xr, cand, n_jobs=threads)
             if approx is None:
                 approx = np.where(out["solved"][:, None], out["rows"],
                                   cand / np.linalg.norm(cand, axis=1, keepdims=True))
@@ -162,20 +145,16 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                     certified.append(out["rows"][i])
             if len(certified) >= k:
                 break
-        diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
-        counts["certified_rows"] = len(certified)
+        run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
+        run.counts["certified_rows"] = len(certified)
         rows = np.array(certified) if len(certified) == k else approx
-        t = time.perf_counter()
-        U, _ = fit_output_layer(Xr, Yr, rows)
-        st = relu_stats(X, Y, rows, U, n_jobs=threads)
-        residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
-        seconds["fit"] = time.perf_counter() - t
+        with run.stage("fit"):
+            U, _ = fit_output_layer(Xr, Yr, rows)
+            residual = relative_residual(X, Y, rows, U, threads, RELU)
         if len(certified) == k and residual <= tol:
-            seconds["total"] = time.perf_counter() - t_start
-            return RecoveryResult(U=U, V=rows, status=Status.EXACT, exact=True, residual=residual,
-                                  message=f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
-                                  method=method, seconds=seconds, counts=counts, diagnostics=diag)
-        return stop(Status.FAILED,
-                    f"{counts['certified_rows']} of {k} rows certified after {restart + 1} ICA restarts; "
-                    "Alg. 3 needs orthonormal V, standard Gaussian X and noiseless outputs: try "
-                    "bjw19-gaussian for general V", U=U, V=rows, residual=residual)
+            return run.result(Status.EXACT, f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
+                              U=U, V=rows, exact=True, residual=residual)
+        return run.result(Status.FAILED,
+                          f"{len(certified)} of {k} rows certified after {restart + 1} ICA restarts; "
+                          "Alg. 3 needs orthonormal V, standard Gaussian X and noiseless outputs: try "
+                          "bjw19-gaussian for general V", U=U, V=rows, residual=residual)

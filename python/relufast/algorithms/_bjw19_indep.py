@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
-
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._result import RecoveryResult, Status, warn
-from .._validation import as_float_matrix, check_n_hidden, check_positive_int, check_random_state, check_xy
+from .._result import Run, Status
+from .._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
 
 __all__ = ["halfspace_estimate", "independent_noise", "grid_size"]
 
@@ -77,12 +75,8 @@ def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, ma
     the zero network included (step 0).
     """
     with single_threaded_blas():
-        t_start = time.perf_counter()
-        method = "bjw19-independent-noise"
-        X, Y = check_xy(X, Y)
-        n, d = X.shape
-        m = Y.shape[1]
-        k = check_n_hidden(n_hidden, d)
+        run = Run("bjw19-independent-noise")
+        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
         rng = check_random_state(random_state)
         if not (np.isfinite(eps) and 0 < eps < 1):
             raise ValueError(f"eps must be in (0, 1); got {eps!r}")
@@ -123,16 +117,12 @@ def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, ma
                 if res < best[0]:
                     best = (res, U, V, "grid" if given_M is None else "given_M", eta)
         res, U, V, source, eta = best
-        seconds = {"total": time.perf_counter() - t_start}
-        counts = {"n_samples": n, "n_hidden": k, "candidates": nu, "fits": tried}
-        diag = {"source": source, "smoothing": eta, "zero_network": V is None}
+        run.counts.update(n_samples=n, n_hidden=k, candidates=nu, fits=tried)
+        run.diag.update(source=source, smoothing=eta, zero_network=V is None)
         residual = res / max(float(np.linalg.norm(Y)), 1e-300)
         if V is None:
-            msg = "the zero network fits best: the noise dominates the signal"
-            warn(msg)
-            return RecoveryResult(U=None, V=None, status=Status.FAILED, message=msg, method=method,
-                                  residual=1.0, seconds=seconds, counts=counts, diagnostics=diag)
-        return RecoveryResult(U=U, V=V, status=Status.APPROXIMATE, method=method, residual=residual,
-                              message=(f"approximate network (BJW19 Alg. 8) from {tried} fits; "
-                                       f"relative residual {residual:.3e}"),
-                              seconds=seconds, counts=counts, diagnostics=diag)
+            return run.result(Status.FAILED, "the zero network fits best: the noise dominates the signal",
+                              residual=1.0)
+        return run.result(Status.APPROXIMATE,
+                          f"approximate network (BJW19 Alg. 8) from {tried} fits; relative residual {residual:.3e}",
+                          U=U, V=V, residual=residual, warn_user=False)

@@ -10,8 +10,8 @@ import numpy as np
 
 from .._blas import single_threaded_blas
 from .._native import BACKEND
-from .._result import RecoveryResult, Status, warn
-from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from .._result import Run, Status, warn
+from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ..refine import output_basis, relu_stats
 from ._bjw19_tensor import draw_candidates, moment_span
 
@@ -162,12 +162,8 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
     The error of (U, V) falls like n^(-1/2) (measured in ``bench/``).
     """
     with single_threaded_blas():
-        t_start = time.perf_counter()
-        method = "bjw19-noisy"
-        X, Y = check_xy(X, Y)
-        n, d = X.shape
-        m = Y.shape[1]
-        k = check_n_hidden(n_hidden, d)
+        run = Run("bjw19-noisy")
+        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
         n_sign = check_positive_int(n_sign, "n_sign")
         n_restarts = check_positive_int(n_restarts, "n_restarts")
         polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
@@ -175,13 +171,13 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
         rng = check_random_state(random_state)
         if n < 2 * (d + 1):
             raise ValueError(f"bjw19-noisy needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
-        seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {"backend": BACKEND}
+        seconds, counts, diag = run.seconds, run.counts, run.diag
+        counts.update(n_samples=n, n_hidden=k)
+        diag["backend"] = BACKEND
         if m < k:
-            msg = (f"bjw19-noisy needs at least as many outputs as hidden units (U of rank k); "
-                   f"got m = {m} < k = {k}")
-            warn(msg)
-            return RecoveryResult(U=None, V=None, status=Status.UNSUPPORTED, message=msg, method=method,
-                                  seconds={"total": time.perf_counter() - t_start}, counts=counts)
+            return run.result(Status.UNSUPPORTED,
+                              f"bjw19-noisy needs at least as many outputs as hidden units (U of rank k); "
+                              f"got m = {m} < k = {k}")
         ell = min(n, n_sign)
         idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
         Xs, Ys = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
@@ -212,16 +208,13 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
         st = relu_stats(X, Y, V, U, n_jobs=threads)
         residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
         seconds["fit"] = time.perf_counter() - t
-        seconds["total"] = time.perf_counter() - t_start
         counts.update({"n_sign": ell, "restarts": n_restarts, "polish_steps": polish_steps})
         message = (f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
                    f"smallest sign margin {margins.min():.3f}")
         if margins.min() <= 0:
             warn(f"a sign of Alg. 6 is a guess (margin {margins.min():.3g} <= 0): use more samples "
                  "(n_sign) or less noise")
-        return RecoveryResult(U=U, V=V, status=Status.APPROXIMATE, message=message, method=method,
-                              exact=False, residual=residual, seconds=seconds, counts=counts,
-                              diagnostics=diag)
+        return run.result(Status.APPROXIMATE, message, U=U, V=V, residual=residual, warn_user=False)
 
 
 def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, support_tol=1e-7,
@@ -268,20 +261,12 @@ def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, suppor
     from .bjw19 import gaussian
 
     with single_threaded_blas():
-        t_start = time.perf_counter()
-        method = "bjw19-sparse-noise"
-        X, Y = check_xy(X, Y)
-        n, d = X.shape
-        m = Y.shape[1]
-        k = check_n_hidden(n_hidden, d)
+        run = Run("bjw19-sparse-noise")
+        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
         polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
-        seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {}
-
-        def stop(status, msg):
-            warn(msg)
-            seconds["total"] = time.perf_counter() - t_start
-            return RecoveryResult(U=None, V=None, status=status, message=msg, method=method,
-                                  seconds=seconds, counts=counts, diagnostics=diag)
+        seconds, counts, diag = run.seconds, run.counts, run.diag
+        counts.update(n_samples=n, n_hidden=k)
+        stop = run.result
 
         t = time.perf_counter()
         pcp = principal_component_pursuit(Y, lam=lam, tol=pcp_tol, max_iter=max_iter)
@@ -310,16 +295,12 @@ def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, suppor
         R = clean * (Y - np.maximum(X @ V.T, 0.0) @ U.T)
         residual = float(np.linalg.norm(R) / max(np.linalg.norm(clean * Y), 1e-300))
         seconds["polish"] = time.perf_counter() - t
-        seconds["total"] = time.perf_counter() - t_start
         exact = residual <= tol
         if exact:
-            status = Status.EXACT
-            msg = (f"recovered {k} units exactly from outputs with {int(corrupted.sum())} corrupted "
-                   f"entries ({corrupted.mean():.1%}); residual on the others {residual:.2e}")
-        else:
-            status = Status.APPROXIMATE
-            msg = (f"approximate network: residual on uncorrupted entries {residual:.2e} > tol = "
-                   f"{tol:.1e} (noise besides the sparse corruption?)")
-            warn(msg)
-        return RecoveryResult(U=U, V=V, status=status, message=msg, method=method, exact=exact,
-                              residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
+            return run.result(Status.EXACT,
+                              f"recovered {k} units exactly from outputs with {int(corrupted.sum())} corrupted "
+                              f"entries ({corrupted.mean():.1%}); residual on the others {residual:.2e}",
+                              U=U, V=V, exact=True, residual=residual)
+        return run.result(Status.APPROXIMATE,
+                          f"approximate network: residual on uncorrupted entries {residual:.2e} > tol = "
+                          f"{tol:.1e} (noise besides the sparse corruption?)", U=U, V=V, residual=residual)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from .._native import core
+from .._validation import check_positive_int
+from ..refine import relu_stats
 from ..tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
 
-__all__ = ["moment_span", "draw_candidates"]
+__all__ = ["moment_span", "draw_candidates", "refinement_subset", "relative_residual"]
 
 
 def moment_span(X, Y, k, Q, threads, block_size):
@@ -46,3 +48,21 @@ def draw_candidates(P, W, rng):
     cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
     cand /= np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
     return cand, gap, fit
+
+
+def refinement_subset(X, Y, k, n_refine, rng, minimum=1):
+    """The l samples used by the exact refinement (default ``min(n, max(1000, 25 d, 100 k))``),
+    drawn at random without replacement. Returns (X_l, Y_l)."""
+    n, d = X.shape
+    if n_refine is None:
+        ell = min(n, max(1000, 25 * d, 100 * k))
+    else:
+        ell = min(n, check_positive_int(n_refine, "n_refine", minimum=minimum))
+    idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
+    return np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+
+
+def relative_residual(X, Y, V, U, threads, activation):
+    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass)."""
+    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=activation)
+    return float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")

@@ -51,11 +51,11 @@ import numpy as np
 
 from .._blas import single_threaded_blas
 from .._native import BACKEND
-from .._result import RecoveryResult, Status, warn
+from .._result import Run, Status, warn
 from ..activations import RELU, get_activation, hermite_coefficient
-from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
-from ._bjw19_tensor import draw_candidates, moment_span
+from ._bjw19_tensor import draw_candidates, moment_span, refinement_subset, relative_residual
 
 from ._bjw19_exact import enumeration, fpt, iterative_lp
 from ._bjw19_ica import fastica, ica
@@ -182,13 +182,8 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
 
 def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
               activation):
-    t_start = time.perf_counter()
-    seconds = {}
-    method = "bjw19-gaussian"
-    X, Y = check_xy(X, Y)
-    n, d = X.shape
-    m = Y.shape[1]
-    k = check_n_hidden(n_hidden, d)
+    run = Run("bjw19-gaussian")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     block_size = check_positive_int(block_size, "block_size")
     if not (np.isfinite(tol) and tol > 0):
@@ -201,57 +196,46 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     threads = resolve_n_jobs(n_jobs)
     rng = check_random_state(random_state)
     act = get_activation(activation)
-    if n_refine is None:
-        ell = min(n, max(1000, 25 * d, 100 * k))
-    else:
-        ell = min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
-    counts = {"n_samples": n, "n_refine": ell, "n_hidden": k}
-    diag = {"backend": BACKEND, "activation": act.name}
-    seconds["validation"] = time.perf_counter() - t_start
-
-    def stop(status, message, U=None, V=None, residual=float("nan")):
-        warn(message)
-        seconds["total"] = time.perf_counter() - t_start
-        return RecoveryResult(U=U, V=V, status=status, message=message, method=method,
-                              exact=False, residual=residual, seconds=seconds, counts=counts,
-                              diagnostics=diag, activation=None if act is RELU else act)
+    act_out = None if act is RELU else act
+    run.seconds["validation"] = time.perf_counter() - run.t_start
+    run.counts.update(n_samples=n, n_hidden=k)
+    run.diag.update(backend=BACKEND, activation=act.name)
+    diag = run.diag
 
     if m < k:
-        return stop(
+        return run.result(
             Status.UNSUPPORTED,
             f"bjw19-gaussian needs at least as many outputs as hidden units (m >= k): BJW19 "
             f"Thm 7 assumes U of rank k, and both the output mode of the moment and the exact "
             f"refinement (Alg. 5 works in the span of the outputs) rely on it; got m = {m} < "
-            f"k = {k}. Rank-deficient U needs the fixed-parameter algorithm (BJW19 Alg. 7), "
-            "which is not implemented yet.",
-        )
-
+            f"k = {k}. For U with fewer rows than k use bjw19-fpt (Alg. 7).",
+            activation=act_out)
     if act is not RELU:
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
         diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return stop(Status.UNSUPPORTED,
-                        f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): the "
-                        "second-order moment carries no information (spec Sec. 3.2)")
+            return run.result(Status.UNSUPPORTED,
+                              f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): "
+                              "the second-order moment carries no information (spec Sec. 3.2)",
+                              activation=act_out)
 
     # Step 1: refinement samples, rank of the outputs, output basis and compression.
-    t = time.perf_counter()
-    idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
-    Xr, Yr = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
-    B, sv, Q = output_basis(Yr, k)
-    diag["output_singular_values"] = sv
-    rank = int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
-    noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
-    diag["noise_ratio"] = noise_ratio
-    diag.update(_gaussianity(X))
-    seconds["prepare"] = time.perf_counter() - t
+    with run.stage("prepare"):
+        Xr, Yr = refinement_subset(X, Y, k, n_refine, rng, minimum=n_min)
+        run.counts["n_refine"] = len(Xr)
+        B, sv, Q = output_basis(Yr, k)
+        diag["output_singular_values"] = sv
+        rank = int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
+        noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
+        diag["noise_ratio"] = noise_ratio
+        diag.update(_gaussianity(X))
     if rank < k:
-        return stop(
+        return run.result(
             Status.RANK_DEFICIENT,
             f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
-            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {ell} samples); BJW19 Thm 7 needs "
-            "U of rank k. Check n_hidden, or use a method for rank-deficient U.",
-        )
+            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
+            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
+            activation=act_out)
     if not diag["gaussian_ok"]:
         warn(
             "X does not look like standard Gaussian input (second-moment deviation "
@@ -261,28 +245,21 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             "'exact' status remains trustworthy, but the moment step may fail."
         )
 
-    # Step 2: the moment tensor on the compressed outputs.
-    # Step 3: span, projection; Step 4: candidates pooled over restarts and certified.
-    t = time.perf_counter()
-    W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size)
-    seconds["moments"] = time.perf_counter() - t
+    # Step 2: the moment tensor on the compressed outputs; step 3: span and projection.
+    with run.stage("moments"):
+        W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size)
     diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-    seconds["tensor"] = 0.0
-    t_ref = 0.0
-    certified, cert_meta = [], []
+    # Step 4: candidates pooled over restarts and certified.
+    certified, cert_meta, gaps = [], [], []
     approx_rows = None
-    gaps = []
     min_null = np.inf
-    n_candidates = 0
-    restarts = 0
+    n_candidates = restarts = 0
     for restarts in range(1, n_restarts + 1):
-        t = time.perf_counter()
-        cand, gap, _ = draw_candidates(P, W, rng)
+        with run.stage("tensor"):
+            cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
-        seconds["tensor"] += time.perf_counter() - t
-        t = time.perf_counter()
-        out = refine_rows(B, Xr, cand, n_jobs=threads, activation=act)
-        t_ref += time.perf_counter() - t
+        with run.stage("refine"):
+            out = refine_rows(B, Xr, cand, n_jobs=threads, activation=act)
         n_candidates += cand.shape[0]
         min_null = min(min_null, float(np.min(out["null_ratio"])))
         if approx_rows is None:
@@ -301,39 +278,34 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         if len(certified) >= k:
             break
     if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU:
-        t = time.perf_counter()
-        row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
-        t_ref += time.perf_counter() - t
+        with run.stage("refine"):
+            row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
         if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
             certified.append(row)
             cert_meta.append({"deflation": True})
             diag["deflation_used"] = True
-    seconds["refine"] = t_ref
-    counts.update({"candidates": n_candidates, "restarts": restarts, "certified_rows": len(certified)})
+    run.counts.update(candidates=n_candidates, restarts=restarts, certified_rows=len(certified))
     diag["jennrich_gaps"] = np.array(gaps)
     diag["row_certificates"] = tuple(cert_meta)
 
     # Step 5: the output layer and the certificate over all samples.
-    t = time.perf_counter()
-    exact_rows = len(certified) == k
-    if exact_rows:
-        V = np.array(certified)
-        U, cond = fit_output_layer(Xr, Yr, V, act)
-    else:
-        V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
-                                  if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
-        if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
-            V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-        st = relu_stats(X, Y, V, n_jobs=threads, activation=act)
-        U = np.linalg.lstsq(st["gram"], st["cross"], rcond=None)[0].T
-        cond = float(np.sqrt(np.linalg.cond(st["gram"])))
-    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=act)
-    residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
-    diag["fit_condition"] = cond
-    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
-    U, V = U[:, order], V[order]
-    seconds["fit"] = time.perf_counter() - t
-    seconds["total"] = time.perf_counter() - t_start
+    with run.stage("fit"):
+        exact_rows = len(certified) == k
+        if exact_rows:
+            V = np.array(certified)
+            U, cond = fit_output_layer(Xr, Yr, V, act)
+        else:
+            V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
+                                      if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
+            if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
+                V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
+            st = relu_stats(X, Y, V, n_jobs=threads, activation=act)
+            U = np.linalg.lstsq(st["gram"], st["cross"], rcond=None)[0].T
+            cond = float(np.sqrt(np.linalg.cond(st["gram"])))
+        residual = relative_residual(X, Y, V, U, threads, act)
+        diag["fit_condition"] = cond
+        order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
+        U, V = U[:, order], V[order]
 
     exact = exact_rows and residual <= tol
     if exact:
@@ -342,7 +314,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                    f"relative residual {residual:.2e} over {n} samples")
     elif exact_rows:
         status = Status.FAILED
-        message = (f"all {k} rows were certified on {ell} refinement samples but the residual "
+        message = (f"all {k} rows were certified on {len(Xr)} refinement samples but the residual "
                    f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
                    "not exactly those of one network (outliers or a few corrupted samples?)")
     else:
@@ -358,9 +330,5 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                        "restarts: the moment estimate is too crude. Try more samples, more "
                        "n_restarts, or check that X is standard Gaussian and that rows of V are "
                        "not nearly parallel")
-    result = RecoveryResult(U=U, V=V, status=status, message=message, method=method, exact=exact,
-                            residual=residual, seconds=seconds, counts=counts, diagnostics=diag,
-                            activation=None if act is RELU else act)
-    if not exact:
-        warn(message)
-    return result
+    return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
+                      warn_user=not exact)

@@ -34,8 +34,8 @@ import numpy as np
 
 from .._blas import single_threaded_blas
 from .._native import core
-from .._result import RecoveryResult, Status, warn
-from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from .._result import Run, Status, warn
+from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
 from ..tensor import cp_als, jennrich, merge_symmetric_factors
 
 __all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
@@ -222,12 +222,8 @@ def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20
 
 def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, als_restarts, als_iter,
              refit_steps, tol, n_jobs, random_state):
-    t_start = time.perf_counter()
-    method = "gklw19"
-    X, Y = check_xy(X, Y)
-    n, d = X.shape
-    m = Y.shape[1]
-    k = check_n_hidden(n_hidden, d)
+    run = Run("gklw19")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
     n_draws = check_positive_int(n_draws, "n_draws")
     als_restarts = check_positive_int(als_restarts, "als_restarts")
     refit_steps = check_positive_int(refit_steps, "refit_steps", minimum=0)
@@ -235,13 +231,9 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     k2 = k * (k - 1) // 2
     if n < (d * (d + 1)) // 2 + 1:
         raise ValueError(f"gklw19 needs more samples than d (d + 1) / 2 = {d * (d + 1) // 2} for d = {d}; got n = {n}")
-    seconds, counts, diag = {}, {"n_samples": n, "n_hidden": k}, {}
-
-    def stop(status, msg):
-        warn(msg)
-        seconds["total"] = time.perf_counter() - t_start
-        return RecoveryResult(U=None, V=None, status=status, message=msg, method=method,
-                              seconds=seconds, counts=counts, diagnostics=diag)
+    seconds, counts, diag = run.seconds, run.counts, run.diag
+    counts.update(n_samples=n, n_hidden=k)
+    stop = run.result
 
     if m < k:
         return stop(Status.UNSUPPORTED, f"gklw19 needs A of full column rank, so m >= k; got m = {m} < k = {k}")
@@ -325,11 +317,9 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     R = Y - np.maximum(X @ V.T, 0.0) @ A.T
     residual = float(np.linalg.norm(R) / max(np.linalg.norm(Y), 1e-300))
     seconds["fit"] = time.perf_counter() - t
-    seconds["total"] = time.perf_counter() - t_start
     exact = residual <= tol
     status = Status.EXACT if exact else Status.APPROXIMATE
     msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
            f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}")
     diag["mse"] = float(np.mean(R * R))
-    return RecoveryResult(U=A, V=V, status=status, message=msg, method=method, exact=exact,
-                          residual=residual, seconds=seconds, counts=counts, diagnostics=diag)
+    return run.result(status, msg, U=A, V=V, exact=exact, residual=residual, warn_user=False)
