@@ -5,6 +5,7 @@ public module and re-exports :func:`enumeration` and :func:`fpt`.
 """
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -203,7 +204,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     if time_limit is not None and not (np.isfinite(time_limit) and time_limit > 0):
         raise ValueError(f"time_limit must be a positive number of seconds; got {time_limit!r}")
     threads = resolve_n_jobs(n_jobs)
-    workers = threads if threads > 0 else (__import__("os").cpu_count() or 1)
+    workers = threads if threads > 0 else (os.cpu_count() or 1)
     rng = check_random_state(random_state)
     seconds, counts, diag = run.seconds, run.counts, run.diag
     counts.update(n_samples=n, n_hidden=k)
