@@ -42,3 +42,20 @@ def test_numpy_pipeline(benchmark, planted, threads):
     benchmark.extra_info.update({"threads": threads, "error_U": err.U, "error_V": err.V,
                                  "residual": residual})
     assert err.V < 1e-10
+
+
+@pytest.mark.parametrize("n", [2000, 5000, 10000])
+def test_success_rate_vs_n(benchmark, n):
+    """How few samples suffice: exact recoveries out of 5 seeds at d = 50, k = 10, m = 20."""
+
+    def study():
+        ok = []
+        for seed in range(5):
+            net = rf.planted.two_layer(d=D, k=K, m=M, random_state=seed)
+            X, Y = net.sample(n, random_state=seed + 1)
+            res = rf.recover(X, Y, n_hidden=K, method="bjw19-gaussian", random_state=0)
+            ok.append(bool(res.exact and rf.metrics.parameter_error(res, net).V < 1e-10))
+        return ok
+
+    ok = benchmark.pedantic(study, rounds=1, iterations=1)
+    benchmark.extra_info.update({"n": n, "exact_out_of_5": int(sum(ok)), "seconds_per_run": benchmark.stats.stats.min / 5})

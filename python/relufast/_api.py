@@ -27,7 +27,11 @@ def _choose(X, Y, n_hidden):
     from ._validation import check_positive_int, check_xy
     from .algorithms.bjw19 import _gaussianity
 
-    X, Y = check_xy(X, Y)
+    # Cheap: look at a subsample only; the chosen method validates all of the data.
+    Xa, Ya = np.asarray(X), np.asarray(Y)
+    if Xa.ndim != 2 or Ya.ndim not in (1, 2) or len(Xa) != len(Ya):
+        return "bjw19-gaussian", "the data's shape is invalid; bjw19-gaussian reports why"
+    X, Y = check_xy(Xa[:20000], Ya[:20000])
     k = check_positive_int(n_hidden, "n_hidden")
     sub = Y[: min(len(Y), 2000)]
     sv = np.linalg.svd(sub, compute_uv=False)
