@@ -91,6 +91,17 @@ py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstR
   return out;
 }
 
+py::dict pattern_batch_to_dict(const PatternBatch& b) {
+  const Index count = b.n_words ? static_cast<Index>(b.words.size()) / b.n_words : 0;
+  Eigen::Matrix<std::uint64_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> words(count, b.n_words);
+  if (count) std::copy(b.words.begin(), b.words.end(), words.data());
+  py::dict out;
+  out["words"] = words;
+  out["coeffs"] = b.coeffs;
+  out["systems"] = b.systems;
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
@@ -171,18 +182,28 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
           b = enumerate_patterns(B, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices,
                                  begin, end, tol, n_jobs);
         }
-        const Index count = b.n_words ? static_cast<Index>(b.words.size()) / b.n_words : 0;
-        Eigen::Matrix<std::uint64_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> words(count, b.n_words);
-        if (count) std::copy(b.words.begin(), b.words.end(), words.data());
-        py::dict out;
-        out["words"] = words;
-        out["coeffs"] = b.coeffs;
-        out["systems"] = b.systems;
-        return out;
+        return pattern_batch_to_dict(b);
       },
       py::arg("B").noconvert(), py::arg("mode"), py::arg("begin"), py::arg("end"),
       py::arg("tol") = 1e-9, py::arg("n_jobs") = 0,
       "BJW19 Lemma 1 (vertices) or extreme rays: positive sets of vectors in the row span of B.");
+
+  m.def(
+      "enumerate_patterns_for",
+      [](const ConstRowRef& B, const std::string& mode, const IndexMatrix& subsets, double tol,
+         int n_jobs) {
+        if (mode != "vertices" && mode != "rays")
+          throw std::invalid_argument("mode must be 'vertices' or 'rays'; got '" + mode + "'");
+        PatternBatch b;
+        {
+          py::gil_scoped_release release;
+          b = enumerate_patterns_for(B, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices,
+                                     subsets, tol, n_jobs);
+        }
+        return pattern_batch_to_dict(b);
+      },
+      py::arg("B").noconvert(), py::arg("mode"), py::arg("subsets"), py::arg("tol") = 1e-9,
+      py::arg("n_jobs") = 0, "The systems of enumerate_patterns on explicit subsets (rows of subsets).");
 
   m.def("refine_rows", &refine_rows_py, py::arg("B").noconvert(), py::arg("X").noconvert(),
         py::arg("Vhat"), py::arg("margins") = std::vector<double>{}, py::arg("tol_null") = 1e-10,

@@ -88,30 +88,27 @@ long long pattern_subset_count(Index n, Index k, PatternMode mode) {
   return c;
 }
 
-PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,
-                                long long end, double tol, int n_jobs) {
+namespace {
+
+// Runs the systems of `mode` on `count` subsets; fill(i, c, first) writes subset i into c
+// (first: c holds nothing useful yet). Deduplicates and merges in subset order.
+template <class Fill>
+PatternBatch run_subsets(const ConstRowRef& B, PatternMode mode, long long count, double tol,
+                         int n_jobs, Fill fill) {
   const Index k = B.rows(), n = B.cols();
-  if (k < 1 || n < k)
-    throw std::invalid_argument("enumerate_patterns: B must be k x n with 1 <= k <= n; got " +
-                                std::to_string(k) + " x " + std::to_string(n));
-  if (!(tol >= 0.0)) throw std::invalid_argument("enumerate_patterns: tol must be >= 0");
-  const long long total = pattern_subset_count(n, k, mode);
-  begin = std::max(0LL, begin);
-  end = std::min(end, total);
   PatternBatch out;
   out.n_words = (n + 63) / 64;
-  if (begin >= end) {
+  if (count <= 0) {
     out.coeffs.resize(0, k);
     return out;
   }
   const Index r = mode == PatternMode::Vertices ? k : k - 1;
-  const long long count = end - begin;
   const int nthreads = resolve_threads(n_jobs, std::max(1LL, count / 256));
   std::vector<Local> local(nthreads);
   parallel_ranges(nthreads, count, [&](int t, long long i0, long long i1) {
     Local& L = local[t];
     if (i0 >= i1) return;
-    std::vector<Index> c = unrank(begin + i0, n, r);
+    std::vector<Index> c(r);
     Eigen::MatrixXd BJ(k, std::max<Index>(r, 1));
     Eigen::VectorXd z(k), rv(n);
     Eigen::MatrixXd bits, Wall, Rall;
@@ -121,6 +118,7 @@ PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long lon
         for (Index a = 0; a < k; ++a) bits(a, mask - 1) = (mask >> a) & 1 ? 1.0 : 0.0;
     }
     for (long long i = i0; i < i1; ++i) {
+      fill(i, c, i == i0);
       for (Index a = 0; a < r; ++a) BJ.col(a) = B.col(c[a]);
       ++L.systems;
       if (mode == PatternMode::Vertices) {
@@ -139,28 +137,26 @@ PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long lon
             emit(L, rv, z, tol, out.n_words);
           }
         }
-      } else {
-        // Null vector of B[:, J]^T (k x (k-1)): the last left singular vector.
-        if (k == 1) {
-          z.setOnes();
-        } else {
-          Eigen::JacobiSVD<Eigen::MatrixXd> svd(BJ, Eigen::ComputeFullU);
-          const auto& s = svd.singularValues();
-          if (!(s(0) > 0.0) || s(k - 2) < 1e-10 * s(0)) goto next;  // null space not 1-dim
-          z = svd.matrixU().col(k - 1);
-        }
-        for (int sgn = 0; sgn < 2; ++sgn) {
-          if (sgn == 1) z = -z;
-          rv.noalias() = B.transpose() * z;
-          const double scale = rv.cwiseAbs().maxCoeff();
-          if (rv.minCoeff() >= -tol * scale) emit(L, rv, z, tol, out.n_words);
-        }
+        continue;
       }
-    next:
-      if (i + 1 < i1) next_combination(c, n);
+      // Null vector of B[:, J]^T (k x (k-1)): the last left singular vector.
+      if (k == 1) {
+        z.setOnes();
+      } else {
+        Eigen::JacobiSVD<Eigen::MatrixXd> svd(BJ, Eigen::ComputeFullU);
+        const auto& s = svd.singularValues();
+        if (!(s(0) > 0.0) || s(k - 2) < 1e-10 * s(0)) continue;  // null space not 1-dim
+        z = svd.matrixU().col(k - 1);
+      }
+      for (int sgn = 0; sgn < 2; ++sgn) {
+        if (sgn == 1) z = -z;
+        rv.noalias() = B.transpose() * z;
+        const double scale = rv.cwiseAbs().maxCoeff();
+        if (rv.minCoeff() >= -tol * scale) emit(L, rv, z, tol, out.n_words);
+      }
     }
   });
-  // Merge in thread (= rank) order, keeping first occurrences.
+  // Merge in thread (= subset) order, keeping first occurrences.
   std::unordered_set<std::string> seen;
   std::vector<double> coeffs;
   for (int t = 0; t < nthreads; ++t) {
@@ -178,6 +174,50 @@ PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long lon
   const Index total_found = static_cast<Index>(coeffs.size()) / k;
   out.coeffs = Eigen::Map<RowMatrixXd>(coeffs.data(), total_found, k);
   return out;
+}
+
+void check_input(const ConstRowRef& B, double tol) {
+  const Index k = B.rows(), n = B.cols();
+  if (k < 1 || n < k)
+    throw std::invalid_argument("enumerate_patterns: B must be k x n with 1 <= k <= n; got " +
+                                std::to_string(k) + " x " + std::to_string(n));
+  if (!(tol >= 0.0)) throw std::invalid_argument("enumerate_patterns: tol must be >= 0");
+}
+
+}  // namespace
+
+PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,
+                                long long end, double tol, int n_jobs) {
+  check_input(B, tol);
+  const Index k = B.rows(), n = B.cols();
+  const Index r = mode == PatternMode::Vertices ? k : k - 1;
+  const long long total = pattern_subset_count(n, k, mode);
+  begin = std::max(0LL, begin);
+  end = std::min(end, total);
+  return run_subsets(B, mode, std::max(0LL, end - begin), tol, n_jobs,
+                     [&](long long i, std::vector<Index>& c, bool first) {
+                       if (first)
+                         c = unrank(begin + i, n, r);
+                       else
+                         next_combination(c, n);
+                     });
+}
+
+PatternBatch enumerate_patterns_for(const ConstRowRef& B, PatternMode mode,
+                                    const Eigen::Ref<const IndexMatrix>& subsets, double tol,
+                                    int n_jobs) {
+  check_input(B, tol);
+  const Index k = B.rows(), n = B.cols();
+  const Index r = mode == PatternMode::Vertices ? k : k - 1;
+  if (subsets.cols() != r)
+    throw std::invalid_argument("enumerate_patterns_for: subsets must have " + std::to_string(r) +
+                                " columns for this mode; got " + std::to_string(subsets.cols()));
+  if (subsets.size() && (subsets.minCoeff() < 0 || subsets.maxCoeff() >= n))
+    throw std::invalid_argument("enumerate_patterns_for: subset indices must be in [0, n)");
+  return run_subsets(B, mode, subsets.rows(), tol, n_jobs,
+                     [&](long long i, std::vector<Index>& c, bool) {
+                       for (Index a = 0; a < r; ++a) c[a] = subsets(i, a);
+                     });
 }
 
 }  // namespace relufast

@@ -40,4 +40,13 @@ long long pattern_subset_count(Index n, Index k, PatternMode mode);
 PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,
                                 long long end, double tol, int n_jobs);
 
+// The same systems on explicit subsets (rows of `subsets`, k or k-1 indices each), e.g.
+// random ones: a random (k-1)-subset lies in the zero set of a given rectified row with
+// probability about 2^-(k-1), so a few hundred of them usually find every row long
+// before the lexicographic enumeration would.
+using IndexMatrix = Eigen::Matrix<Index, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+PatternBatch enumerate_patterns_for(const ConstRowRef& B, PatternMode mode,
+                                    const Eigen::Ref<const IndexMatrix>& subsets, double tol,
+                                    int n_jobs);
+
 }  // namespace relufast

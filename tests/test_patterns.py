@@ -82,7 +82,9 @@ def test_stream_dedupes_limits_and_orders_rays_first():
     keys = [S.tobytes() for S, _, _ in items]
     assert len(keys) == len(set(keys)) and stream.exhausted
     sources = [src for _, _, src in items]
-    assert sources[0] == "rays" and sources == sorted(sources, key=lambda s: s != "rays")
+    order = {"random": 0, "rays": 1, "vertices": 2}
+    assert sources[0] == "random" and sources == sorted(sources, key=order.get)
+    assert "vertices" in sources  # exhaustive phases follow and add what the rays miss
     limited = PatternStream(B, max_patterns=5)
     assert len(list(limited)) == 5 and limited.stopped_by == "max_patterns"
 
@@ -102,3 +104,25 @@ def test_bad_mode_and_shape():
         core.enumerate_patterns(np.ones((2, 5)), "cells", 0, 10, 1e-9, 1)
     with pytest.raises(ValueError, match="1 <= k <= n"):
         core.enumerate_patterns(np.ones((5, 2)), "rays", 0, 10, 1e-9, 1)
+
+
+def test_random_subsets_agree_with_the_lexicographic_systems():
+    from relufast._native import core
+
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((60, 3))
+    F = np.maximum(X @ rng.standard_normal((3, 3)).T, 0).T
+    B = np.ascontiguousarray(np.linalg.qr(F.T)[0].T)
+    # Every 2-subset given explicitly gives the same set as the lexicographic enumeration.
+    import itertools
+
+    subsets = np.array(list(itertools.combinations(range(60), 2)), dtype=np.int64)
+    out = core.enumerate_patterns_for(B, "rays", subsets, 1e-9, 2)
+    from relufast.patterns import unpack_patterns
+
+    P, _, _ = sign_patterns(B, mode="rays")
+    assert _as_set(unpack_patterns(out["words"], 60)) == _as_set(P)
+    with pytest.raises(ValueError, match="indices must be in"):
+        core.enumerate_patterns_for(B, "rays", np.array([[0, 60]], dtype=np.int64), 1e-9, 1)
+    with pytest.raises(ValueError, match="must have 2 columns"):
+        core.enumerate_patterns_for(B, "rays", np.array([[0, 1, 2]], dtype=np.int64), 1e-9, 1)

@@ -79,6 +79,18 @@ class _RefineOut(TypedDict):
     n_zero: NDArray[np.int64]
     support: NDArray[np.int64]
 
+class _PatternOut(TypedDict):
+    words: NDArray[np.uint64]
+    coeffs: NDArray[np.float64]
+    systems: int
+
+def pattern_subset_count(n: int, k: int, mode: str) -> int: ...
+def enumerate_patterns(
+    B: NDArray[np.float64], mode: str, begin: int, end: int, tol: float = 1e-9, n_jobs: int = 0
+) -> _PatternOut: ...
+def enumerate_patterns_for(
+    B: NDArray[np.float64], mode: str, subsets: NDArray[np.int64], tol: float = 1e-9, n_jobs: int = 0
+) -> _PatternOut: ...
 def refine_rows(
     B: NDArray[np.float64],
     X: NDArray[np.float64],

@@ -177,8 +177,9 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
     1. rank(Y) must equal k; B = orthonormal basis of the column span of Y (the row span
        of the paper's A), k x n.
     2. Candidate positive sets (BJW19 Lemma 1) from the C++ enumeration: supports of
-       extreme rays of {w : w B >= 0} first (the true rows are such rays, Lemma 10), then
-       all vertices of Lemma 1 (the guarantee), deduplicated.
+       extreme rays of {w : w B >= 0} first (the true rows are such rays, Lemma 10), from
+       random (k-1)-subsets and then from all of them, then all vertices of Lemma 1 (the
+       guarantee), deduplicated.
     3. For each candidate S in order (Algorithm 2, step 3): when |S| >= d, solve
        X_S w = r_S exactly (QR least squares) and verify; otherwise, or if that fails,
        Algorithm 1 (Iterative LP on HiGHS) with the independence rows of Remark 1.
@@ -226,7 +227,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
 
     t = time.perf_counter()
     stream = PatternStream(B, n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
-                           progress=progress)
+                           progress=progress, random_state=rng.integers(2**63))
     W, F, det, paths, sources = [], [], [], [], []
     Qb = np.zeros((0, n))
     tried = lps = 0
