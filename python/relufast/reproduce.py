@@ -117,6 +117,7 @@ def plot(rows, name, path):
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return False
     panels = list(dict.fromkeys(r["panel"] for r in rows))
@@ -134,6 +135,7 @@ def plot(rows, name, path):
             ax.plot(x, [r["mse"] for r in pr], "^-", label="MSE (fresh samples)")
         if xname in ("n", "kappa"):
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_yscale("log")
         ax.set_xlabel(xname)
         ax.set_title(f"{panel}")
