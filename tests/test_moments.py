@@ -126,3 +126,15 @@ def test_output_projection_inside_kernel(d):
     np.testing.assert_allclose(T, R, rtol=KERNEL_RTOL, atol=KERNEL_RTOL * np.abs(R).max())
     with pytest.raises(ValueError, match=r"Q has shape \(5, 3\), expected \(4, 3\)"):
         acc.update(X, np.ascontiguousarray(Y[:, :4]), 1, 64, Q)
+
+
+def test_dask_blocks_reduce_like_one_shot():
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((5000, 7))
+    Y = rng.standard_normal((5000, 3))
+    Xd = da.from_array(X, chunks=(777, 4))  # uneven row blocks, split columns
+    Yd = da.from_array(Y, chunks=(1000, 3))  # different row blocks from X
+    np.testing.assert_allclose(hermite_moment(Xd, Yd), hermite_moment(X, Y), rtol=KERNEL_RTOL, atol=1e-14)
+    acc = SecondMomentAccumulator(7, 1).update(Xd, da.from_array(Y[:, 0], chunks=500))
+    np.testing.assert_allclose(acc.tensor(), hermite_moment(X, Y[:, :1]), rtol=KERNEL_RTOL, atol=1e-14)

@@ -92,3 +92,10 @@ def test_planted_validation():
         rf.planted.two_layer(d=3, k=2, m=2, random_state=0).sample(10, noise=-1)
     with pytest.raises(ValueError, match="no network met the constraints"):
         rf.planted.two_layer(d=3, k=3, m=3, random_state=0, max_cos=0.0, max_tries=5)
+
+
+def test_lazy_arrays_are_refused_by_pipelines_with_a_pointer():
+    da = pytest.importorskip("dask.array")
+    X, Y = _data()
+    with pytest.raises(TypeError, match=r"lazy array .*call .compute\(\) first.*hermite_moment"):
+        rf.recover(da.from_array(X), Y, n_hidden=2, method="bjw19-gaussian")

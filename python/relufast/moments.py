@@ -60,7 +60,15 @@ class SecondMomentAccumulator:
         return int(self._acc.count)
 
     def update(self, X, Y):
-        """Add samples X of shape (n, d) with outputs Y of shape (n, m); returns self."""
+        """Add samples X of shape (n, d) with outputs Y of shape (n, m); returns self.
+
+        X and Y may be dask arrays: their row blocks are computed one at a time and added,
+        so memory stays at one block.
+        """
+        if _is_dask(X) or _is_dask(Y):
+            for Xb, Yb in _dask_row_blocks(X, Y):
+                self.update(Xb, Yb)
+            return self
         X, Y = check_xy(X, Y)
         with single_threaded_blas():
             self._acc.update(X, Y, self._n_jobs, self._block)
@@ -119,6 +127,8 @@ def hermite_moment(X, Y, order=2, *, n_jobs=None, block_size=256, comm=None):
         When given, each rank passes its own samples and all ranks receive the moment of
         the union.
 
+    X and Y may also be dask arrays (row blocks are computed and reduced one at a time).
+
     Returns
     -------
     T : ndarray of shape (n_outputs, n_features, n_features)
@@ -132,6 +142,12 @@ def hermite_moment(X, Y, order=2, *, n_jobs=None, block_size=256, comm=None):
     """
     if order != 2:
         raise ValueError(f"order must be 2 (the only order implemented); got {order!r}")
+    if _is_dask(X) or _is_dask(Y):
+        m = Y.shape[1] if len(Y.shape) == 2 else 1
+        acc = SecondMomentAccumulator(X.shape[1], m, n_jobs=n_jobs, block_size=block_size).update(X, Y)
+        if comm is not None:
+            acc.allreduce(comm)
+        return acc.tensor()
     X, Y = check_xy(X, Y)
     acc = SecondMomentAccumulator(X.shape[1], Y.shape[1], n_jobs=n_jobs, block_size=block_size)
     with single_threaded_blas():
@@ -139,6 +155,26 @@ def hermite_moment(X, Y, order=2, *, n_jobs=None, block_size=256, comm=None):
     if comm is not None:
         acc.allreduce(comm)
     return acc.tensor()
+
+
+def _is_dask(a):
+    return hasattr(a, "dask") and hasattr(a, "chunks") and not isinstance(a, np.ndarray)
+
+
+def _dask_row_blocks(X, Y):
+    """Aligned row blocks of dask (or NumPy) arrays X and Y, as NumPy arrays."""
+    import dask.array as da
+
+    X = da.asarray(X)
+    Y = da.asarray(Y)
+    if X.ndim != 2 or Y.ndim not in (1, 2) or X.shape[0] != Y.shape[0]:
+        raise ValueError(f"X must be (n, d) and Y (n, m) or (n,) with the same n; got {X.shape} and {Y.shape}")
+    if Y.ndim == 1:
+        Y = Y[:, None]
+    X = X.rechunk({1: -1})
+    Y = Y.rechunk({0: X.chunks[0], 1: -1})
+    for i in range(X.numblocks[0]):
+        yield np.asarray(X.blocks[i, 0].compute()), np.asarray(Y.blocks[i, 0].compute())
 
 
 def hermite_moment_reference(X, Y):
