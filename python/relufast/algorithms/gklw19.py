@@ -258,7 +258,9 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
 
     # Step 3: the k least right singular vectors of T span {vec*(z_i z_i^T)}.
     t = time.perf_counter()
-    _, s, Vt = np.linalg.svd(T, full_matrices=True)
+    # T is tall (d(d+1)/2 >= k(k+1)/2 rows): QR first, then the SVD of the small R.
+    R = np.linalg.qr(T, mode="r") if T.shape[0] > T.shape[1] else T
+    _, s, Vt = np.linalg.svd(R, full_matrices=True)
     s_full = np.zeros(Vt.shape[0])
     s_full[: len(s)] = s
     S = Vt[-k:].T
