@@ -91,6 +91,12 @@ py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstR
   return out;
 }
 
+PatternMode parse_mode(const std::string& mode) {
+  if (mode == "rays") return PatternMode::Rays;
+  if (mode == "vertices") return PatternMode::Vertices;
+  throw std::invalid_argument("mode must be 'vertices' or 'rays'; got '" + mode + "'");
+}
+
 py::dict pattern_batch_to_dict(const PatternBatch& b) {
   const Index count = b.n_words ? static_cast<Index>(b.words.size()) / b.n_words : 0;
   Eigen::Matrix<std::uint64_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> words(count, b.n_words);
@@ -166,7 +172,7 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def(
       "pattern_subset_count",
       [](Index n, Index k, const std::string& mode) {
-        return pattern_subset_count(n, k, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices);
+        return pattern_subset_count(n, k, parse_mode(mode));
       },
       py::arg("n"), py::arg("k"), py::arg("mode"), "Subsets visited: C(n, k) (vertices) or C(n, k-1) (rays).");
 
@@ -174,13 +180,11 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       "enumerate_patterns",
       [](const ConstRowRef& B, const std::string& mode, long long begin, long long end, double tol,
          int n_jobs) {
-        if (mode != "vertices" && mode != "rays")
-          throw std::invalid_argument("mode must be 'vertices' or 'rays'; got '" + mode + "'");
+        const PatternMode pm = parse_mode(mode);
         PatternBatch b;
         {
           py::gil_scoped_release release;
-          b = enumerate_patterns(B, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices,
-                                 begin, end, tol, n_jobs);
+          b = enumerate_patterns(B, pm, begin, end, tol, n_jobs);
         }
         return pattern_batch_to_dict(b);
       },
@@ -192,13 +196,11 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       "enumerate_patterns_for",
       [](const ConstRowRef& B, const std::string& mode, const IndexMatrix& subsets, double tol,
          int n_jobs) {
-        if (mode != "vertices" && mode != "rays")
-          throw std::invalid_argument("mode must be 'vertices' or 'rays'; got '" + mode + "'");
+        const PatternMode pm = parse_mode(mode);
         PatternBatch b;
         {
           py::gil_scoped_release release;
-          b = enumerate_patterns_for(B, mode == "rays" ? PatternMode::Rays : PatternMode::Vertices,
-                                     subsets, tol, n_jobs);
+          b = enumerate_patterns_for(B, pm, subsets, tol, n_jobs);
         }
         return pattern_batch_to_dict(b);
       },
