@@ -176,3 +176,30 @@ def test_single_hidden_unit_and_1d_outputs():
     res = _recover_quiet(X, Y[:, 0], 1)
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and err.V < EXACT_TOL and err.U < EXACT_TOL
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_non_identity_covariance_is_whitened(seed):
+    # Spec oracle 5 (BJW19 Remark 3): (m, k, d, n) = (6, 4, 8, 5e4), Sigma = R diag(1..4) R^T.
+    rng = np.random.default_rng(100 + seed)
+    R = np.linalg.qr(rng.standard_normal((8, 8)))[0]
+    L = np.linalg.cholesky(R @ np.diag(np.linspace(1, 4, 8)) @ R.T)
+    net = planted(8, 4, 6, seed, max_cos=0.7, max_condition=3.0)
+    X = rng.standard_normal((50000, 8)) @ L.T
+    Y = net(X)
+    res = _recover_quiet(X, Y, 4, random_state=0)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
+    assert res.diagnostics["whitened"] and res.diagnostics["gaussian_ok"]
+    assert rf.recover(X, Y, n_hidden=4).method == "bjw19-gaussian"  # auto sees Gaussian input
+
+
+def test_singular_input_covariance_is_reported():
+    net = planted(6, 2, 3, 0)
+    X, _ = net.sample(5000, random_state=1)
+    X[:, 5] = X[:, 4]  # inputs in a 5-dimensional subspace
+    with pytest.warns(rf.RelufastWarning, match="second-moment matrix of X is singular"):
+        res = rf.recover(X, net(X), n_hidden=2, method="bjw19-gaussian")
+    assert res.status == "failed" and res.V is None
+    with pytest.raises(ValueError, match="whiten must be 'auto', True or False"):
+        rf.recover(X, net(X), n_hidden=2, method="bjw19-gaussian", whiten="yes")

@@ -37,6 +37,10 @@ def _choose(X, Y, n_hidden):
     sv = np.linalg.svd(sub, compute_uv=False)
     rank = int(np.sum(sv > 1e-8 * sv[0])) if sv.size and sv[0] > 0 else 0
     gaussian = _gaussianity(X)["gaussian_ok"]
+    if not gaussian:  # Gaussian with another covariance? (bjw19-gaussian whitens those)
+        ev, E = np.linalg.eigh(X.T @ X / len(X))
+        if ev.min() > 1e-12 * ev.max():
+            gaussian = _gaussianity(X, (E / np.sqrt(ev)) @ E.T)["gaussian_ok"]
     if gaussian and rank >= k:
         return "bjw19-gaussian", f"X looks standard Gaussian and rank(Y) = {rank} >= k = {k}"
     if gaussian and Y.shape[1] >= 2:

@@ -16,8 +16,12 @@ from ..tensor import cp_als, input_span, jennrich, merge_symmetric_factors, proj
 __all__ = ["moment_span", "draw_candidates", "refinement_subset", "relative_residual"]
 
 
-def moment_span(X, Y, k, Q, threads, block_size):
+def moment_span(X, Y, k, Q, threads, block_size, whitener=None):
     """Moment of ``Y Q`` (Q None: Y itself), span W (d, k), projected tensor P (k, k, k).
+
+    With ``whitener`` (d, d symmetric, E[x x^T]^{-1/2}) the moment is that of the whitened
+    inputs ``x_w = whitener x`` (BJW19 Remark 3), obtained from the raw sums without a
+    whitened copy of X: ``T_w[i] = Wh (S_i / n) Wh - mean(y_i) I``.
 
     Returns (W, P, eigenvalues of sum_i T[i]^2 in descending order).
     """
@@ -25,6 +29,10 @@ def moment_span(X, Y, k, Q, threads, block_size):
     acc = core.SecondMoment(d, k)
     acc.update(X, Y, threads, block_size, Q)
     T = acc.tensor().reshape(k, d, d)
+    if whitener is not None:
+        ybar = acc.sum_y / acc.count
+        raw = T + ybar[:, None, None] * np.eye(d)  # S_i / n
+        T = np.einsum("ab,ibc,cd->iad", whitener, raw, whitener) - ybar[:, None, None] * np.eye(d)
     W, evals = input_span(T, k)
     return W, project(T, W), evals
 

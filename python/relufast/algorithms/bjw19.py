@@ -79,9 +79,12 @@ DUPLICATE_COS = 1.0 - 1e-6
 GAUSS_ROWS = 20000
 
 
-def _gaussianity(X):
-    """Cheap test of x ~ N(0, I): second-moment matrix and per-coordinate kurtosis."""
+def _gaussianity(X, whitener=None):
+    """Cheap test of x ~ N(0, I) (of ``whitener x`` when given): second-moment matrix and
+    per-coordinate kurtosis on at most GAUSS_ROWS samples."""
     Xs = X[: min(X.shape[0], GAUSS_ROWS)]
+    if whitener is not None:
+        Xs = Xs @ whitener
     N, d = Xs.shape
     C = Xs.T @ Xs / N
     cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
@@ -120,7 +123,7 @@ def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
 
 
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
-             random_state=None, block_size=256, activation="relu"):
+             random_state=None, block_size=256, activation="relu", whiten="auto"):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -150,6 +153,10 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
         "expm1" (exp(t) - 1 on t > 0), or ``relufast.activations.custom(phi, phi_inverse)``.
         The refinement solves with the inverse of phi; for non-homogeneous phi the scale
         of each row is found by a one-dimensional search and the rows keep their norms.
+    whiten : {"auto", True, False}, default="auto"
+        For x ~ N(0, Sigma) (BJW19 Remark 3): whiten with E[x x^T]^{-1/2}, estimated on all
+        samples, in the moment and the refinement, and map the rows back. "auto" whitens
+        when the second-moment matrix of X is not the identity within sampling error.
 
     Returns
     -------
@@ -177,11 +184,11 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     with single_threaded_blas():
         return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
                          n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                         activation=activation)
+                         activation=activation, whiten=whiten)
 
 
 def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
-              activation):
+              activation, whiten):
     run = Run("bjw19-gaussian")
     X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
@@ -229,6 +236,24 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
         diag.update(_gaussianity(X))
+        Wh = None
+        if whiten not in ("auto", True, False):
+            raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
+        if whiten is True or (whiten == "auto" and
+                              diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
+            ev, E = np.linalg.eigh(X.T @ X / n)
+            if not ev.min() > 1e-12 * ev.max():
+                return run.result(Status.FAILED,
+                                  "the second-moment matrix of X is singular: the inputs lie in a "
+                                  "subspace, so V is not identifiable along its complement",
+                                  activation=act_out)
+            Wh = (E / np.sqrt(ev)) @ E.T
+            diag.update(_gaussianity(X, Wh))
+            diag["input_condition"] = float(np.sqrt(ev.max() / ev.min()))
+        diag["whitened"] = Wh is not None
+        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
+        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
+        to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
     if rank < k:
         return run.result(
             Status.RANK_DEFICIENT,
@@ -241,13 +266,13 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             "X does not look like standard Gaussian input (second-moment deviation "
             f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
             f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
-            "bjw19-gaussian assumes x ~ N(0, I). Rows are still certified exactly, so an "
+            f"bjw19-gaussian assumes x ~ N(0, {'Sigma' if Wh is not None else 'I'}). Rows are still certified exactly, so an "
             "'exact' status remains trustworthy, but the moment step may fail."
         )
 
     # Step 2: the moment tensor on the compressed outputs; step 3: span and projection.
     with run.stage("moments"):
-        W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size)
+        W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size, whitener=Wh)
     diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
     # Step 4: candidates pooled over restarts and certified.
     certified, cert_meta, gaps = [], [], []
@@ -259,16 +284,19 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
         with run.stage("refine"):
-            out = refine_rows(B, Xr, cand, n_jobs=threads, activation=act)
+            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
+        rows_x = to_x(out["rows"])
+        if act.homogeneous and Wh is not None:
+            rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
         n_candidates += cand.shape[0]
         min_null = min(min_null, float(np.min(out["null_ratio"])))
         if approx_rows is None:
             # Noise-tolerant estimate from the polished draw: near-null-vector rows where
             # solved, else the tensor direction with the better-supported sign.
-            approx_rows = np.where(out["solved"][:k, None], out["rows"][:k],
-                                   np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k])
+            approx_rows = to_x(np.where(out["solved"][:k, None], out["rows"][:k],
+                                        np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]))
         for i in np.flatnonzero(out["certified"]):
-            row = out["rows"][i]
+            row = rows_x[i]
             unit = row / np.linalg.norm(row)
             if all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in certified):
                 certified.append(row)
@@ -277,7 +305,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                                    "verify_residual", "support")})
         if len(certified) >= k:
             break
-    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU:
+    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
         with run.stage("refine"):
             row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
         if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
