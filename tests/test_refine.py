@@ -90,3 +90,25 @@ def test_refine_rejects_bad_shapes():
         refine_rows(B, np.zeros((9, 3)), np.ones((1, 3)))
     with pytest.raises(ValueError, match="expected d = 3"):
         refine_rows(B, np.zeros((10, 3)), np.ones((1, 4)))
+
+
+def test_refinement_tolerates_angle_errors_of_03_rad():
+    # The README (after the spec) says the margin form tolerates ~0.3 rad: rotate every row
+    # by exactly 0.3 rad; measured 39 of 40 rows certified over 10 instances.
+    certified = total = 0
+    for seed in range(10):
+        net = planted(8, 4, 6, seed, max_cos=0.7, max_condition=3.0)
+        X, Y = net.sample(1000, random_state=seed + 1)
+        B, _, _ = output_basis(Y, 4)
+        rng = np.random.default_rng(seed + 1000)  # not the planted network's stream
+        rows = []
+        for v in net.V:
+            u = rng.standard_normal(8)
+            u -= (u @ v) * v
+            u /= np.linalg.norm(u)
+            rows.append(np.cos(0.3) * v + np.sin(0.3) * u)
+        out = refine_rows(B, X, np.array(rows))
+        certified += int(out["certified"].sum())
+        total += 4
+        _assert_certified_rows_are_true_rows(out, net.V)
+    assert certified >= 0.9 * total

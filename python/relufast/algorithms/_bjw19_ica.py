@@ -26,8 +26,8 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
     contrast : {"skew", "logcosh"}, default="skew"
         "skew" uses G(u) = u^3 / 3 (g(u) = u^2): rectified-Gaussian sources have skewness
         1.64, and on 60 random mixtures of 3-5 such sources (n = 2e4) it separated all of
-        them in at most 6 iterations, while "logcosh" (the spec's suggestion) stalled at a
-        saddle point on 20 of the 60 (measured while writing this function).
+        them in at most 7 iterations, while "logcosh" (the spec's suggestion) stalled at a
+        saddle point on 20 of the 60 (``bench/test_bench_ica_blas.py``).
 
     Returns
     -------
