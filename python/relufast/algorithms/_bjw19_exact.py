@@ -114,25 +114,24 @@ def _determined(S, X, B):
 def _try_pattern(S, coeff, X, B, found, rng, time_limit):
     """One candidate pattern: the exact support solve when it applies, else Algorithm 1.
 
-    Returns (w, f, determined, path, lps) or None.
+    Returns ((w, f, determined, path) or None, number of LPs solved).
     """
     d = X.shape[1]
-    r = coeff @ B
-    lps = 0
-    if S.sum() >= d:
+    if coeff is not None and S.sum() >= d:
+        r = coeff @ B
         XS = X[S]
         w = np.linalg.lstsq(XS, r[S], rcond=None)[0]
         if np.linalg.norm(XS @ w - r[S]) <= 1e-9 * np.linalg.norm(r[S]):
             f = _check_row(w, X, S, B)
             if f is not None:
-                return w, f, _determined(S, X, B), "support", lps
+                return (w, f, _determined(S, X, B), "support"), 0
     w, lps = iterative_lp(X, S, B, found, rng=rng, time_limit=time_limit)
     if w is None:
-        return None
+        return None, lps
     f = _check_row(w, X, S, B)
     if f is None:
-        return None
-    return w, f, _determined(S, X, B), "lp", lps
+        return None, lps
+    return (w, f, _determined(S, X, B), "lp"), lps
 
 
 def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
@@ -228,8 +227,22 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     t = time.perf_counter()
     stream = PatternStream(B, n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
                            progress=progress, random_state=rng.integers(2**63))
-    W, F, det, paths, sources = [], [], [], [], []
-    Qb = np.zeros((0, n))
+    W, F, det, paths, sources, feasible = [], [], [], [], [], []
+    Qb = [np.zeros((0, n))]
+
+    def accept(out, src):
+        """Keep a valid row if its rectified vector is independent; True once k rows."""
+        w, f, determined, path = out
+        if _independent(f, Qb[0]) <= INDEPENDENCE_TOL:
+            return False
+        W.append(w)
+        F.append(f)
+        det.append(determined)
+        paths.append(path)
+        sources.append(src)
+        Qb[0] = np.linalg.qr(np.array(F).T)[0].T
+        return len(W) == k
+
     tried = lps = 0
     batch_size = 8  # fixed, so that counts and random rows do not depend on n_jobs
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
@@ -244,25 +257,27 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                         for (S, c, _), s in zip(batch, seeds)]
                 outs = list(pool.map(lambda a: _try_pattern(*a), args)) if pool else [_try_pattern(*a) for a in args]
                 # First-feasible in stream order: the outcome does not depend on the thread count.
-                for (S, c, src), out in zip(batch, outs):
+                for (S, c, src), (out, nlp) in zip(batch, outs):
+                    lps += nlp
                     if out is None:
                         continue
-                    w, f, determined, path, nlp = out
-                    lps += nlp
-                    if _independent(f, Qb) <= INDEPENDENCE_TOL:
-                        continue
-                    W.append(w)
-                    F.append(f)
-                    det.append(determined)
-                    paths.append(path)
-                    sources.append(src)
-                    Qb = np.linalg.qr(np.array(F).T)[0].T
-                    if len(W) == k:
+                    feasible.append(S)
+                    if accept(out, src):
                         break
                 if len(W) == k:
                     break
             if len(W) == k:
                 break
+        # Algorithm 2 may use one pattern for several rows (two units can share a support):
+        # once the stream is exhausted, retry the feasible patterns with the independence
+        # rows of Algorithm 1 against the rows found so far.
+        if len(W) < k and stream.exhausted:
+            for S in feasible:
+                out, nlp = _try_pattern(S, None, X, B, list(F), np.random.default_rng(rng.integers(2**63)),
+                                        time_limit)
+                lps += nlp
+                if out is not None and accept(out, "reused"):
+                    break
     finally:
         if pool:
             pool.shutdown()

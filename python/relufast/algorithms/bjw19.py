@@ -346,7 +346,9 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                    f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
                    "not exactly those of one network (outliers or a few corrupted samples?)")
     else:
-        noisy = noise_ratio > 1e-9 or min_null > 1e-8
+        # With m > k the (k+1)-th singular value of the outputs measures the noise; with
+        # m = k only the absence of any exact null vector can tell.
+        noisy = noise_ratio > 1e-9 if m > k else min_null > 1e-8
         status = Status.APPROXIMATE if noisy else Status.FAILED
         if noisy:
             message = (f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
