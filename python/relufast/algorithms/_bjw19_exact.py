@@ -390,7 +390,8 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
                        f"found {len(classes)} classes of at least {min_size} samples with parallel "
                        f"outputs, expected k = {k}: "
                        + ("too few samples with a single active unit (Lemma 21 needs n of order "
-                          "d (k kappa)^(2k)); add samples" if len(classes) < k else
+                          "d (k kappa)^(2k)); add samples. Noisy outputs also give no classes: "
+                          "Alg. 7 needs outputs that are exactly parallel" if len(classes) < k else
                           "the columns of U are not pairwise independent or k is too small"))
     V = np.empty((k, d))
     class_res = []
