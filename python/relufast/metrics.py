@@ -86,11 +86,14 @@ def parameter_error(estimate, truth):
     else:
         perm = match_hidden_units(V, V0)
     Vm, Um = V0[perm], U0[:, perm]
-    cos = np.clip(np.sum(V * Vm, axis=1) / (np.linalg.norm(V, axis=1) * np.linalg.norm(Vm, axis=1)), -1.0, 1.0)
+    # Angle from the chord between unit vectors (arccos of the cosine loses half the digits).
+    Vu = V / np.linalg.norm(V, axis=1, keepdims=True)
+    Vmu = Vm / np.linalg.norm(Vm, axis=1, keepdims=True)
+    angles = 2.0 * np.arcsin(np.clip(np.linalg.norm(Vu - Vmu, axis=1) / 2.0, 0.0, 1.0))
     return ParameterError(
         U=float(np.linalg.norm(U - Um) / np.linalg.norm(Um)),
         V=float(np.linalg.norm(V - Vm) / np.linalg.norm(Vm)),
-        max_angle=float(np.max(np.arccos(cos))),
+        max_angle=float(np.max(angles)),
         permutation=perm,
     )
 
