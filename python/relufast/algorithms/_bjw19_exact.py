@@ -228,19 +228,20 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     stream = PatternStream(B, n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
                            progress=progress, random_state=rng.integers(2**63))
     W, F, det, paths, sources, feasible = [], [], [], [], [], []
-    Qb = [np.zeros((0, n))]
+    Qb = np.zeros((0, n))  # orthonormal basis of the rectified rows found so far
 
     def accept(out, src):
         """Keep a valid row if its rectified vector is independent; True once k rows."""
+        nonlocal Qb
         w, f, determined, path = out
-        if _independent(f, Qb[0]) <= INDEPENDENCE_TOL:
+        if _independent(f, Qb) <= INDEPENDENCE_TOL:
             return False
         W.append(w)
         F.append(f)
         det.append(determined)
         paths.append(path)
         sources.append(src)
-        Qb[0] = np.linalg.qr(np.array(F).T)[0].T
+        Qb = np.linalg.qr(np.array(F).T)[0].T
         return len(W) == k
 
     tried = lps = 0
