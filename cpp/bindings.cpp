@@ -8,10 +8,10 @@
 #include <optional>
 #include <string>
 
-#include "detector.hpp"
-#include "moments.hpp"
-#include "refine.hpp"
-#include "sign_patterns.hpp"
+#include "kernels/detector.hpp"
+#include "kernels/moments.hpp"
+#include "kernels/refine.hpp"
+#include "kernels/sign_patterns.hpp"
 
 namespace py = pybind11;
 using namespace relufast;
