@@ -1,5 +1,5 @@
 """Type stub for relufast._core (and relufast._core_avx2, the same API built for AVX2/FMA)."""
-from typing import TypedDict
+from typing import Optional, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -104,3 +104,17 @@ def refine_rows(
     n_jobs: int = 0,
     power: float = 1.0,
 ) -> _RefineOut: ...
+
+class _Certificate(TypedDict):
+    count: float
+    gram: NDArray[np.float64]
+    cross: NDArray[np.float64]
+    sq_residual: float
+    sq_norm: float
+    nonfinite: float
+
+def certify(
+    X: NDArray[np.float64], Y: NDArray[np.float64], V: NDArray[np.float64],
+    U: Optional[NDArray[np.float64]] = None, n_jobs: int = 0, block: int = 4096, power: float = 1.0,
+) -> _Certificate: ...
+def count_nonfinite(A: NDArray[np.float64], n_jobs: int = 0, block: int = 8192) -> float: ...

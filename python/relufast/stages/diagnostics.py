@@ -69,11 +69,19 @@ def numerical_rank(singular_values, tol=RANK_TOL):
 
 def whitener(X):
     """``E[x x^T]^{-1/2}`` estimated on all rows of X (BJW19 Remark 3), or None when the
-    second-moment matrix is singular (the inputs lie in a subspace).
+    second-moment matrix is singular (the inputs lie in a subspace). X may be a
+    :class:`relufast.stages.reduce.Samples` (summed over its blocks and ranks).
 
     Returns (W, condition): W symmetric (d, d), condition = sqrt(lambda_max / lambda_min).
     """
-    ev, E = np.linalg.eigh(X.T @ X / X.shape[0])
+    from .reduce import Samples
+
+    if isinstance(X, Samples):
+        st = X.map_reduce(lambda Xb, Yb: {"count": float(Xb.shape[0]), "xx": Xb.T @ Xb})
+        C = st["xx"] / st["count"]
+    else:
+        C = X.T @ X / X.shape[0]
+    ev, E = np.linalg.eigh(C)
     if not ev.min() > 1e-12 * ev.max():
         return None, float("inf")
     return (E / np.sqrt(ev)) @ E.T, float(np.sqrt(ev.max() / ev.min()))

@@ -14,7 +14,7 @@ from .._native import core
 from ..activations import RELU
 
 __all__ = ["fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "polish"]
+           "certify", "polish"]
 
 
 def fit_output_layer(X, Y, V, activation=RELU):
@@ -47,10 +47,49 @@ def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
     return out
 
 
+def certify(samples, V, U=None, *, activation=RELU, block_size=4096):
+    """The certificate pass: one fused read of every sample, on every rank.
+
+    For F = f(X V^T), returns the sums ``gram`` = F^T F, ``cross`` = F^T Y (the normal
+    equations of the output layer over all samples), ``count`` and, with U given,
+    ``sq_residual`` = ||Y - F U^T||_F^2 and ``sq_norm`` = ||Y||_F^2, reduced over the
+    blocks and ranks of ``samples`` (a :class:`relufast.stages.reduce.Samples`). The C++
+    kernel (relu^p) also counts non-finite entries of X and Y as it reads them: any
+    raises ValueError on every rank, so a deferred finiteness check costs no extra pass.
+    """
+    Vc = np.ascontiguousarray(V, dtype=np.float64)
+    Uc = None if U is None else np.ascontiguousarray(U, dtype=np.float64)
+
+    def one_block(Xb, Yb):
+        if activation.homogeneous:
+            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree))
+        F = activation(Xb @ Vc.T)
+        out = {"count": float(Xb.shape[0]), "gram": F.T @ F, "cross": F.T @ Yb,
+               "sq_residual": 0.0, "sq_norm": 0.0,
+               "nonfinite": float(Xb.size + Yb.size - np.count_nonzero(np.isfinite(Xb))
+                                  - np.count_nonzero(np.isfinite(Yb)))}
+        if Uc is not None:
+            out["sq_residual"] = float(np.sum((Yb - F @ Uc.T) ** 2))
+            out["sq_norm"] = float(np.sum(Yb * Yb))
+        return out
+
+    st = samples.map_reduce(one_block, bounded=not activation.homogeneous)
+    if st["nonfinite"] > 0:
+        raise ValueError(f"X and Y must contain only finite values; found {int(st['nonfinite'])} NaN or "
+                         "infinite entries")
+    return st
+
+
+def _as_samples(X, Y, threads):
+    from .reduce import Samples
+
+    return X if isinstance(X, Samples) else Samples(X, Y, n_jobs=threads)
+
+
 def relative_residual(X, Y, V, U, threads, activation):
-    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass)."""
-    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=activation)
-    return residual_from_stats(st)
+    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass); X may be a
+    :class:`relufast.stages.reduce.Samples` (Y is then ignored)."""
+    return residual_from_stats(certify(_as_samples(X, Y, threads), V, U, activation=activation))
 
 
 def residual_from_stats(stats):
@@ -144,10 +183,13 @@ def fit_and_certify(X, Y, V, *, subset=None, threads=0, activation=RELU):
     """The output layer and its certificate, as every method ends.
 
     U is fitted by QR least squares on ``subset`` (a pair (X_l, Y_l), default all samples),
-    then the relative residual is measured over all samples in one threaded pass.
+    then the relative residual is measured over all samples in one fused pass
+    (:func:`certify`). X may be a :class:`relufast.stages.reduce.Samples` (Y is then
+    ignored, and ``subset`` is required).
 
     Returns (U, residual, condition of f(X_l V^T)).
     """
+    samples = _as_samples(X, Y, threads)
     Xf, Yf = (X, Y) if subset is None else subset
     U, cond = fit_output_layer(Xf, Yf, V, activation)
-    return U, relative_residual(X, Y, V, U, threads, activation), cond
+    return U, residual_from_stats(certify(samples, V, U, activation=activation)), cond

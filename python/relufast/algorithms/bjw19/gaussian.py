@@ -14,10 +14,11 @@ from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status, warn
 from ...activations import RELU, get_activation, hermite_coefficient
-from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import gaussianity, numerical_rank, outputs_below_hidden_message, refinement_subset, whitener
-from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
-from ...stages.moments import moment_span
+from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import GAUSS_ROWS, gaussianity, numerical_rank, outputs_below_hidden_message, whitener
+from ...stages.fit import certify, fit_from_stats, fit_output_layer, relative_residual, residual_from_stats
+from ...stages.moments import SecondMomentAccumulator, moment_span
+from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
@@ -30,11 +31,11 @@ DUPLICATE_COS = 1.0 - 1e-6
 
 
 
-def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
-    """Spec Sec. 2.5 step 9: on samples where every known unit is off, Y is rank one."""
-    Xs, Ys = X[: min(X.shape[0], max_rows)], Y[: min(X.shape[0], max_rows)]
+def _deflate_missing(Xs, Ys, V_known, B, Xr, threads):
+    """Spec Sec. 2.5 step 9: on samples where every known unit is off, Y is rank one
+    (on the in-memory probe sample Xs, Ys)."""
     off = np.all(Xs @ V_known.T <= 0.0, axis=1)
-    d = X.shape[1]
+    d = Xs.shape[1]
     if off.sum() < 2 * d:
         return None
     Uy, s, _ = np.linalg.svd(Ys[off], full_matrices=False)
@@ -47,8 +48,34 @@ def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
     return out["rows"][0] if out["certified"][0] else None
 
 
+def start_size(d, k):
+    """First size of the adaptive estimation sample: ``max(2000, 10 d k)`` (5,000 at d = 50,
+    k = 10, where about 5,000-10,000 samples give estimates within the ~0.3 rad that the
+    exact refinement tolerates)."""
+    return max(2000, 10 * d * k)
+
+
+#: Certificate passes over all samples before giving up (each failure doubles the sample).
+MAX_CERTIFY_PASSES = 3
+
+
+#: The adaptive sample is gathered in memory only up to this fraction of n; beyond it the
+#: moment is a reduction over all samples instead (no copy of the data).
+GATHER_FRACTION = 0.25
+
+
+def check_n_estimate(n_estimate, n_min):
+    """None (adaptive), "all", or an int >= n_min."""
+    if n_estimate is None or (isinstance(n_estimate, str) and n_estimate == "all"):
+        return n_estimate
+    if isinstance(n_estimate, str):
+        raise ValueError(f"n_estimate must be None, 'all' or an integer >= {n_min}; got {n_estimate!r}")
+    return check_positive_int(n_estimate, "n_estimate", minimum=n_min)
+
+
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
-             random_state=None, block_size=256, activation="relu", whiten="auto"):
+             random_state=None, block_size=256, activation="relu", whiten="auto", n_estimate=None,
+             comm=None):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -82,6 +109,19 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
         For x ~ N(0, Sigma) (BJW19 Remark 3): whiten with E[x x^T]^{-1/2}, estimated on all
         samples, in the moment and the refinement, and map the rows back. "auto" whitens
         when the second-moment matrix of X is not the identity within sampling error.
+        In adaptive mode the whitener comes from the probe sample (any invertible
+        whitener keeps certified rows exact).
+    n_estimate : None, int or "all", default=None
+        Samples used by the moment estimate (steps 2-4). None: adaptive, starting from
+        :func:`start_size` random samples and doubling until k rows are certified (or all
+        samples are used); an int forces that size (still escalated when it fails);
+        "all": the moment over every sample. The certificate (step 5) always reads every
+        sample, so no setting can call a wrong network exact.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; every rank returns the same result, that of
+        one process on the concatenated samples (``docs/scale.md``).
+
+    X and Y may be NumPy memmaps (read in place) or dask arrays (row blocks).
 
     Returns
     -------
@@ -103,29 +143,45 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     4. Alg. 5 on every candidate (C++): certified rows are exact.
     5. U by least squares (Thm 1 proof, "Gaussian elimination"), residual over all samples.
 
-    Cost: 2 n k d^2 flops for the moment, O(n (d k + m k)) for the residual, the rest
-    depends only on the refinement sample size.
+    Adaptive estimation (relufast, beyond the paper): steps 2-4 run on a growing prefix of
+    a random sample (``counts["n_estimate"]``, ``counts["doublings"]``); only step 5 and
+    the finiteness check of the inputs read every sample, in one fused C++ pass
+    (``counts["certify_passes"]``). A certificate that fails on all samples doubles the
+    estimation and refinement samples and tries again (``counts["escalations"]``).
+
+    Cost: one pass over the data, O(n (d k + m k)) flops, plus 2 n_e k d^2 for the moment
+    on n_e estimation samples (n_e = n with ``n_estimate="all"``).
     """
     with single_threaded_blas():
         return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
                          n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                         activation=activation, whiten=whiten)
+                         activation=activation, whiten=whiten, n_estimate=n_estimate, comm=comm)
 
 
 def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
-              activation, whiten):
+              activation, whiten, n_estimate, comm):
     run = Run("bjw19-gaussian")
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    threads = resolve_n_jobs(n_jobs)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     block_size = check_positive_int(block_size, "block_size")
     if not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
+    if whiten not in ("auto", True, False):
+        raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
+    if not (n_estimate is None or isinstance(n_estimate, str) or np.ndim(n_estimate) == 0):
+        raise TypeError(f"n_estimate must be None, 'all' or an integer; got {type(n_estimate).__name__}")
+    # Finiteness: checked now when every sample is read anyway by the moment, else by the
+    # certificate pass (one read of the data instead of two).
+    data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads,
+                               check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+    n, d, m = data.n, data.d, data.m
+    k = check_n_hidden(n_hidden, d)
     n_min = 2 * (d + 1)
     if n < n_min:
         raise ValueError(
             f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}"
         )
-    threads = resolve_n_jobs(n_jobs)
+    n_estimate = check_n_estimate(n_estimate, n_min)
     rng = check_random_state(random_state)
     act = get_activation(activation)
     act_out = None if act is RELU else act
@@ -134,53 +190,60 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     run.diag.update(backend=BACKEND, activation=act.name)
     diag = run.diag
 
+    def early(status, message):
+        if not data.finite_checked:  # a status on data that holds NaN would hide the error
+            certify(data, np.zeros((1, d)))
+        return run.result(status, message, activation=act_out)
+
     if m < k:
-        return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
+        return early(Status.UNSUPPORTED, outputs_below_hidden_message(
             "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
-            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"),
-            activation=act_out)
+            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"))
     if act is not RELU:
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
         diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return run.result(Status.UNSUPPORTED,
-                              f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): "
-                              "the second-order moment carries no information",
-                              activation=act_out)
+            return early(Status.UNSUPPORTED,
+                         f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): "
+                         "the second-order moment carries no information")
 
-    # Step 1: refinement samples, rank of the outputs, output basis and compression.
+    # Step 1: one random sample, gathered once (on every rank): its prefixes are the probe
+    # of the diagnostics, the refinement sample and the adaptive estimation sample.
     with run.stage("prepare"):
-        Xr, Yr = refinement_subset(X, Y, k, n_refine, rng, minimum=n_min)
-        run.counts["n_refine"] = len(Xr)
+        ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else \
+            min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
+        n_probe = min(n, GAUSS_ROWS)
+        adaptive = n_estimate != "all"
+        n_est = min(n, max(ell, start_size(d, k) if n_estimate is None else n_estimate)) if adaptive else n
+        stream = SampleStream(n, rng)
+        Xp, Yp = data.take(stream.grow(max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0)))
+        if not (np.isfinite(Xp).all() and np.isfinite(Yp).all()):
+            raise ValueError(f"X and Y must contain only finite values; found {int(Xp.size + Yp.size - np.isfinite(Xp).sum() - np.isfinite(Yp).sum())} "
+                             "NaN or infinite entries")
+        Xr, Yr = Xp[:ell], Yp[:ell]
+        run.counts["n_refine"] = ell
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
         rank = numerical_rank(sv)
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
-        diag.update(gaussianity(X))
+        diag.update(gaussianity(Xp[:n_probe]))
         Wh = None
-        if whiten not in ("auto", True, False):
-            raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
         if whiten is True or (whiten == "auto" and
                               diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
-            Wh, diag["input_condition"] = whitener(X)
+            Wh, diag["input_condition"] = whitener(Xp[:n_probe] if adaptive else data)
             if Wh is None:
-                return run.result(Status.NON_IDENTIFIABLE,
-                                  "the second-moment matrix of X is singular: the inputs lie in a "
-                                  "subspace, so V is not identifiable along its complement",
-                                  activation=act_out)
-            diag.update(gaussianity(X, Wh))
+                return early(Status.NON_IDENTIFIABLE,
+                             "the second-moment matrix of X is singular: the inputs lie in a "
+                             "subspace, so V is not identifiable along its complement")
+            diag.update(gaussianity(Xp[:n_probe], Wh))
         diag["whitened"] = Wh is not None
-        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
-        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
-        to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
     if rank < k:
-        return run.result(
+        return early(
             Status.RANK_DEFICIENT,
             f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
             f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
-            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
-            activation=act_out)
+            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.")
     if not diag["gaussian_ok"]:
         warn(
             "X does not look like standard Gaussian input (second-moment deviation "
@@ -189,70 +252,87 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             f"bjw19-gaussian assumes x ~ N(0, {'Sigma' if Wh is not None else 'I'}). Rows are still certified exactly, so an "
             "'exact' status remains trustworthy, but the moment step may fail."
         )
+    # Noisy outputs cannot be certified at any size: their estimate uses every sample.
+    if adaptive and noise_ratio > 1e-9:
+        adaptive, n_est = False, n
+        diag["adaptive_stopped"] = "noisy outputs: the moment uses every sample"
 
-    # Step 2: the moment tensor on the compressed outputs; step 3: span and projection.
-    with run.stage("moments"):
-        W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size, whitener=Wh)
-    diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-    # Step 4: candidates pooled over restarts and certified.
-    certified, cert_meta, gaps = [], [], []
-    approx_rows = None
-    min_null = np.inf
-    n_candidates = restarts = 0
-    for restarts in range(1, n_restarts + 1):
-        with run.stage("tensor"):
-            cand, gap, _ = draw_candidates(P, W, rng)
-        gaps.append(gap)
-        with run.stage("refine"):
-            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
-        rows_x = to_x(out["rows"])
-        if act.homogeneous and Wh is not None:
-            rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
-        n_candidates += cand.shape[0]
-        min_null = min(min_null, float(np.min(out["null_ratio"])))
-        if approx_rows is None:
-            # Noise-tolerant estimate from the polished draw: near-null-vector rows where
-            # solved, else the tensor direction with the better-supported sign.
-            approx_rows = to_x(np.where(out["solved"][:k, None], out["rows"][:k],
-                                        np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]))
-        for i in np.flatnonzero(out["certified"]):
-            row = rows_x[i]
-            unit = row / np.linalg.norm(row)
-            if all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in certified):
+    acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size,
+                                  compress=None if m == k else Q)
+    n_in_acc = 0
+    doublings = escalations = certify_passes = 0
+    restarts_total = n_candidates = 0
+    gaps, min_null = [], np.inf
+    while True:
+        # Step 2: the moment tensor on the compressed outputs (a growing random sample,
+        # or every sample); step 3: span and projection.
+        with run.stage("moments"):
+            if adaptive and n_est <= GATHER_FRACTION * n:
+                if n_est > len(Xp):
+                    Xn, Yn = data.take(stream.grow(n_est))
+                    Xp, Yp = np.concatenate([Xp, Xn]), np.concatenate([Yp, Yn])
+                acc.add(Xp[n_in_acc:n_est], Yp[n_in_acc:n_est])
+                n_in_acc = n_est
+                W, P, evals = moment_span(None, None, k, None, threads, block_size, whitener=Wh, acc=acc)
+            else:
+                n_est = n
+                W, P, evals = moment_span(data, None, k, None if m == k else Q, threads, block_size,
+                                          whitener=Wh)
+        diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
+        certified, cert_meta, approx_rows, stats = _certified_rows(
+            run, P, W, B, Xr, Wh, act, rng, threads, n_restarts)
+        restarts_total += stats["restarts"]
+        n_candidates += stats["candidates"]
+        gaps.extend(stats["gaps"])
+        min_null = min(min_null, stats["min_null"])
+        if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+            with run.stage("refine"):
+                row = _deflate_missing(Xp[:n_probe], Yp[:n_probe], np.array(certified), B, Xr, threads)
+            if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
                 certified.append(row)
-                cert_meta.append({key: out[key][i] for key in
-                                  ("margin", "null_ratio", "gap_ratio", "other_ratio",
-                                   "verify_residual", "support")})
-        if len(certified) >= k:
-            break
-    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
-        with run.stage("refine"):
-            row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
-        if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
-            certified.append(row)
-            cert_meta.append({"deflation": True})
-            diag["deflation_used"] = True
-    run.counts.update(candidates=n_candidates, restarts=restarts, certified_rows=len(certified))
+                cert_meta.append({"deflation": True})
+                diag["deflation_used"] = True
+        exact_rows = len(certified) == k
+        if not exact_rows and n_est < n and adaptive:
+            n_est, doublings = min(n, 2 * n_est), doublings + 1
+            continue
+        # Step 5: the output layer and the certificate over all samples (one fused pass).
+        with run.stage("fit"):
+            if exact_rows:
+                V = np.array(certified)
+                U, cond = fit_output_layer(Xr, Yr, V, act)
+                st = certify(data, V, U, activation=act)
+                certify_passes += 1
+                residual = residual_from_stats(st)
+            else:
+                V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
+                                          if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
+                if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
+                    V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
+                st = certify(data, V, activation=act)
+                U, cond = fit_from_stats(st)
+                residual = relative_residual(data, None, V, U, threads, act)
+                certify_passes += 2
+        if exact_rows and not residual <= tol and certify_passes < MAX_CERTIFY_PASSES and \
+                (ell < n or n_est < n):
+            # Escalate: rows certified on the refinement sample but not on all samples.
+            escalations += 1
+            ell = min(n, 2 * ell)
+            n_est = min(n, 2 * n_est) if adaptive else n
+            Xn, Yn = data.take(stream.grow(max(ell, len(Xp))))
+            Xp, Yp = np.concatenate([Xp, Xn]), np.concatenate([Yp, Yn])
+            Xr, Yr = Xp[:ell], Yp[:ell]
+            B = output_basis(Yr, k)[0]
+            continue
+        break
+    run.counts.update(candidates=n_candidates, restarts=restarts_total, certified_rows=len(certified),
+                      n_refine=ell, n_estimate=n_est, doublings=doublings, escalations=escalations,
+                      certify_passes=certify_passes, n_certify=n)
     diag["jennrich_gaps"] = np.array(gaps)
     diag["row_certificates"] = tuple(cert_meta)
-
-    # Step 5: the output layer and the certificate over all samples.
-    with run.stage("fit"):
-        exact_rows = len(certified) == k
-        if exact_rows:
-            V = np.array(certified)
-            U, residual, cond = fit_and_certify(X, Y, V, subset=(Xr, Yr), threads=threads,
-                                                activation=act)
-        else:
-            V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
-                                      if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
-            if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
-                V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-            U, cond = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads, activation=act))
-            residual = relative_residual(X, Y, V, U, threads, act)
-        diag["fit_condition"] = cond
-        order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
-        U, V = U[:, order], V[order]
+    diag["fit_condition"] = cond
+    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
+    U, V = U[:, order], V[order]
 
     exact = exact_rows and residual <= tol
     if exact:
@@ -275,9 +355,50 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                        f"network with relative residual {residual:.2e}; {len(certified)} of {k} "
                        "rows certified")
         else:
-            message = (f"only {len(certified)} of {k} rows could be certified after {restarts} "
+            message = (f"only {len(certified)} of {k} rows could be certified after {restarts_total} "
                        "restarts: the moment estimate is too crude. Try more samples, more "
                        "n_restarts, or check that X is standard Gaussian and that rows of V are "
                        "not nearly parallel")
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
                       warn_user=not exact)
+
+
+def _certified_rows(run, P, W, B, Xref_raw, Wh, act, rng, threads, n_restarts):
+    """Step 4: candidates of Jennrich draws pooled over restarts and certified by Alg. 5,
+    until k distinct rows are certified. Returns (rows, metadata, approximate rows, stats)."""
+    k = B.shape[0]
+    Xref = Xref_raw if Wh is None else np.ascontiguousarray(Xref_raw @ Wh)
+    certified, cert_meta, gaps = [], [], []
+    approx_rows = None
+    min_null = np.inf
+    n_candidates = restarts = 0
+    for restarts in range(1, n_restarts + 1):
+        with run.stage("tensor"):
+            cand, gap, _ = draw_candidates(P, W, rng)
+        gaps.append(gap)
+        with run.stage("refine"):
+            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
+        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
+        rows_x = out["rows"] if Wh is None else out["rows"] @ Wh
+        if act.homogeneous and Wh is not None:
+            rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
+        n_candidates += cand.shape[0]
+        min_null = min(min_null, float(np.min(out["null_ratio"])))
+        if approx_rows is None:
+            # Noise-tolerant estimate from the polished draw: near-null-vector rows where
+            # solved, else the tensor direction with the better-supported sign.
+            approx = np.where(out["solved"][:k, None], out["rows"][:k],
+                              np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k])
+            approx_rows = approx if Wh is None else approx @ Wh
+        for i in np.flatnonzero(out["certified"]):
+            row = rows_x[i]
+            unit = row / np.linalg.norm(row)
+            if all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in certified):
+                certified.append(row)
+                cert_meta.append({key: out[key][i] for key in
+                                  ("margin", "null_ratio", "gap_ratio", "other_ratio",
+                                   "verify_residual", "support")})
+        if len(certified) >= k:
+            break
+    return certified, cert_meta, approx_rows, {"restarts": restarts, "candidates": n_candidates,
+                                               "gaps": gaps, "min_null": min_null}
