@@ -163,3 +163,20 @@ def test_dask_refused_where_not_supported():
     X = da.zeros((100, 3), chunks=50)
     with pytest.raises(ValueError, match="polish_steps needs the samples in memory"):
         rf.recover(X, X[:, :3], n_hidden=2, method="bjw19-noisy", polish_steps=2)
+
+
+def test_auto_needs_a_named_method_with_comm_or_dask():
+    da = pytest.importorskip("dask.array")
+    X = da.zeros((100, 3), chunks=50)
+    with pytest.raises(ValueError, match="name the method"):
+        rf.recover(X, X, n_hidden=2)
+    with pytest.raises(ValueError, match="name the method"):
+        rf.recover(np.zeros((100, 3)), np.zeros((100, 3)), n_hidden=2, comm=FakeComm(0, None))
+
+
+def test_comm_without_mpi4py_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'relufast\[mpi\]'"):
+        check_comm("COMM_WORLD")

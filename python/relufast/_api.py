@@ -84,6 +84,11 @@ def recover(X, Y, *, n_hidden, method="auto", **options):
     RecoveryResult
     """
     if method == "auto":
+        from .stages.reduce import is_dask
+
+        if options.get("comm") is not None or is_dask(X) or is_dask(Y):
+            raise ValueError("method='auto' looks at the data in memory on one process; with comm= or "
+                             "dask arrays name the method (e.g. method='bjw19-gaussian')")
         name, reason = _choose(X, Y, n_hidden)
         res = METHODS[name][0](X, Y, n_hidden, **options)
         diag = dict(res.diagnostics)
