@@ -10,6 +10,7 @@ CASES = {
     "noisy": ("bjw19-noisy", {"random_state": 0}),
     "ica": ("bjw19-ica", {"random_state": 0}),
     "gklw19": ("gklw19", {"random_state": 0}),
+    "fpt": ("bjw19-fpt", {"random_state": 0}),
 }
 
 
@@ -31,5 +32,9 @@ def case_data(name):
     if name == "gklw19":
         net = rf.planted.two_layer(d=6, k=3, m=4, random_state=8, max_cos=0.7, max_output_condition=10.0)
         X, Y = net.sample(20000, random_state=9, symmetrize=True)
+        return X, Y, 3
+    if name == "fpt":
+        net = rf.planted.two_layer(d=6, k=3, m=2, random_state=3, max_cos=0.7)
+        X, Y = net.sample(40000, random_state=4)
         return X, Y, 3
     raise KeyError(name)

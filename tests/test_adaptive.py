@@ -144,3 +144,21 @@ def test_certify_stage_reduces_like_one_pass(rng):
     one = certify(Samples(X, Y), V, U)
     F = np.maximum(X @ V.T, 0.0)
     np.testing.assert_allclose(one["sq_residual"], np.sum((Y - F @ U.T) ** 2), rtol=SUM_RTOL)
+
+
+def test_fpt_adaptive_matches_all_and_reads_a_sample():
+    net = planted(6, 3, 2, 3, max_cos=0.7)  # m = 2 < k = 3: Alg. 7
+    X, Y = net.sample(200000, random_state=4)
+    ada = _quiet_fpt(X, Y, 3)
+    full = _quiet_fpt(X, Y, 3, n_estimate="all")
+    for res in (ada, full):
+        err = rf.metrics.parameter_error(res, net)
+        assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
+    assert ada.counts["n_estimate"] < 200000 == full.counts["n_estimate"]
+    assert ada.counts["n_certify"] == 200000
+
+
+def _quiet_fpt(X, Y, k, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rf.RelufastWarning)
+        return rf.recover(X, Y, n_hidden=k, method="bjw19-fpt", random_state=0, **kw)
