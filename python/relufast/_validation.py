@@ -41,8 +41,8 @@ def as_float_matrix(a, name, *, allow_1d=False, check_finite=True):
     if hasattr(a, "compute") and hasattr(a, "chunks") and not isinstance(a, np.ndarray):
         raise TypeError(
             f"{name} is a lazy array ({type(a).__name__}); this entry point needs an in-memory "
-            "array: call .compute() first, or use relufast.moments.hermite_moment, which "
-            "reduces dask arrays block by block"
+            "array: call .compute() first, or use a method that reduces dask arrays block by "
+            "block (bjw19-gaussian, bjw19-noisy, bjw19-ica, bjw19-fpt, gklw19)"
         )
     arr = np.asarray(a)
     if arr.dtype == object or not (
