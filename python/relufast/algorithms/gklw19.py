@@ -38,6 +38,7 @@ from .._validation import check_n_hidden, check_positive_int, check_random_state
 from ..stages.fit import certify, residual_from_stats
 from ..stages.reduce import Samples, SampleStream
 from ..stages.moments import detector_matrix, detector_matrix_reference
+from ..stages.refine import output_basis, refine_rows
 from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
 __all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
@@ -299,10 +300,19 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     V, A = V / s_norm[:, None], A * s_norm[None, :]
     cert = certify(data, V, A)
     residual = residual_from_stats(cert)
+    diag["mse"] = float(cert["sq_residual"] / (n * m))
+    # "exact" means identified: the fit reproduces the data and every row is certified by
+    # the exact refinement (BJW19 Alg. 5 on the output span), as for every other method.
+    certified = 0
+    if residual <= tol:
+        ell = min(len(Xs), max(1000, 25 * d, 100 * k))
+        Xr, Yr = Xs[:ell], Ys[:ell]
+        certified = int(np.sum(refine_rows(output_basis(Yr, k)[0], Xr, V, n_jobs=threads)["certified"]))
+    counts["certified_rows"] = certified
     seconds["fit"] = time.perf_counter() - t
-    exact = residual <= tol
+    exact = residual <= tol and certified == k
     status = Status.EXACT if exact else Status.APPROXIMATE
     msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
-           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}")
-    diag["mse"] = float(cert["sq_residual"] / (n * m))
+           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}, "
+           f"{certified} of {k} rows certified")
     return run.result(status, msg, U=A, V=V, exact=exact, residual=residual, warn_user=False)

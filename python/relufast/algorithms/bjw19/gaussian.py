@@ -12,21 +12,20 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
-from ..._result import Run, Status, warn
+from ..._result import Run, Status
 from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import GAUSS_ROWS, gaussianity, numerical_rank, outputs_below_hidden_message, whitener
-from ...stages.fit import certify, fit_from_stats, fit_output_layer, relative_residual, residual_from_stats
+from ...stages.diagnostics import (GAUSS_ROWS, input_whitening, numerical_rank, outputs_below_hidden_message,
+                                   warn_if_not_gaussian)
+from ...stages.fit import certify, fit_and_certify, fit_from_stats, relative_residual
 from ...stages.moments import SecondMomentAccumulator, moment_span
 from ...stages.reduce import Samples, SampleStream
-from ...stages.refine import output_basis, refine_rows
+from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
 __all__ = ["gaussian"]
 
 
-#: Rows whose |cos| exceeds this are the same hidden unit.
-DUPLICATE_COS = 1.0 - 1e-6
 
 
 
@@ -147,7 +146,8 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     a random sample (``counts["n_estimate"]``, ``counts["doublings"]``); only step 5 and
     the finiteness check of the inputs read every sample, in one fused C++ pass
     (``counts["certify_passes"]``). A certificate that fails on all samples doubles the
-    estimation and refinement samples and tries again (``counts["escalations"]``).
+    estimation and refinement samples and tries again (``counts["escalations"]``). Noisy
+    outputs (not certifiable at any size) put the moment over every sample.
 
     Cost: one pass over the data, O(n (d k + m k)) flops, plus 2 n_e k d^2 for the moment
     on n_e estimation samples (n_e = n with ``n_estimate="all"``).
@@ -203,9 +203,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
         diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return early(Status.UNSUPPORTED,
-                         f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): "
-                         "the second-order moment carries no information")
+            return early(Status.UNSUPPORTED, f"the second Hermite coefficient of {act.name} vanishes "
+                         f"(c2 = {c[2]:.2e}): the second-order moment carries no information")
 
     # Step 1: one random sample, gathered once (on every rank): its prefixes are the probe
     # of the diagnostics, the refinement sample and the adaptive estimation sample.
@@ -216,42 +215,31 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         adaptive = n_estimate != "all"
         n_est = min(n, max(ell, start_size(d, k) if n_estimate is None else n_estimate)) if adaptive else n
         stream = SampleStream(n, rng)
-        Xp, Yp = data.take(stream.grow(max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0)))
-        if not (np.isfinite(Xp).all() and np.isfinite(Yp).all()):
-            raise ValueError(f"X and Y must contain only finite values; found {int(Xp.size + Yp.size - np.isfinite(Xp).sum() - np.isfinite(Yp).sum())} "
-                             "NaN or infinite entries")
+        Xp, Yp = data.extend(stream, max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0))
+        bad = int(Xp.size + Yp.size - np.count_nonzero(np.isfinite(Xp)) - np.count_nonzero(np.isfinite(Yp)))
+        if bad:
+            raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries "
+                             "in a random sample of the rows")
         Xr, Yr = Xp[:ell], Yp[:ell]
-        run.counts["n_refine"] = ell
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
         rank = numerical_rank(sv)
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
-        diag.update(gaussianity(Xp[:n_probe]))
-        Wh = None
-        if whiten is True or (whiten == "auto" and
-                              diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
-            Wh, diag["input_condition"] = whitener(Xp[:n_probe] if adaptive else data)
-            if Wh is None:
-                return early(Status.NON_IDENTIFIABLE,
-                             "the second-moment matrix of X is singular: the inputs lie in a "
-                             "subspace, so V is not identifiable along its complement")
-            diag.update(gaussianity(Xp[:n_probe], Wh))
-        diag["whitened"] = Wh is not None
+        Wh = input_whitening(Xp[:n_probe] if adaptive else data, whiten, diag, probe=Xp[:n_probe])
+        if Wh is False:
+            return early(Status.NON_IDENTIFIABLE,
+                         "the second-moment matrix of X is singular: the inputs lie in a "
+                         "subspace, so V is not identifiable along its complement")
+        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
+        to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
     if rank < k:
         return early(
             Status.RANK_DEFICIENT,
             f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
             f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
             "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.")
-    if not diag["gaussian_ok"]:
-        warn(
-            "X does not look like standard Gaussian input (second-moment deviation "
-            f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
-            f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
-            f"bjw19-gaussian assumes x ~ N(0, {'Sigma' if Wh is not None else 'I'}). Rows are still certified exactly, so an "
-            "'exact' status remains trustworthy, but the moment step may fail."
-        )
+    warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
     # Noisy outputs cannot be certified at any size: their estimate uses every sample.
     if adaptive and noise_ratio > 1e-9:
         adaptive, n_est = False, n
@@ -260,145 +248,140 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size,
                                   compress=None if m == k else Q)
     n_in_acc = 0
-    doublings = escalations = certify_passes = 0
-    restarts_total = n_candidates = 0
-    gaps, min_null = [], np.inf
+    full_moment = None
+    doublings = escalations = certify_passes = restarts = candidates = 0
+    gaps = []
     while True:
         # Step 2: the moment tensor on the compressed outputs (a growing random sample,
         # or every sample); step 3: span and projection.
         with run.stage("moments"):
             if adaptive and n_est <= GATHER_FRACTION * n:
                 if n_est > len(Xp):
-                    Xn, Yn = data.take(stream.grow(n_est))
-                    Xp, Yp = np.concatenate([Xp, Xn]), np.concatenate([Yp, Yn])
+                    Xp, Yp = data.extend(stream, n_est, (Xp, Yp))
                 acc.add(Xp[n_in_acc:n_est], Yp[n_in_acc:n_est])
                 n_in_acc = n_est
                 W, P, evals = moment_span(None, None, k, None, threads, block_size, whitener=Wh, acc=acc)
             else:
                 n_est = n
-                W, P, evals = moment_span(data, None, k, None if m == k else Q, threads, block_size,
-                                          whitener=Wh)
+                if full_moment is None:
+                    full_moment = moment_span(data, None, k, None if m == k else Q, threads, block_size,
+                                              whitener=Wh)
+                W, P, evals = full_moment
         diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-        certified, cert_meta, approx_rows, stats = _certified_rows(
-            run, P, W, B, Xr, Wh, act, rng, threads, n_restarts)
-        restarts_total += stats["restarts"]
-        n_candidates += stats["candidates"]
-        gaps.extend(stats["gaps"])
-        min_null = min(min_null, stats["min_null"])
-        if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+        # Step 4: candidates pooled over restarts and certified.
+        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
+        pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
+                                                          threads, act, whitened=Wh is not None)
+        restarts += run.counts["restarts"]
+        candidates += run.counts["candidates"]
+        gaps.extend(run.diag["jennrich_gaps"])
+        if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
             with run.stage("refine"):
-                row = _deflate_missing(Xp[:n_probe], Yp[:n_probe], np.array(certified), B, Xr, threads)
-            if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
-                certified.append(row)
-                cert_meta.append({"deflation": True})
+                row = _deflate_missing(Xp[:n_probe], Yp[:n_probe], np.array(pool.rows), B, Xr, threads)
+            if row is not None and pool.add(row, {"deflation": True}):
                 diag["deflation_used"] = True
-        exact_rows = len(certified) == k
-        if not exact_rows and n_est < n and adaptive:
+        if not pool.full and adaptive and n_est < n:
             n_est, doublings = min(n, 2 * n_est), doublings + 1
             continue
         # Step 5: the output layer and the certificate over all samples (one fused pass).
         with run.stage("fit"):
-            if exact_rows:
-                V = np.array(certified)
-                U, cond = fit_output_layer(Xr, Yr, V, act)
-                st = certify(data, V, U, activation=act)
-                certify_passes += 1
-                residual = residual_from_stats(st)
-            else:
-                V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
-                                          if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
-                if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
-                    V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-                st = certify(data, V, activation=act)
-                U, cond = fit_from_stats(st)
-                residual = relative_residual(data, None, V, U, threads, act)
-                certify_passes += 2
-        if exact_rows and not residual <= tol and certify_passes < MAX_CERTIFY_PASSES and \
-                (ell < n or n_est < n):
+            U, V, residual, passes = _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag)
+        certify_passes += passes
+        if pool.full and not residual <= tol and certify_passes < MAX_CERTIFY_PASSES and ell < n:
             # Escalate: rows certified on the refinement sample but not on all samples.
             escalations += 1
             ell = min(n, 2 * ell)
             n_est = min(n, 2 * n_est) if adaptive else n
-            Xn, Yn = data.take(stream.grow(max(ell, len(Xp))))
-            Xp, Yp = np.concatenate([Xp, Xn]), np.concatenate([Yp, Yn])
+            Xp, Yp = data.extend(stream, max(ell, len(Xp)), (Xp, Yp))
             Xr, Yr = Xp[:ell], Yp[:ell]
             B = output_basis(Yr, k)[0]
             continue
         break
-    run.counts.update(candidates=n_candidates, restarts=restarts_total, certified_rows=len(certified),
-                      n_refine=ell, n_estimate=n_est, doublings=doublings, escalations=escalations,
+    run.counts.update(candidates=candidates, restarts=restarts, certified_rows=len(pool), n_refine=ell,
+                      n_estimate=n_est, doublings=doublings, escalations=escalations,
                       certify_passes=certify_passes, n_certify=n)
     diag["jennrich_gaps"] = np.array(gaps)
-    diag["row_certificates"] = tuple(cert_meta)
-    diag["fit_condition"] = cond
-    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
-    U, V = U[:, order], V[order]
-
-    exact = exact_rows and residual <= tol
-    if exact:
-        status = Status.EXACT
-        message = (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
-                   f"relative residual {residual:.2e} over {n} samples")
-    elif exact_rows:
-        status = Status.FAILED
-        message = (f"all {k} rows were certified on {len(Xr)} refinement samples but the residual "
-                   f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
-                   "not exactly those of one network (outliers or a few corrupted samples?)")
-    else:
-        # With m > k the (k+1)-th singular value of the outputs measures the noise; with
-        # m = k only the absence of any exact null vector can tell.
-        noisy = noise_ratio > 1e-9 if m > k else min_null > 1e-8
-        status = Status.APPROXIMATE if noisy else Status.FAILED
-        if noisy:
-            message = (f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
-                       f"smallest null-space ratio {min_null:.2e}): returning an approximate "
-                       f"network with relative residual {residual:.2e}; {len(certified)} of {k} "
-                       "rows certified")
-        else:
-            message = (f"only {len(certified)} of {k} rows could be certified after {restarts_total} "
-                       "restarts: the moment estimate is too crude. Try more samples, more "
-                       "n_restarts, or check that X is standard Gaussian and that rows of V are "
-                       "not nearly parallel")
+    diag["row_certificates"] = tuple(pool.certificates)
+    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null, restarts)
+    exact = status == Status.EXACT
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
                       warn_user=not exact)
 
 
-def _certified_rows(run, P, W, B, Xref_raw, Wh, act, rng, threads, n_restarts):
-    """Step 4: candidates of Jennrich draws pooled over restarts and certified by Alg. 5,
-    until k distinct rows are certified. Returns (rows, metadata, approximate rows, stats)."""
-    k = B.shape[0]
-    Xref = Xref_raw if Wh is None else np.ascontiguousarray(Xref_raw @ Wh)
-    certified, cert_meta, gaps = [], [], []
-    approx_rows = None
-    min_null = np.inf
-    n_candidates = restarts = 0
+def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened):
+    """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
+    pooled until k distinct rows are found.
+
+    Returns (pool, approximate rows from the first draw, smallest null-space ratio seen).
+    """
+    pool, gaps = RowPool(k), []
+    approx_rows, min_null, n_candidates, restarts = None, np.inf, 0, 0
     for restarts in range(1, n_restarts + 1):
         with run.stage("tensor"):
             cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
         with run.stage("refine"):
             out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
-        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
-        rows_x = out["rows"] if Wh is None else out["rows"] @ Wh
-        if act.homogeneous and Wh is not None:
+        rows_x = to_x(out["rows"])
+        if act.homogeneous and whitened:
             rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
         n_candidates += cand.shape[0]
         min_null = min(min_null, float(np.min(out["null_ratio"])))
         if approx_rows is None:
             # Noise-tolerant estimate from the polished draw: near-null-vector rows where
             # solved, else the tensor direction with the better-supported sign.
-            approx = np.where(out["solved"][:k, None], out["rows"][:k],
-                              np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k])
-            approx_rows = approx if Wh is None else approx @ Wh
-        for i in np.flatnonzero(out["certified"]):
-            row = rows_x[i]
-            unit = row / np.linalg.norm(row)
-            if all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in certified):
-                certified.append(row)
-                cert_meta.append({key: out[key][i] for key in
-                                  ("margin", "null_ratio", "gap_ratio", "other_ratio",
-                                   "verify_residual", "support")})
-        if len(certified) >= k:
+            approx_rows = to_x(np.where(out["solved"][:k, None], out["rows"][:k],
+                                        np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]))
+        pool.add_certified(out, rows_x)
+        if pool.full:
             break
-    return certified, cert_meta, approx_rows, {"restarts": restarts, "candidates": n_candidates,
-                                               "gaps": gaps, "min_null": min_null}
+    run.counts.update(candidates=n_candidates, restarts=restarts)
+    run.diag["jennrich_gaps"] = np.array(gaps)
+    return pool, approx_rows, min_null
+
+
+def _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag):
+    """Step 5: U by least squares and the residual over all samples (``data``, a
+    :class:`relufast.stages.reduce.Samples`); with fewer than k certified rows the
+    approximate rows fill in (U then from all samples). Returns (U, V, residual, passes
+    over the data)."""
+    k = pool.k
+    if pool.full:
+        V = np.array(pool.rows)
+        U, residual, cond = fit_and_certify(data, None, V, subset=(Xr, Yr), threads=threads, activation=act)
+        passes = 1
+    else:
+        fill = [r / np.linalg.norm(r) for r in approx_rows
+                if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in pool.rows)]
+        V = np.array(pool.rows + fill[: k - len(pool)])
+        if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
+            V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
+        U, cond = fit_from_stats(certify(data, V, activation=act))
+        residual = relative_residual(data, None, V, U, threads, act)
+        passes = 2
+    diag["fit_condition"] = cond
+    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
+    return U[:, order], V[order], residual, passes
+
+
+def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts):
+    """Status and message of the run."""
+    if pool.full and residual <= tol:
+        return Status.EXACT, (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
+                              f"relative residual {residual:.2e} over {n} samples")
+    if pool.full:
+        return Status.FAILED, (
+            f"all {k} rows were certified on {n_refine} refinement samples but the residual "
+            f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
+            "not exactly those of one network (outliers or a few corrupted samples?)")
+    # With m > k the (k+1)-th singular value of the outputs measures the noise; with
+    # m = k only the absence of any exact null vector can tell.
+    if (noise_ratio > 1e-9) if m > k else (min_null > 1e-8):
+        return Status.APPROXIMATE, (
+            f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
+            f"smallest null-space ratio {min_null:.2e}): returning an approximate network with "
+            f"relative residual {residual:.2e}; {len(pool)} of {k} rows certified")
+    return Status.FAILED, (
+        f"only {len(pool)} of {k} rows could be certified after {restarts} restarts: the moment "
+        "estimate is too crude. Try more samples, more n_restarts, or check that X is standard "
+        "Gaussian and that rows of V are not nearly parallel")

@@ -13,7 +13,7 @@ from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import certify, fit_and_certify
 from ...stages.reduce import Samples, SampleStream
 from .gaussian import check_n_estimate, start_size
-from ...stages.refine import output_basis, refine_rows
+from ...stages.refine import RowPool, output_basis, refine_rows
 
 __all__ = ["fastica", "ica"]
 
@@ -138,7 +138,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
             raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
         Xr, Yr = Xe[:ell], Ye[:ell]
         B, _, _ = output_basis(Yr, k)
-        certified, approx, iters_all = [], None, []
+        pool, approx, iters_all = RowPool(k), None, []
         doublings = 0
         restart = 0
         while True:
@@ -167,19 +167,18 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                 if approx is None:
                     approx = np.where(out["solved"][:, None], out["rows"],
                                       cand / np.linalg.norm(cand, axis=1, keepdims=True))
-                for i in np.flatnonzero(out["certified"]):
-                    if all(abs(out["rows"][i] @ c) < 1 - 1e-6 for c in certified):
-                        certified.append(out["rows"][i])
-                if len(certified) >= k:
+                pool.add_certified(out)
+                if pool.full:
                     break
-            if len(certified) >= k or len(Xe) >= n:
+            if pool.full or len(Xe) >= n:
                 break
             n_est, doublings = min(n, 2 * n_est), doublings + 1
             Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
         run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n,
                           certify_passes=1)
         run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
-        run.counts["certified_rows"] = len(certified)
+        run.counts["certified_rows"] = len(pool)
+        certified = pool.rows
         rows = np.array(certified) if len(certified) == k else approx
         with run.stage("fit"):
             U, residual, _ = fit_and_certify(data, None, rows, subset=(Xr, Yr), threads=threads)
