@@ -5,10 +5,8 @@ import sys
 import time
 import warnings
 
-import numpy as np
-from mpi4py import MPI
-
 import relufast as rf
+from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -19,9 +19,8 @@ import warnings
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
-
 import relufast as rf
+from threadpoolctl import threadpool_limits
 
 from .numpy_pipeline import recover_numpy
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import relufast as rf
 
 D, K, M = 40, 8, 12

@@ -8,9 +8,8 @@ import sys
 import warnings
 
 import numpy as np
-from mpi4py import MPI
-
 import relufast as rf
+from mpi4py import MPI
 
 from tests.mpi_cases import CASES, case_data
 

@@ -3,7 +3,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 import relufast as rf
 from relufast._native import core
 from relufast.algorithms.bjw19.gaussian import start_size

@@ -3,7 +3,6 @@ import sys
 
 import numpy as np
 import pytest
-
 import relufast as rf
 from relufast.__main__ import main
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import relufast as rf
 
 from .mpi_cases import CASES, case_data

@@ -5,7 +5,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 import relufast as rf
 from relufast.stages.reduce import Samples, allreduce_state, check_comm
 

@@ -36,8 +36,8 @@ from .._blas import single_threaded_blas
 from .._result import Run, Status, warn
 from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
 from ..stages.fit import certify, residual_from_stats
+from ..stages.moments import detector_matrix, detector_matrix_reference  # noqa: F401 (re-exported for tests)
 from ..stages.reduce import Samples, SampleStream
-from ..stages.moments import detector_matrix, detector_matrix_reference
 from ..stages.refine import output_basis, refine_rows
 from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 

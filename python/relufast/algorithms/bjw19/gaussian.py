@@ -13,10 +13,15 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status
-from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import (GAUSS_ROWS, input_whitening, numerical_rank, outputs_below_hidden_message,
-                                   warn_if_not_gaussian)
+from ...activations import RELU, get_activation, hermite_coefficient
+from ...stages.diagnostics import (
+    GAUSS_ROWS,
+    input_whitening,
+    numerical_rank,
+    outputs_below_hidden_message,
+    warn_if_not_gaussian,
+)
 from ...stages.fit import certify, fit_and_certify, fit_from_stats, relative_residual
 from ...stages.moments import SecondMomentAccumulator, moment_span
 from ...stages.reduce import Samples, SampleStream

@@ -12,8 +12,8 @@ from ..._validation import check_n_hidden, check_positive_int, check_random_stat
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import certify, fit_and_certify
 from ...stages.reduce import Samples, SampleStream
-from .gaussian import check_n_estimate, start_size
 from ...stages.refine import RowPool, output_basis, refine_rows
+from .gaussian import check_n_estimate, start_size
 
 __all__ = ["fastica", "ica"]
 
@@ -152,7 +152,8 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                     except np.linalg.LinAlgError:
                         if not data.finite_checked:
                             certify(data, np.zeros((1, d)))
-                        return run.result(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
+                        return run.result(Status.RANK_DEFICIENT,
+                                          "the sketched outputs have rank < k: U is not of rank k")
                     iters_all.append(iters)
                     S = Zs @ unmix
                     Sc = S - S.mean(axis=0)

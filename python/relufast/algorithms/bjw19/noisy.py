@@ -14,8 +14,8 @@ from ..._result import Run, Status, warn
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import certify, fit_from_stats, polish, residual_from_stats
-from ...stages.reduce import Samples, SampleStream
 from ...stages.moments import moment_span
+from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import output_basis
 from ...stages.tensor import draw_candidates
 
@@ -158,7 +158,8 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
             U, V = polish(data.X, data.Y, U, V, n_iter=polish_steps)
         residual = residual_from_stats(certify(data, V, U))
         seconds["fit"] = time.perf_counter() - t
-        counts.update({"n_estimate": n, "n_certify": n, "n_sign": ell, "restarts": n_restarts, "polish_steps": polish_steps})
+        counts.update({"n_estimate": n, "n_certify": n, "n_sign": ell, "restarts": n_restarts,
+                       "polish_steps": polish_steps})
         message = (f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
                    f"smallest sign margin {margins.min():.3f}")
         if margins.min() <= 0:
