@@ -9,6 +9,8 @@ from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
 
+mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and column space
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "Status",
     "RelufastWarning",
     "algorithms",
+    "mr19",
     "metrics",
     "moments",
     "planted",
