@@ -1,5 +1,5 @@
 // The pure-neuron detector of GKLW19 (Ge, Kuditipudi, Li, Wang, ICLR 2019),
-// Algorithms 2-3, in the covariance form of spec gklw19.md Sec. 2.3:
+// Algorithms 2-3, in the covariance form of docs/gklw19.md:
 //
 //   T3 vec*(U) = Cov( phi(x), <U, Psi(x, y)> ),   T2 vec*(U) = E[ phi(x) <U, Psi(x, y)> ],
 //   phi(x) = vech(x x^T) with sqrt(2) weights off the diagonal (an isometry of
@@ -28,6 +28,9 @@ class DetectorMoment {
   const Eigen::MatrixXd& sum_phipsi() const { return sum_phipsi_; }
   const Eigen::VectorXd& sum_phi() const { return sum_phi_; }
   const Eigen::VectorXd& sum_psi() const { return sum_psi_; }
+  // Replaces the raw sums (used to install sums reduced across processes).
+  void set_state(double count, const Eigen::MatrixXd& sum_phipsi, const Eigen::VectorXd& sum_phi,
+                 const Eigen::VectorXd& sum_psi);
   // D1 x D2: centred (noise-corrected, Alg. 3) or not (Alg. 2).
   Eigen::MatrixXd matrix(bool centred) const;
 

@@ -4,7 +4,10 @@ Convention: samples are rows, ``Y = relu(X @ V.T) @ U.T`` with V of shape (k, d)
 shape (m, k). Networks are identified up to permutation of hidden units and positive
 scaling of rows of V; results report V with unit-norm rows.
 """
-from . import algorithms, lp, metrics, moments, patterns, planted, refine, robust_pca, tensor
+import sys as _sys
+
+from . import activations, algorithms, metrics, planted, stages
+from .stages import fit, highs, moments, patterns, refine, robust_pca, tensor
 from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
@@ -12,6 +15,14 @@ from ._result import RecoveryResult, RelufastWarning, Status
 mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and column space
 
 __version__ = "0.1.0"
+
+# The stages are also reachable under their short names (``relufast.moments``, ...), and
+# ``relufast.lp`` is the historical name of the HiGHS stage.
+lp = highs
+for _name, _mod in (("moments", moments), ("tensor", tensor), ("patterns", patterns),
+                    ("refine", refine), ("fit", fit), ("robust_pca", robust_pca), ("lp", highs)):
+    _sys.modules.setdefault(f"{__name__}.{_name}", _mod)
+del _name, _mod
 
 __all__ = [
     "recover",
@@ -21,6 +32,10 @@ __all__ = [
     "RelufastWarning",
     "algorithms",
     "mr19",
+    "stages",
+    "activations",
+    "fit",
+    "highs",
     "metrics",
     "moments",
     "planted",

@@ -43,7 +43,7 @@ import scipy.linalg as sla
 from scipy.optimize import brentq, minimize_scalar
 from scipy.special import ndtr
 
-from .. import lp
+from ..stages import highs as lp
 from .._blas import single_threaded_blas
 from .._result import _freeze, warn
 from .._validation import as_float_matrix, check_positive_int
