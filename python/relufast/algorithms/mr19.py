@@ -13,7 +13,7 @@ Gaussian, e* s-sparse, |w| <= delta:
 
 - :func:`robust_recover`: the generalized LASSO, program (47), Theorem 4. It estimates
   ``mu c*`` with ``mu = E[g relu(g + B)] = E[Phi(B)]`` (and e*). Two exact solvers: a convex
-  QP through HiGHS (:class:`relufast.lp.QPSession`), and the equivalent Huber regression in
+  QP through HiGHS (:class:`relufast.highs.QPSession`), and the equivalent Huber regression in
   k variables solved by active-set Newton (derived for relufast; not in the paper).
 - :func:`bias_moments` (mu, and sigma^2, eta^2 of eq. (58)), :func:`theory_lam` (Theorem 4's
   lambda = 2 ||z + w||_inf / d, needs the truth), :func:`calibrated_lam` (relufast's
@@ -43,7 +43,7 @@ import scipy.linalg as sla
 from scipy.optimize import brentq, minimize_scalar
 from scipy.special import ndtr
 
-from ..stages import highs as lp
+from ..stages import highs
 from .._blas import single_threaded_blas
 from .._result import _freeze, warn
 from .._validation import as_float_matrix, check_positive_int
@@ -300,11 +300,11 @@ def _huber_newton(A, G, Gchol, v, c, t, max_iter):
 
     On a fixed partition (inliers I, outliers O with signs) the objective is quadratic, so
     a full Newton step lands on that piece's minimiser; when the partition does not change
-    the point is exact. Returns (c, iterations, converged, non_unique).
+    the point is exact. Returns (c, iterations, converged, non_unique), non_unique judged at
+    the solution.
     """
     d, k = A.shape
     u = v - A @ c
-    non_unique = False
     gscale = 1.0 + float(np.abs(A.T @ v).max())
     for it in range(1, max_iter + 1):
         out = np.abs(u) > t
@@ -325,8 +325,7 @@ def _huber_newton(A, G, Gchol, v, c, t, max_iter):
                     Hc = None
             except np.linalg.LinAlgError:
                 Hc = None
-        if Hc is None:  # fewer than k inliers or a singular inlier matrix: c is not unique
-            non_unique = True
+        if Hc is None:  # fewer than k inliers or a singular inlier matrix: regularise the step
             AI = A[~out]
             Hc = sla.cho_factor(AI.T @ AI + 1e-12 * np.trace(G) / k * np.eye(k), check_finite=False)
         step = sla.cho_solve(Hc, g, check_finite=False)
@@ -343,8 +342,18 @@ def _huber_newton(A, G, Gchol, v, c, t, max_iter):
         out_new = np.abs(u) > t
         same = s == 1.0 and np.array_equal(np.sign(u) * out_new, sign)
         if same or float(np.abs(A.T @ np.clip(u, -t, t)).max()) <= 1e-14 * gscale:
-            return c, it, True, non_unique
-    return c, max_iter, False, non_unique
+            return c, it, True, _non_unique(A, u, t)
+    return c, max_iter, False, _non_unique(A, u, t)
+
+
+def _non_unique(A, u, t):
+    """c-hat is unique iff the inliers at the solution (|u_i| <= t) span R^k."""
+    AI = A[np.abs(u) <= t * (1 + 1e-12)]
+    k = A.shape[1]
+    if AI.shape[0] < k:
+        return True
+    ev = np.linalg.eigvalsh(AI.T @ AI)
+    return bool(ev[0] <= 1e-13 * max(float(np.einsum("ij,ij->", A, A)), 1e-300))
 
 
 def _kkt(A, v, c, e, t):
@@ -373,9 +382,9 @@ def _qp_session(A, t):
     d, k = A.shape
     n = k + 3 * d
     hess = np.concatenate([np.zeros(k), np.ones(d), np.zeros(2 * d)])
-    lower = np.concatenate([np.full(k + d, -lp.INF), np.zeros(2 * d)])
+    lower = np.concatenate([np.full(k + d, -highs.INF), np.zeros(2 * d)])
     cost = np.concatenate([np.zeros(k + d), np.full(2 * d, t)])
-    s = lp.QPSession(n, hessian=hess, lower=lower, cost=cost, regularization=0.0)
+    s = highs.QPSession(n, hessian=hess, lower=lower, cost=cost, regularization=0.0)
     I = sp.identity(d, format="csr")
     s.add_rows(sp.hstack([sp.csr_matrix(A), I, I, -I], format="csr"), 0.0, 0.0)
     return s
@@ -426,7 +435,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
         ``tau = lam d``, which leaves Huber regression in k variables, solved by active-set
         Newton from the least-squares start (exact: the objective is piecewise quadratic;
         derived for relufast). "highs": the convex QP in (c, r, p, q) with ``e = p - q`` and
-        a diagonal Hessian, solved by HiGHS (:class:`relufast.lp.QPSession`). Both give
+        a diagonal Hessian, solved by HiGHS (:class:`relufast.highs.QPSession`). Both give
         the same minimiser.
     debias : bool, default=False
         Refit c by least squares on the coordinates outside the support of e-hat, then set
@@ -522,7 +531,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
                 sess.set_cost(r_cols, V[j])
                 res = sess.solve()  # warm from the previous code's basis
                 iters[j] = res.iterations
-                if res.status == lp.LPStatus.OPTIMAL:
+                if res.status == highs.LPStatus.OPTIMAL:
                     C[j] = res.x[:k]
                     E[j] = res.x[k + d:k + 2 * d] - res.x[k + 2 * d:]
                     statuses.append("optimal")
