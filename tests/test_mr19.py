@@ -389,6 +389,14 @@ def test_ml_error_grows_with_n():
     assert errs[-1] > 4 * errs[0]
 
 
+def test_ml_mostly_zero_rows_warn():
+    Y = np.zeros((20, 10))
+    Y[:, :3] = np.random.default_rng(0).uniform(0.1, 1.0, (20, 3))
+    with pytest.warns(rf.RelufastWarning, match="70% of the coordinates are zero in every sample"):
+        est = mr19.ml_estimate(Y, bias=stats.norm(0, 1), gamma=1.0)
+    assert np.all(est.M[:, 3:] == -1.0) and np.isnan(est.beta[3:]).all()
+
+
 def test_ml_weak_gap_warns():
     law = stats.norm(0, 0.3)
     D = relu_dictionary(100, 200, 3, bias=law, random_state=0)

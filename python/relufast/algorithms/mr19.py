@@ -289,6 +289,13 @@ class RobustRecovery:
         """The threshold in residual units, ``lam * d``."""
         return np.asarray(self.lam) * self.outliers.shape[-1]
 
+    def __repr__(self):
+        n = "" if self.c.ndim == 1 else f", n_codes={self.c.shape[0]}"
+        s = (len(self.support) if self.c.ndim == 1 else int(sum(len(x) for x in self.support)))
+        return (f"RobustRecovery(solver={self.solver!r}, status={self.status!r}{n}, k={self.c.shape[-1]}, "
+                f"d={self.outliers.shape[-1]}, outliers_found={s}, "
+                f"kkt_residual={float(np.max(self.kkt_residual)):.2g})")
+
 
 def _huber_value(u, t):
     a = np.abs(u)
@@ -807,6 +814,10 @@ class ColumnSpace:
     iterations: int = 0
     message: str = ""
     seconds: float = float("nan")
+
+    def __repr__(self):
+        return (f"ColumnSpace(method={self.method!r}, from_paper={self.from_paper}, "
+                f"basis{self.basis.shape}, gap_ratio={self.gap_ratio:.3g})")
 
 
 def _top_right(M, k):
