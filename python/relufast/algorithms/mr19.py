@@ -353,6 +353,96 @@ def _huber_newton(A, G, Gchol, v, c, t, max_iter):
     return c, max_iter, False, _non_unique(A, u, t)
 
 
+def _huber_rows(U, t):
+    a = np.abs(U)
+    return np.where(a <= t, 0.5 * U * U, t * a - 0.5 * t * t).sum(axis=1)
+
+
+#: Codes per block of the batched Newton (bounds the residual matrix to ~16 MB).
+_BLOCK_ENTRIES = 2_000_000
+
+
+def _newton_steps(A, G, out, Gr):
+    """Newton steps ``(A^T A - A_O^T A_O)^{-1} A^T psi`` for a block of codes (rows of the
+    boolean outlier mask ``out``), with the downdates summed per code and the k x k systems
+    checked (Cholesky) and solved in one batched call. Returns (steps, ok); ok is False
+    where the inlier matrix is singular or has fewer than k rows."""
+    na, d = out.shape
+    k = A.shape[1]
+    n_out = out.sum(axis=1)
+    ok = d - n_out >= k
+    H = np.broadcast_to(G, (na, k, k)).copy()
+    r, c = np.nonzero(out & (2 * n_out <= d)[:, None])
+    if r.size:
+        Ac = A[c]
+        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+        H[r[starts]] -= np.add.reduceat(Ac[:, :, None] * Ac[:, None, :], starts, axis=0)
+    for i in np.flatnonzero(2 * n_out > d):  # mostly outliers: form A_I^T A_I directly
+        AI = A[~out[i]]
+        H[i] = AI.T @ AI
+    floor = 1e-13 * np.max(np.diag(G))
+    steps = np.zeros((na, k))
+    idx = np.flatnonzero(ok)
+    try:
+        L = np.linalg.cholesky(H[idx])
+        good = np.min(np.diagonal(L, axis1=1, axis2=2), axis=1) ** 2 > floor
+    except np.linalg.LinAlgError:  # some code is singular: find which, one at a time
+        good = np.array([np.linalg.eigvalsh(H[i])[0] > floor for i in idx], dtype=bool)
+    ok[idx[~good]] = False
+    idx = idx[good]
+    if idx.size:
+        steps[idx] = np.linalg.solve(H[idx], Gr[idx][:, :, None])[:, :, 0]
+    return steps, ok
+
+
+def _huber_newton_batch(A, G, Gc, V, C0, taus, max_iter, rounds=3):
+    """Batched active-set Newton for many codes sharing A (spec D1, batch hot spot).
+
+    Residuals of all codes come from one GEMM per round; each code then needs only its
+    k x k system ``A^T A - A_O^T A_O`` (O its current outliers). A code whose full step does
+    not decrease the objective, whose inlier matrix is singular, or which is not done after
+    ``rounds`` full steps, continues in :func:`_huber_newton` (line search).
+    Returns (C, iterations, converged, non_unique).
+    """
+    N, d = V.shape
+    k = A.shape[1]
+    C = C0.copy()
+    iters = np.zeros(N, dtype=np.int64)
+    done = np.zeros(N, dtype=bool)
+    nonu = np.zeros(N, dtype=bool)
+    block = max(1, _BLOCK_ENTRIES // d)
+    for b0 in range(0, N, block):
+        act = np.arange(b0, min(N, b0 + block))
+        U = V[act] - C[act] @ A.T
+        for _ in range(min(rounds, max_iter)):
+            if act.size == 0:
+                break
+            t = taus[act, None]
+            out = np.abs(U) > t
+            sgn = np.sign(U) * out
+            Gr = np.clip(U, -t, t) @ A  # rows: A^T psi(u), minus the gradients
+            steps, ok = _newton_steps(A, G, out, Gr)
+            Cn = C[act] + steps
+            Un = V[act] - Cn @ A.T
+            unchanged = ok & np.all(np.sign(Un) * (np.abs(Un) > t) == sgn, axis=1)
+            acc = unchanged.copy()  # an unchanged partition: the step is exact, so it decreased
+            chk = np.flatnonzero(ok & ~unchanged)
+            if chk.size:
+                f0, f1 = _huber_rows(U[chk], t[chk]), _huber_rows(Un[chk], t[chk])
+                slope = np.einsum("ij,ij->i", Gr[chk], steps[chk])
+                acc[chk] = f1 <= f0 - 1e-4 * slope + 1e-15 * np.abs(f0)
+            C[act[acc]] = Cn[acc]
+            iters[act[acc]] += 1
+            same = unchanged
+            done[act[same]] = True  # a full step on an unchanged partition: exact, and H was regular
+            keep = acc & ~same
+            act, U = act[keep], Un[keep]
+    for j in np.flatnonzero(~done):
+        c, it, conv, nu = _huber_newton(A, G, Gc, V[j], C[j], taus[j], max(max_iter - iters[j], 1))
+        C[j], iters[j], done[j], nonu[j] = c, iters[j] + it, conv, nu
+    return C, iters, done, nonu
+
+
 def _non_unique(A, u, t):
     """c-hat is unique iff the inliers at the solution (|u_i| <= t) span R^k."""
     AI = A[np.abs(u) <= t * (1 + 1e-12)]
@@ -363,14 +453,16 @@ def _non_unique(A, u, t):
     return bool(ev[0] <= 1e-13 * max(float(np.einsum("ij,ij->", A, A)), 1e-300))
 
 
-def _kkt(A, v, c, e, t):
-    r = v - A @ c - e
-    scale = np.linalg.norm(A) * max(np.linalg.norm(v), 1e-300)
-    stat = float(np.abs(A.T @ r).max()) / scale
-    box = float(np.max(np.maximum(np.abs(r) - t, 0.0))) / t
-    S = e != 0
-    supp = float(np.max(np.abs(r[S] - t * np.sign(e[S])))) / t if S.any() else 0.0
-    return max(stat, box, supp)
+def _kkt_rows(A, V, C, E, taus):
+    """Largest relative violation of (47)'s optimality conditions, per code (rows)."""
+    R = V - C @ A.T - E
+    t = taus[:, None]
+    scale = np.linalg.norm(A) * np.maximum(np.linalg.norm(V, axis=1), 1e-300)
+    stat = np.abs(R @ A).max(axis=1) / scale
+    box = np.maximum(np.abs(R) - t, 0.0).max(axis=1) / taus
+    supp = np.where(E != 0, np.abs(R - t * np.sign(E)), 0.0).max(axis=1) / taus
+    out = np.maximum(np.maximum(stat, box), supp)
+    return np.where(np.isfinite(C).all(axis=1), out, np.nan)
 
 
 def _qp_session(A, t):
@@ -522,12 +614,11 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
             except np.linalg.LinAlgError:
                 Gc = None
                 C0 = np.linalg.lstsq(A, V.T, rcond=None)[0].T
-            for j in range(N):
-                c, it, ok, nonu = _huber_newton(A, G, Gc, V[j], C0[j], taus[j], max_iter)
-                C[j], iters[j] = c, it
-                u = V[j] - A @ c
-                E[j] = np.sign(u) * np.maximum(np.abs(u) - taus[j], 0.0)
-                statuses.append("non_unique" if nonu else ("optimal" if ok else "iteration_limit"))
+            C, iters, ok, nonu = _huber_newton_batch(A, G, Gc, V, C0, taus, max_iter)
+            U = V - C @ A.T
+            E = np.sign(U) * np.maximum(np.abs(U) - taus[:, None], 0.0)
+            statuses = ["non_unique" if nonu[j] else ("optimal" if ok[j] else "iteration_limit")
+                        for j in range(N)]
         else:
             sess = _qp_session(A, taus[0])
             r_cols = np.arange(k, k + d)
@@ -552,8 +643,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
                 if S.any() and (~S).sum() >= k:
                     C[j] = np.linalg.lstsq(A[~S], V[j, ~S], rcond=None)[0]
                     E[j] = np.where(S, V[j] - A @ C[j], 0.0)
-        kkt = np.array([_kkt(A, V[j], C[j], E[j], taus[j]) if not debias and np.isfinite(C[j]).all()
-                        else float("nan") for j in range(N)])
+        kkt = np.full(N, np.nan) if debias else _kkt_rows(A, V, C, E, taus)
 
     supports = tuple(np.flatnonzero(E[j]) for j in range(N))
     frac = np.array([s.size / d for s in supports])
