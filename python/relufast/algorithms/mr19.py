@@ -302,7 +302,7 @@ def _huber_value(u, t):
     return float(np.sum(np.where(a <= t, 0.5 * u * u, t * a - 0.5 * t * t)))
 
 
-def _huber_newton(A, G, Gchol, v, c, t, max_iter):
+def _huber_newton(A, G, v, c, t, max_iter):
     """Active-set Newton for ``min_c sum_i H_t(v_i - a_i^T c)`` from c (spec D1; derived).
 
     On a fixed partition (inliers I, outliers O with signs) the objective is quadratic, so
@@ -395,7 +395,7 @@ def _newton_steps(A, G, out, Gr):
     return steps, ok
 
 
-def _huber_newton_batch(A, G, Gc, V, C0, taus, max_iter, rounds=3):
+def _huber_newton_batch(A, G, V, C0, taus, max_iter, rounds=3):
     """Batched active-set Newton for many codes sharing A (spec D1, batch hot spot).
 
     Residuals of all codes come from one GEMM per round; each code then needs only its
@@ -438,7 +438,7 @@ def _huber_newton_batch(A, G, Gc, V, C0, taus, max_iter, rounds=3):
             keep = acc & ~same
             act, U = act[keep], Un[keep]
     for j in np.flatnonzero(~done):
-        c, it, conv, nu = _huber_newton(A, G, Gc, V[j], C[j], taus[j], max(max_iter - iters[j], 1))
+        c, it, conv, nu = _huber_newton(A, G, V[j], C[j], taus[j], max(max_iter - iters[j], 1))
         C[j], iters[j], done[j], nonu[j] = c, iters[j] + it, conv, nu
     return C, iters, done, nonu
 
@@ -608,13 +608,11 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
     with single_threaded_blas():
         if solver == "huber":
             G = A.T @ A
-            try:
-                Gc = sla.cho_factor(G, check_finite=False)
-                C0 = sla.cho_solve(Gc, A.T @ V.T, check_finite=False).T
+            try:  # least-squares starts for every code: one factorisation of A^T A
+                C0 = sla.cho_solve(sla.cho_factor(G, check_finite=False), A.T @ V.T, check_finite=False).T
             except np.linalg.LinAlgError:
-                Gc = None
                 C0 = np.linalg.lstsq(A, V.T, rcond=None)[0].T
-            C, iters, ok, nonu = _huber_newton_batch(A, G, Gc, V, C0, taus, max_iter)
+            C, iters, ok, nonu = _huber_newton_batch(A, G, V, C0, taus, max_iter)
             U = V - C @ A.T
             E = np.sign(U) * np.maximum(np.abs(U) - taus[:, None], 0.0)
             statuses = ["non_unique" if nonu[j] else ("optimal" if ok[j] else "iteration_limit")
