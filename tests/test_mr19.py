@@ -1,7 +1,7 @@
 """MR19 (Mazumdar & Rawat): generalized LASSO (47) and the column space of Section 3.
 
-Oracles are the closed forms and the seeded measurements of the implementation notes
-(summarised in docs/mr19.md); the paper itself has no experiments.
+Oracles are closed forms (checked by quadrature and Monte Carlo here) and seeded
+measurements (docs/mr19.md); the paper itself has no experiments.
 """
 import warnings
 
@@ -259,7 +259,7 @@ def test_degenerate_data_warn():
                                  stats.uniform(-1.0, 2.0)])
 def test_ml_closed_form_matches_highs(law):
     """The per-row ML of (34) against HiGHS: a QP for the Gaussian prior (diagonal Hessian),
-    LPs for the others (spec R1, HiGHS form)."""
+    LPs for the others."""
     rng = np.random.default_rng(2)
     Y = np.maximum(rng.standard_normal((30, 50)) * 0.6 + 0.1, 0)
     gamma = 1.5
@@ -378,7 +378,7 @@ def test_column_space_side_by_side():
 
 
 def test_ml_error_grows_with_n():
-    """(34) has no rank term: ||M - M-hat||_F^2 / d grows with n (spec 3.2: 1.67 ... 14.7)."""
+    """(34) has no rank term: ||M - M-hat||_F^2 / d grows with n (measured 1.67 ... 14.5, docs/mr19.md)."""
     law = stats.norm(0, 0.3)
     errs = []
     for n in (5, 10, 20, 50):

@@ -68,7 +68,7 @@ __all__ = [
 
 _SQRT2PI = math.sqrt(2.0 * math.pi)
 
-#: Detected outlier fraction above which Theorem 4's guarantee is void (spec: 0.3).
+#: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3
 #: mu at or below this makes c / mu unstable (almost every output is zero).
 SMALL_MU = 0.05
@@ -303,7 +303,7 @@ def _huber_value(u, t):
 
 
 def _huber_newton(A, G, v, c, t, max_iter):
-    """Active-set Newton for ``min_c sum_i H_t(v_i - a_i^T c)`` from c (spec D1; derived).
+    """Active-set Newton for ``min_c sum_i H_t(v_i - a_i^T c)`` from c (derived for relufast).
 
     On a fixed partition (inliers I, outliers O with signs) the objective is quadratic, so
     a full Newton step lands on that piece's minimiser; when the partition does not change
@@ -396,7 +396,7 @@ def _newton_steps(A, G, out, Gr):
 
 
 def _huber_newton_batch(A, G, V, C0, taus, max_iter, rounds=3):
-    """Batched active-set Newton for many codes sharing A (spec D1, batch hot spot).
+    """Batched active-set Newton for many codes sharing A.
 
     Residuals of all codes come from one GEMM per round; each code then needs only its
     k x k system ``A^T A - A_O^T A_O`` (O its current outliers). A code whose full step does
@@ -466,7 +466,7 @@ def _kkt_rows(A, V, C, E, taus):
 
 
 def _qp_session(A, t):
-    """The QP of (47) times d (spec D1, HiGHS form): columns (c, r, p, q) with e = p - q,
+    """The QP of (47) times d: columns (c, r, p, q) with e = p - q,
     ``min 1/2 ||r + v||^2 + t sum(p + q)`` s.t. ``A c + r + p - q = 0``, p, q >= 0.
 
     Here r is the residual minus v: the rows' right-hand sides are 0 and v enters the
