@@ -7,6 +7,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 import relufast as rf
@@ -124,6 +126,28 @@ def test_qp_and_huber_agree_with_kkt(d, k, s, tau):
         u = P.v - P.A @ res.c
         assert np.allclose(res.outliers, np.sign(u) * np.maximum(np.abs(u) - tau, 0), atol=1e-9)
     assert a.tau == pytest.approx(tau)
+
+
+@settings(max_examples=40, deadline=None)
+@given(d=st.integers(6, 40), k=st.integers(1, 4), seed=st.integers(0, 2**31 - 1),
+       tau=st.floats(0.05, 5.0), spikes=st.integers(0, 5))
+def test_huber_newton_kkt_property(d, k, seed, tau, spikes):
+    """Any small instance (possibly with fewer inliers than k): the Huber path ends at a point
+    that satisfies (47)'s optimality conditions, and agrees with the QP in objective."""
+    rng = np.random.default_rng(seed)
+    A = rng.standard_normal((d, k))
+    v = rng.standard_normal(d)
+    v[rng.choice(d, min(spikes, d), replace=False)] += 20 * rng.standard_normal(min(spikes, d))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        a = mr19.robust_recover(A, v, tau / d)
+        b = mr19.robust_recover(A, v, tau / d, solver="highs")
+    assert a.kkt_residual <= KKT_TOL and b.kkt_residual <= KKT_TOL
+
+    def obj(r):
+        return 0.5 * np.sum((v - A @ r.c - r.outliers) ** 2) + tau * np.abs(r.outliers).sum()
+
+    assert obj(a) == pytest.approx(obj(b), rel=1e-9, abs=1e-12)
 
 
 def test_batched_codes_match_single_solves():

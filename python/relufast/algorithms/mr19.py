@@ -70,6 +70,10 @@ _SQRT2PI = math.sqrt(2.0 * math.pi)
 
 #: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3
+#: Relative size below which an entry of the QP's e = p - q is rounding, not an outlier.
+QP_ZERO = 1e-12
+#: HiGHS QP regularisation used when the unregularised solve fails (moves the optimum ~1e-12).
+QP_FALLBACK_REGULARIZATION = 1e-12
 #: mu at or below this makes c / mu unstable (almost every output is zero).
 SMALL_MU = 0.05
 
@@ -626,10 +630,19 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
                     sess.set_cost(pq_cols, taus[j])
                 sess.set_cost(r_cols, V[j])
                 res = sess.solve()  # warm from the previous code's basis
+                if res.status != highs.LPStatus.OPTIMAL:
+                    # Without regularisation HiGHS can declare the problem non-convex when its
+                    # starting null space has no curvature (tiny d, many outliers); a 1e-12
+                    # regularisation moves the optimum by ~1e-12 only.
+                    sess.set_regularization(QP_FALLBACK_REGULARIZATION)
+                    res = sess.solve()
+                    sess.set_regularization(0.0)
                 iters[j] = res.iterations
                 if res.status == highs.LPStatus.OPTIMAL:
                     C[j] = res.x[:k]
-                    E[j] = res.x[k + d:k + 2 * d] - res.x[k + 2 * d:]
+                    e = res.x[k + d:k + 2 * d] - res.x[k + 2 * d:]
+                    # p - q can leave rounding (1e-16) where both are nonzero; that is e = 0
+                    E[j] = np.where(np.abs(e) > QP_ZERO * max(1.0, float(np.abs(V[j]).max())), e, 0.0)
                     statuses.append("optimal")
                 else:
                     C[j], E[j] = np.nan, np.nan
@@ -643,7 +656,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
                     E[j] = np.where(S, V[j] - A @ C[j], 0.0)
         kkt = np.full(N, np.nan) if debias else _kkt_rows(A, V, C, E, taus)
 
-    supports = tuple(np.flatnonzero(E[j]) for j in range(N))
+    supports = tuple(np.flatnonzero(np.nan_to_num(E[j])) for j in range(N))
     frac = np.array([s.size / d for s in supports])
     bad = [s for s in statuses if s != "optimal"]
     status = bad[0] if bad else "optimal"

@@ -313,6 +313,10 @@ class QPSession:
         LPSession._check(self._h.changeRowsBounds(len(rows), rows, lower, upper), "changeRowsBounds")
         self._rlo[rows], self._rup[rows] = lower, upper
 
+    def set_regularization(self, value):
+        """Change HiGHS's ``qp_regularization_value`` (see the class parameters)."""
+        LPSession._check(self._h.setOptionValue("qp_regularization_value", float(value)), "setOptionValue")
+
     def set_cost(self, cols, values):
         """Change the linear cost of some columns."""
         cols = np.atleast_1d(np.asarray(cols, dtype=np.int32))
