@@ -10,10 +10,9 @@ import warnings
 
 import numpy as np
 import pytest
-from scipy import stats
-
 import relufast as rf
 from relufast.planted import relu_codes, relu_dictionary
+from scipy import stats
 
 mr19 = rf.mr19
 

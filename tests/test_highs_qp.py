@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
 from relufast.stages.highs import INF, LPStatus, QPSession
 
 #: A small QP solved exactly (regularization 0): rounding only.

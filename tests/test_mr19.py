@@ -7,14 +7,13 @@ import warnings
 
 import numpy as np
 import pytest
+import relufast as rf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
-
-import relufast as rf
 from relufast._blas import single_threaded_blas
 from relufast.algorithms.mr19 import InfeasibleError
 from relufast.planted import relu_codes, relu_dictionary
+from scipy import stats
 
 mr19 = rf.mr19
 

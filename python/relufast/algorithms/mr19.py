@@ -35,18 +35,19 @@ from __future__ import annotations
 import math
 import numbers
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
 from scipy.optimize import brentq, minimize_scalar
 from scipy.special import ndtr
 
-from ..stages import highs
 from .._blas import single_threaded_blas
 from .._result import _freeze, warn
 from .._validation import as_float_matrix, check_positive_int
+from ..stages import highs
 
 __all__ = [
     "RobustRecovery",
@@ -265,11 +266,11 @@ class RobustRecovery:
     """
 
     c: np.ndarray
-    c_scaled: Optional[np.ndarray]
+    c_scaled: np.ndarray | None
     outliers: np.ndarray
     support: Any
     lam: Any
-    mu: Optional[float]
+    mu: float | None
     status: str
     message: str
     solver: str
@@ -409,7 +410,6 @@ def _huber_newton_batch(A, G, V, C0, taus, max_iter, rounds=3):
     Returns (C, iterations, converged, non_unique).
     """
     N, d = V.shape
-    k = A.shape[1]
     C = C0.copy()
     iters = np.zeros(N, dtype=np.int64)
     done = np.zeros(N, dtype=bool)
@@ -910,8 +910,8 @@ class ColumnSpace:
     gap_ratio: float
     method: str
     from_paper: bool
-    M: Optional[np.ndarray] = None
-    beta: Optional[np.ndarray] = None
+    M: np.ndarray | None = None
+    beta: np.ndarray | None = None
     iterations: int = 0
     message: str = ""
     seconds: float = float("nan")
