@@ -235,6 +235,17 @@ def test_direction_and_scale():
     assert np.mean(biased) == pytest.approx(0.085, abs=0.03)
 
 
+@pytest.mark.parametrize("bias, measured", [(0.5, 0.085), (-0.5, 0.043), (stats.norm(0, 0.5), 0.070),
+                                             (stats.uniform(-1, 2), 0.074), (stats.uniform(0, 1), 0.089)])
+def test_nonzero_bias_laws(bias, measured):
+    """(47) ignores b; the target is mu c* with mu = E[Phi(B)] (d = 2000, k = 20, s = 10), for
+    Theorem 4's lambda and the calibrated one alike."""
+    for lam in ("theory", None):
+        err, _, _, exact, _ = _mean_err(2000, 20, 10, lam=lam, bias=bias)
+        assert err == pytest.approx(measured, rel=RATE_REL_TOL)
+        assert exact >= 19
+
+
 # ---------------------------------------------------------------- bad input and degenerate data
 
 

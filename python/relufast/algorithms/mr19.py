@@ -108,6 +108,33 @@ def _check_law(bias, *, allow_point=True, name="bias"):
     )
 
 
+def _law_key(law):
+    """A hashable key for a bias law (a constant, or a frozen law's name and parameters), or
+    None when the law's parameters are not plain numbers (then nothing is cached)."""
+    if isinstance(law, float):
+        return ("const", law)
+    try:
+        key = (law.dist.name, tuple(law.args), tuple(sorted(law.kwds.items())))
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+#: mu, sigma^2, eta^2 and the calibrated lambda depend only on (law, d, delta): cached.
+_CACHE: dict = {}
+
+
+def _cached(key, compute):
+    if key is None or any(part is None for part in key):
+        return compute()
+    if key not in _CACHE:
+        if len(_CACHE) > 4096:
+            _CACHE.clear()
+        _CACHE[key] = compute()
+    return _CACHE[key]
+
+
 def _expect(law, f):
     """E[f(B)] for a constant or a frozen law."""
     if isinstance(law, float):
@@ -133,6 +160,10 @@ def bias_moments(bias=0.0):
     mu, sigma2, eta2 : float
     """
     law = _check_law(bias)
+    return _cached(("moments", _law_key(law)), lambda: _bias_moments(law))
+
+
+def _bias_moments(law):
     mu = _expect(law, ndtr)
     s2 = _expect(law, lambda b: (1.0 + b * b) * ndtr(b) + b * _phi(b)) - mu * mu
 
@@ -189,7 +220,13 @@ def calibrated_lam(d, bias=0.0, delta=0.0, *, kappa=2.0):
     """
     d = check_positive_int(d, "d", minimum=2)
     law = _check_law(bias)
-    mu = _expect(law, ndtr)
+    key = _law_key(law)
+    return _cached(("lam", key, d, float(delta), float(kappa)) if key is not None else None,
+                   lambda: _calibrated_lam(d, law, float(delta), float(kappa)))
+
+
+def _calibrated_lam(d, law, delta, kappa):
+    mu = bias_moments(law)[0]
     if not 0.0 < mu < 1.0:
         raise ValueError(f"the bias law gives mu = {mu}; need 0 < mu < 1")
     target = 1.0 / d
