@@ -172,6 +172,19 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def("merge", &SecondMoment::merge, py::arg("other"))
       .def("tensor", &SecondMoment::tensor)
       .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))
+      .def("state",
+           [](const SecondMoment& s) {
+             double count;
+             Eigen::VectorXd sum_y;
+             Eigen::MatrixXd sum_yxx;
+             s.snapshot(count, sum_y, sum_yxx);  // one consistent copy under the lock
+             py::dict st;
+             st["count"] = count;
+             st["sum_y"] = sum_y;
+             st["sum_yxx"] = sum_yxx;
+             return st;
+           },
+           "The raw sums: count, sum_y (m,), sum_yxx (d, m*d).")
       .def_property_readonly("d", &SecondMoment::d)
       .def_property_readonly("m", &SecondMoment::m)
       .def_property_readonly("count", &SecondMoment::count)
@@ -192,6 +205,22 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
           py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("n_jobs") = 0, py::arg("block") = 256)
       .def("merge", &DetectorMoment::merge, py::arg("other"))
       .def("matrix", &DetectorMoment::matrix, py::arg("centred") = true)
+      .def("set_state", &DetectorMoment::set_state, py::arg("count"), py::arg("sum_phipsi"),
+           py::arg("sum_phi"), py::arg("sum_psi"))
+      .def("state",
+           [](const DetectorMoment& s) {
+             double count;
+             Eigen::MatrixXd sum_phipsi;
+             Eigen::VectorXd sum_phi, sum_psi;
+             s.snapshot(count, sum_phipsi, sum_phi, sum_psi);  // one consistent copy under the lock
+             py::dict st;
+             st["count"] = count;
+             st["sum_phipsi"] = sum_phipsi;
+             st["sum_phi"] = sum_phi;
+             st["sum_psi"] = sum_psi;
+             return st;
+           },
+           "The raw sums: count, sum_phipsi (D1, D2), sum_phi (D1,), sum_psi (D2,).")
       .def_property_readonly("count", &DetectorMoment::count)
       .def_property_readonly("d", &DetectorMoment::d)
       .def_property_readonly("k", &DetectorMoment::k);
@@ -199,8 +228,10 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def(
       "relu_stats",
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
-         int n_jobs, Index block, double power) {
-        ReluStats s = interruptible([&] { return relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power); });
+         int n_jobs, Index block, double power, std::optional<Eigen::VectorXd> b, bool intercept) {
+        ReluStats s = interruptible([&] {
+          return relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, b ? &*b : nullptr, intercept);
+        });
         py::dict out;
         out["gram"] = s.gram;
         out["cross"] = s.cross;
@@ -210,8 +241,10 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         return out;
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
-      py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0,
-      "F = relu(X V^T)^power: returns F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+      py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0, py::arg("b") = py::none(),
+      py::arg("intercept") = false,
+      "F = relu(X V^T + b)^power (and a constant column with intercept): returns F^T F, F^T Y and, "
+      "given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
 
   m.def(
       "pattern_subset_count",

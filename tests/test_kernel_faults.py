@@ -12,8 +12,8 @@ import pytest
 
 import relufast as rf
 from relufast._native import core
-from relufast.moments import SecondMomentAccumulator, hermite_moment, hermite_moment_reference
-from relufast.refine import output_basis
+from relufast.stages.moments import SecondMomentAccumulator, hermite_moment, hermite_moment_reference
+from relufast.stages.refine import output_basis
 
 #: A signal must stop a kernel within a few polling intervals (50 ms each) plus the
 #: block in progress; 1.5 s leaves room for a loaded machine and still fails a kernel
@@ -37,8 +37,8 @@ import os, resource, sys, threading
 import numpy as np
 import relufast as rf
 from relufast._native import core
-from relufast.moments import hermite_moment, hermite_moment_reference
-from relufast.patterns import sign_patterns, sign_patterns_reference
+from relufast.stages.moments import hermite_moment, hermite_moment_reference
+from relufast.stages.patterns import sign_patterns, sign_patterns_reference
 
 rng = np.random.default_rng(0)
 X, Y = rng.standard_normal((3000, 6)), rng.standard_normal((3000, 2))
@@ -256,7 +256,8 @@ def test_enumeration_stops_near_its_time_limit():
     X = rng.standard_normal((300, 6))
     Y = X @ rng.standard_normal((6, 4))
     t = time.perf_counter()
-    res = rf.recover(X, Y, n_hidden=4, method="bjw19-enumeration", time_limit=1.0, random_state=0)
+    with pytest.warns(rf.RelufastWarning, match="stopped by time_limit"):
+        res = rf.recover(X, Y, n_hidden=4, method="bjw19-enumeration", time_limit=1.0, random_state=0)
     elapsed = time.perf_counter() - t
     assert res.status == "failed" and res.diagnostics["stopped_by"] == "time_limit"
     assert elapsed < 1.0 + 2.0  # the time limit plus the rank and setup work

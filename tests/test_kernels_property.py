@@ -14,10 +14,10 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from relufast._native import core  # noqa: E402
-from relufast.algorithms.gklw19 import detector_matrix, detector_matrix_reference  # noqa: E402
-from relufast.moments import SecondMomentAccumulator, hermite_moment, hermite_moment_reference  # noqa: E402
-from relufast.patterns import sign_patterns, sign_patterns_reference  # noqa: E402
-from relufast.refine import output_basis, refine_rows, refine_rows_reference, relu_stats  # noqa: E402
+from relufast.stages.moments import detector_matrix, detector_matrix_reference  # noqa: E402
+from relufast.stages.moments import SecondMomentAccumulator, hermite_moment, hermite_moment_reference  # noqa: E402
+from relufast.stages.patterns import sign_patterns, sign_patterns_reference  # noqa: E402
+from relufast.stages.refine import output_basis, refine_rows, refine_rows_reference  # noqa: E402
 
 #: Sums of n products in a different order: relative error ~ n eps, with eps = 2.2e-16.
 SUM_RTOL = 1e-12

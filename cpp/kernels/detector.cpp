@@ -114,12 +114,48 @@ double DetectorMoment::count() const {
   return count_;
 }
 
+Eigen::MatrixXd DetectorMoment::sum_phipsi() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sum_phipsi_;
+}
+
+Eigen::VectorXd DetectorMoment::sum_phi() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sum_phi_;
+}
+
+Eigen::VectorXd DetectorMoment::sum_psi() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sum_psi_;
+}
+
+void DetectorMoment::snapshot(double& count, Eigen::MatrixXd& sum_phipsi, Eigen::VectorXd& sum_phi,
+                              Eigen::VectorXd& sum_psi) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  count = count_;
+  sum_phipsi = sum_phipsi_;
+  sum_phi = sum_phi_;
+  sum_psi = sum_psi_;
+}
+
 Eigen::MatrixXd DetectorMoment::matrix(bool centred) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (count_ <= 0.0) throw std::domain_error("DetectorMoment.matrix: no samples accumulated");
   Eigen::MatrixXd T = sum_phipsi_ / count_;
   if (centred) T.noalias() -= (sum_phi_ / count_) * (sum_psi_ / count_).transpose();
   return T;
+}
+
+void DetectorMoment::set_state(double count, const Eigen::MatrixXd& sum_phipsi,
+                               const Eigen::VectorXd& sum_phi, const Eigen::VectorXd& sum_psi) {
+  if (sum_phipsi.rows() != sum_phipsi_.rows() || sum_phipsi.cols() != sum_phipsi_.cols() ||
+      sum_phi.size() != sum_phi_.size() || sum_psi.size() != sum_psi_.size())
+    throw std::invalid_argument("DetectorMoment.set_state: the sums' shapes do not match this accumulator");
+  std::lock_guard<std::mutex> lock(mu_);
+  count_ = count;
+  sum_phipsi_ = sum_phipsi;
+  sum_phi_ = sum_phi;
+  sum_psi_ = sum_psi;
 }
 
 }  // namespace relufast

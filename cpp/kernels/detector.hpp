@@ -1,5 +1,5 @@
 // The pure-neuron detector of GKLW19 (Ge, Kuditipudi, Li, Wang, ICLR 2019),
-// Algorithms 2-3, in the covariance form of spec gklw19.md Sec. 2.3:
+// Algorithms 2-3, in the covariance form of docs/gklw19.md:
 //
 //   T3 vec*(U) = Cov( phi(x), <U, Psi(x, y)> ),   T2 vec*(U) = E[ phi(x) <U, Psi(x, y)> ],
 //   phi(x) = vech(x x^T) with sqrt(2) weights off the diagonal (an isometry of
@@ -26,7 +26,16 @@ class DetectorMoment {
   void merge(const DetectorMoment& other);
   Index d() const { return d_; }
   Index k() const { return k_; }
+  // Copies of the state, taken under the lock.
   double count() const;
+  Eigen::MatrixXd sum_phipsi() const;
+  Eigen::VectorXd sum_phi() const;
+  Eigen::VectorXd sum_psi() const;
+  void snapshot(double& count, Eigen::MatrixXd& sum_phipsi, Eigen::VectorXd& sum_phi,
+                Eigen::VectorXd& sum_psi) const;
+  // Replaces the raw sums (used to install sums reduced across processes).
+  void set_state(double count, const Eigen::MatrixXd& sum_phipsi, const Eigen::VectorXd& sum_phi,
+                 const Eigen::VectorXd& sum_psi);
   // D1 x D2: centred (noise-corrected, Alg. 3) or not (Alg. 2).
   Eigen::MatrixXd matrix(bool centred) const;
 

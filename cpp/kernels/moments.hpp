@@ -2,7 +2,7 @@
 //
 // BJW19 Alg. 4, step 3 builds E[y (x) S_3(x)]; for ReLU that tensor is zero
 // in expectation (E[relu(z) He_3(z)] = 0), so relufast uses the second-order
-// moment with the output mode kept (spec bjw19.md, Sec. 2.5):
+// moment with the output mode kept (docs/bjw19.md):
 //
 //   T[i] = (1/n) sum_s y_si (x_s x_s^T - I),   E T[i] = c2 sum_j U_ij v_j v_j^T.
 //
@@ -42,6 +42,7 @@ class SecondMoment {
   Eigen::VectorXd sum_y() const;
   // (d, m*d): column i*d + k holds sum_s y_si x_s x_sk.
   Eigen::MatrixXd sum_yxx() const;
+  void snapshot(double& count, Eigen::VectorXd& sum_y, Eigen::MatrixXd& sum_yxx) const;
   void set_state(double count, const Eigen::VectorXd& sum_y, const Eigen::MatrixXd& sum_yxx);
 
  private:
@@ -54,7 +55,8 @@ class SecondMoment {
 };
 
 // Accumulates over all samples, for the fit of the output layer and the
-// certificate: F = relu(X V^T)^power (n x k),
+// certificate: F = relu(X V^T + b)^power (n x k), with a constant column 1
+// appended when `intercept` (the output offset c is then the last column of U),
 //   gram = F^T F (k x k), cross = F^T Y (k x m), and, when U is given (m x k),
 //   sq_residual = ||Y - F U^T||_F^2 and sq_norm = ||Y||_F^2.
 struct ReluStats {
@@ -65,6 +67,7 @@ struct ReluStats {
   double count = 0.0;
 };
 ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
-                     const RowMatrixXd* U, int n_jobs, Index block, double power = 1.0);
+                     const RowMatrixXd* U, int n_jobs, Index block, double power = 1.0,
+                     const Eigen::VectorXd* b = nullptr, bool intercept = false);
 
 }  // namespace relufast

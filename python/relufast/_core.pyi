@@ -1,9 +1,10 @@
 """Type stub for relufast._core (and relufast._core_avx2, the same API built for AVX2/FMA)."""
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
 
+def hardware_threads() -> int: ...
 def cpu_has_avx2_fma() -> bool: ...
 def compiled_with_avx2() -> bool: ...
 
@@ -22,6 +23,7 @@ class SecondMoment:
     def merge(self, other: SecondMoment) -> None: ...
     def tensor(self) -> NDArray[np.float64]: ...
     def set_state(self, count: float, sum_y: NDArray[np.float64], sum_yxx: NDArray[np.float64]) -> None: ...
+    def state(self) -> dict[str, Any]: ...
     @property
     def d(self) -> int: ...
     @property
@@ -42,6 +44,14 @@ class DetectorMoment:
     ) -> None: ...
     def merge(self, other: DetectorMoment) -> None: ...
     def matrix(self, centred: bool = True) -> NDArray[np.float64]: ...
+    def set_state(
+        self,
+        count: float,
+        sum_phipsi: NDArray[np.float64],
+        sum_phi: NDArray[np.float64],
+        sum_psi: NDArray[np.float64],
+    ) -> None: ...
+    def state(self) -> dict[str, Any]: ...
     @property
     def count(self) -> float: ...
     @property
@@ -64,6 +74,8 @@ def relu_stats(
     n_jobs: int = 0,
     block: int = 4096,
     power: float = 1.0,
+    b: NDArray[np.float64] | None = None,
+    intercept: bool = False,
 ) -> _ReluStats: ...
 
 class _RefineOut(TypedDict):
@@ -86,10 +98,21 @@ class _PatternOut(TypedDict):
 
 def pattern_subset_count(n: int, k: int, mode: str) -> int: ...
 def enumerate_patterns(
-    B: NDArray[np.float64], mode: str, begin: int, end: int, tol: float = 1e-9, n_jobs: int = 0
+    B: NDArray[np.float64],
+    mode: str,
+    begin: int,
+    end: int,
+    tol: float = 1e-9,
+    n_jobs: int = 0,
+    time_limit: float = 0.0,
 ) -> _PatternOut: ...
 def enumerate_patterns_for(
-    B: NDArray[np.float64], mode: str, subsets: NDArray[np.int64], tol: float = 1e-9, n_jobs: int = 0
+    B: NDArray[np.float64],
+    mode: str,
+    subsets: NDArray[np.int64],
+    tol: float = 1e-9,
+    n_jobs: int = 0,
+    time_limit: float = 0.0,
 ) -> _PatternOut: ...
 def refine_rows(
     B: NDArray[np.float64],

@@ -15,7 +15,7 @@ Functions and the paper
     Algorithm 1: ``w = 2 E[x x^T]^{-1} E[y x]``.
 ``detector_matrix``
     The matrix T of the pure-neuron detector (Algorithms 2-3, steps 2-4), in the
-    covariance form of the spec (a streaming C++ accumulation; the k d^3 tensor is never
+    covariance form of docs/gklw19.md (a streaming C++ accumulation; the k d^3 tensor is never
     formed). ``centred=True`` is the noise-corrected detector of Algorithm 3 (eq. 11).
 ``recover``
     Algorithms 2-4: null space of T, simultaneous diagonalisation, sign fix, Algorithm 1
@@ -33,10 +33,14 @@ import time
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._native import core
 from .._result import Run, Status, warn
 from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
-from ..tensor import cp_als, jennrich, merge_symmetric_factors
+from ..activations import RELU
+from ..stages.diagnostics import refinement_subset
+from ..stages.fit import relative_residual
+from ..stages.moments import detector_matrix, detector_matrix_reference
+from ..stages.refine import output_basis, refine_rows
+from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
 __all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
            "symmetry_statistic", "vech_weighted", "mat_star"]
@@ -72,53 +76,8 @@ def mat_star(v, k):
     return M + np.triu(M, 1).T
 
 
-def detector_matrix(X, Y, *, centred=True, n_jobs=None, block_size=256):
-    """The linear map T with ``T vec*(u u^T) = f(u)``, f the pure-neuron detector.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n, d)
-    Y : ndarray of shape (n, k)
-    centred : bool, default=True
-        True: the noise-corrected detector of Algorithm 3 (eq. 11), exact under any output
-        noise independent of x. False: Algorithm 2's detector (biased under noise).
-
-    Returns
-    -------
-    T : ndarray of shape (d (d+1) / 2, k (k+1) / 2)
-        Rows are the weighted vech of the paper's d^2 rows (same singular values).
-    C : ndarray (d, d)
-        E[x x^T].
-    P : ndarray (k, d)
-        E[y x^T].
-    """
-    n = X.shape[0]
-    C = X.T @ X / n
-    P = Y.T @ X / n
-    M = np.ascontiguousarray(np.linalg.solve(C, P.T).T)  # P C^{-1}
-    acc = core.DetectorMoment(M)
-    with single_threaded_blas():
-        acc.update(X, Y, resolve_n_jobs(n_jobs), block_size)
-    return acc.matrix(centred), C, P
 
 
-def detector_matrix_reference(X, Y, *, centred=True):
-    """Plain NumPy version of :func:`detector_matrix` (for tests and benchmarks)."""
-    n, d = X.shape
-    k = Y.shape[1]
-    C = X.T @ X / n
-    P = Y.T @ X / n
-    Yt = X @ np.linalg.solve(C, P.T)
-    iu_d, iu_k = np.triu_indices(d), np.triu_indices(k)
-    wd = np.where(iu_d[0] == iu_d[1], 1.0, math.sqrt(2.0))
-    Phi = X[:, iu_d[0]] * X[:, iu_d[1]] * wd
-    a, c = iu_k
-    Psi = Y[:, a] * Yt[:, c] + Y[:, c] * Yt[:, a] - Y[:, a] * Y[:, c]
-    Psi = np.where(a == c, Psi, 2.0 * Psi)
-    T = Phi.T @ Psi / n
-    if centred:
-        T -= np.outer(Phi.mean(axis=0), Psi.mean(axis=0))
-    return T, C, P
 
 
 def population_detector(W, A, *, centred=True):
@@ -202,7 +161,7 @@ def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20
         then W is refit with A fixed by ``refit_steps`` steps of accelerated gradient descent.
     n_draws : int, default=20
         Random pairs for the simultaneous diagonalisation (steps 4-5). Without
-        ``practical`` the best-separated draw is kept (spec Sec. 2.7, "cheap middle ground").
+        ``practical`` the best-separated draw is kept (docs/gklw19.md).
     tol : float, default=1e-9
         Relative residual below which the result is reported exact (a symmetrised
         noiseless sample gives machine precision).
@@ -276,7 +235,7 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     if practical:
         ns = 10 * k if n_slices is None else check_positive_int(n_slices, "n_slices")
         G = rng.standard_normal((ns, k))
-        R = np.linalg.qr(G)[1]  # CP-ALS on G x slices equals CP-ALS on R x slices (spec 2.7)
+        R = np.linalg.qr(G)[1]  # CP-ALS on G x slices equals CP-ALS on R x slices
         Tc = np.einsum("rj,jab->rab", R, slices)
         als_res = []
         for _ in range(als_restarts):
@@ -298,7 +257,7 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     seconds["decomposition"] = time.perf_counter() - t
 
     # Steps 6-8: sign fix, Algorithm 1 for every unit, A = Z^{-1}. With several candidates
-    # (practical variant) keep the one whose network fits the data best (spec Sec. 2.7).
+    # (practical variant) keep the one whose network fits the data best.
     t = time.perf_counter()
     ybar = Yk.mean(axis=0)
     CiPt = np.linalg.solve(C, P.T).T  # P C^{-1}
@@ -324,12 +283,19 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
         V = _refit_W(X, Y, A, V, refit_steps)
     s_norm = np.linalg.norm(V, axis=1)
     V, A = V / s_norm[:, None], A * s_norm[None, :]
-    R = Y - np.maximum(X @ V.T, 0.0) @ A.T
-    residual = float(np.linalg.norm(R) / max(np.linalg.norm(Y), 1e-300))
+    residual = relative_residual(X, Y, V, A, resolve_n_jobs(n_jobs), RELU)
+    diag["mse"] = residual**2 * float(np.mean(Y * Y))
+    # "exact" means identified: the fit reproduces the data and every row is certified by
+    # the exact refinement (BJW19 Alg. 5 on the output span), as for every other method.
+    certified = 0
+    if residual <= tol:
+        Xr, Yr = refinement_subset(X, Y, k, None, np.random.default_rng(0))
+        certified = int(np.sum(refine_rows(output_basis(Yr, k)[0], Xr, V, n_jobs=resolve_n_jobs(n_jobs))["certified"]))
+    counts["certified_rows"] = certified
     seconds["fit"] = time.perf_counter() - t
-    exact = residual <= tol
+    exact = residual <= tol and certified == k
     status = Status.EXACT if exact else Status.APPROXIMATE
     msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
-           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}")
-    diag["mse"] = float(np.mean(R * R))
+           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}, "
+           f"{certified} of {k} rows certified")
     return run.result(status, msg, U=A, V=V, exact=exact, residual=residual, warn_user=False)

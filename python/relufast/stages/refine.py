@@ -15,21 +15,20 @@ References
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
-from ._native import core
-from .activations import RELU
+from .._native import core
+from ..activations import RELU
 
 __all__ = [
     "DEFAULT_MARGINS",
     "output_basis",
     "refine_rows",
     "refine_rows_reference",
-    "fit_output_layer",
-    "relu_stats",
+    "RowPool",
+    "DUPLICATE_COS",
 ]
 
-#: Margin schedule for unit-norm rows and standard Gaussian inputs (spec bjw19.md 2.6b).
+#: Margin schedule for unit-norm rows and standard Gaussian inputs (see ``docs/bjw19.md``).
 DEFAULT_MARGINS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.3, 1.6)
 
 
@@ -61,7 +60,7 @@ def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=
         Candidate directions (any norm, sign unknown).
     activation : Activation, default=RELU
         Homogeneous activations (relu^p) run in C++; others in NumPy with the
-        one-dimensional scale search of BJW19 Sec. 9.1 (spec Sec. 2.13).
+        one-dimensional scale search of BJW19 Sec. 9.1.
 
     Returns
     -------
@@ -179,31 +178,53 @@ def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10
     return rows.reshape(len(outs), X.shape[1]), certified, signs
 
 
-def fit_output_layer(X, Y, V, activation=RELU):
-    """Least-squares output layer: ``U = argmin ||Y - f(X V^T) U^T||_F`` via QR.
 
-    Exact (to rounding) on noiseless data whenever f(X V^T) has rank k (BJW19 Lemma 4).
-    Returns U of shape (m, k) and the condition number of f(X V^T).
+
+
+
+#: Rows whose |cos| exceeds this are the same hidden unit.
+DUPLICATE_COS = 1.0 - 1e-6
+#: Fields of :func:`refine_rows`' output kept as a row's certificate.
+_CERT_FIELDS = ("margin", "null_ratio", "gap_ratio", "other_ratio", "verify_residual", "support")
+
+
+class RowPool:
+    """Certified rows pooled over restarts, one per hidden unit (duplicates dropped).
+
+    Parameters
+    ----------
+    k : int
+        Rows wanted.
     """
-    F = activation(X @ V.T)
-    Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
-    cond = float(np.inf) if rank < V.shape[0] else float(np.linalg.cond(F))
-    return np.ascontiguousarray(Ut.T), cond
 
+    def __init__(self, k):
+        self.k = k
+        self.rows = []
+        self.certificates = []
 
-def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
-    """One threaded pass over all samples with F = f(X V^T) (C++ for relu^p).
+    def __len__(self):
+        return len(self.rows)
 
-    Returns a dict: ``gram`` = F^T F, ``cross`` = F^T Y, and with U given ``sq_residual`` =
-    ||Y - F U^T||_F^2 and ``sq_norm`` = ||Y||_F^2.
-    """
-    Vc = np.ascontiguousarray(V, dtype=np.float64)
-    Uc = None if U is None else np.ascontiguousarray(U, dtype=np.float64)
-    if activation.homogeneous:
-        return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size, float(activation.degree))
-    F = activation(X @ Vc.T)
-    out = {"gram": F.T @ F, "cross": F.T @ Y, "count": float(X.shape[0])}
-    if Uc is not None:
-        out["sq_residual"] = float(np.sum((Y - F @ Uc.T) ** 2))
-        out["sq_norm"] = float(np.sum(Y * Y))
-    return out
+    @property
+    def full(self):
+        return len(self.rows) >= self.k
+
+    def is_new(self, row):
+        unit = row / np.linalg.norm(row)
+        return all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in self.rows)
+
+    def add(self, row, certificate=None):
+        """Add a certified row unless it duplicates one in the pool; returns whether added."""
+        if not self.is_new(row):
+            return False
+        self.rows.append(np.asarray(row, dtype=np.float64))
+        self.certificates.append(certificate or {})
+        return True
+
+    def add_certified(self, out, rows=None):
+        """Add every certified row of a :func:`refine_rows` output (``rows`` overrides the
+        solved rows, e.g. mapped back from whitened coordinates)."""
+        rows = out["rows"] if rows is None else rows
+        for i in np.flatnonzero(out["certified"]):
+            self.add(rows[i], {key: out[key][i] for key in _CERT_FIELDS})
+        return self

@@ -1,0 +1,272 @@
+"""BJW19 Theorem 7: exact recovery for Gaussian inputs (Algorithm 4 + Algorithm 5).
+
+Departures from the paper (``docs/bjw19.md``): the second-order moment with the output
+mode kept replaces the third-order score tensor (zero for ReLU); Algorithm 5 runs in its
+margin form on an orthonormal basis of the output span.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..._blas import single_threaded_blas
+from ..._native import BACKEND
+from ..._result import Run, Status
+from ...activations import RELU, get_activation, hermite_coefficient
+from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import (input_whitening, numerical_rank, outputs_below_hidden_message,
+                                   refinement_subset, warn_if_not_gaussian)
+from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
+from ...stages.moments import moment_span
+from ...stages.refine import RowPool, output_basis, refine_rows
+from ...stages.tensor import draw_candidates
+
+__all__ = ["gaussian"]
+
+
+
+
+
+
+def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
+    """Spec Sec. 2.5 step 9: on samples where every known unit is off, Y is rank one."""
+    Xs, Ys = X[: min(X.shape[0], max_rows)], Y[: min(X.shape[0], max_rows)]
+    off = np.all(Xs @ V_known.T <= 0.0, axis=1)
+    d = X.shape[1]
+    if off.sum() < 2 * d:
+        return None
+    Uy, s, _ = np.linalg.svd(Ys[off], full_matrices=False)
+    a = Uy[:, 0] if Uy[:, 0].sum() >= 0 else -Uy[:, 0]
+    S = a > 1e-6 * a.max()
+    if S.sum() < d:
+        return None
+    z = np.linalg.lstsq(Xs[off][S], a[S], rcond=None)[0]
+    out = refine_rows(B, Xr, z[None, :], n_jobs=threads)
+    return out["rows"][0] if out["certified"][0] else None
+
+
+def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
+             random_state=None, block_size=256, activation="relu", whiten="auto"):
+    """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs, i.i.d. N(0, I_d) for the guarantee. Integer arrays are converted.
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+        Outputs; noiseless for an exact result (BJW19's A is ``Y.T``, its X is ``X.T``).
+    n_hidden : int
+        Number of hidden units k, with k <= n_features and k <= n_outputs.
+    n_refine : int, optional
+        Samples used by the exact refinement and the fit of U (default
+        ``min(n, max(1000, 25 d, 100 k))``).
+    n_restarts : int, default=10
+        Maximum number of Jennrich draws (each with a CP-ALS polish) whose candidate rows
+        are pooled until k distinct rows are certified.
+    tol : float, default=1e-10
+        Largest relative residual ``||Y - relu(X V^T) U^T||_F / ||Y||_F`` accepted as exact.
+    n_jobs : int or None, default=None
+        Threads for the C++ kernels (None or -1: all cores).
+    random_state : None, int or numpy Generator
+        Seeds the choice of refinement samples and the random contractions.
+    block_size : int, default=256
+        Samples per block in the moment kernel.
+    activation : str, float or Activation, default="relu"
+        Rectified activation (BJW19 Sec. 9.1): "relu", "relu2", a power p (relu^p),
+        "expm1" (exp(t) - 1 on t > 0), or ``relufast.activations.custom(phi, phi_inverse)``.
+        The refinement solves with the inverse of phi; for non-homogeneous phi the scale
+        of each row is found by a one-dimensional search and the rows keep their norms.
+    whiten : {"auto", True, False}, default="auto"
+        For x ~ N(0, Sigma) (BJW19 Remark 3): whiten with E[x x^T]^{-1/2}, estimated on all
+        samples, in the moment and the refinement, and map the rows back. "auto" whitens
+        when the second-moment matrix of X is not the identity within sampling error.
+
+    Returns
+    -------
+    RecoveryResult
+        ``status`` is ``exact`` when all k rows were certified and the residual is at most
+        ``tol``; ``approximate`` when the outputs are noisy (the rows then come from the
+        near-null vectors, with errors that shrink with the noise); ``failed``,
+        ``rank_deficient`` or ``unsupported`` otherwise, each with a warning.
+
+    Notes
+    -----
+    Steps, with their place in BJW19:
+
+    1. Rank of Y on the refinement samples (Thm 7 needs rank(U) = k) and an orthonormal
+       basis B of its column span; outputs compressed to k columns ``Y Q``.
+    2. Moment ``T[i] = mean_s (YQ)[s, i] (x_s x_s^T - I)`` (C++, replaces Alg. 4 step 3).
+    3. Span of V from ``sum_i T[i]^2``; projected k x k x k tensor; Jennrich + CP-ALS
+       (Alg. 4 step 4, with the decomposition in docs/bjw19.md).
+    4. Alg. 5 on every candidate (C++): certified rows are exact.
+    5. U by least squares (Thm 1 proof, "Gaussian elimination"), residual over all samples.
+
+    Cost: 2 n k d^2 flops for the moment, O(n (d k + m k)) for the residual, the rest
+    depends only on the refinement sample size.
+    """
+    with single_threaded_blas():
+        return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
+                         n_jobs=n_jobs, random_state=random_state, block_size=block_size,
+                         activation=activation, whiten=whiten)
+
+
+def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
+              activation, whiten):
+    run = Run("bjw19-gaussian")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    n_restarts = check_positive_int(n_restarts, "n_restarts")
+    block_size = check_positive_int(block_size, "block_size")
+    if not (np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
+    n_min = 2 * (d + 1)
+    if n < n_min:
+        raise ValueError(
+            f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}"
+        )
+    threads = resolve_n_jobs(n_jobs)
+    rng = check_random_state(random_state)
+    act = get_activation(activation)
+    act_out = None if act is RELU else act
+    run.seconds["validation"] = time.perf_counter() - run.t_start
+    run.counts.update(n_samples=n, n_hidden=k)
+    run.diag.update(backend=BACKEND, activation=act.name)
+    diag = run.diag
+
+    if m < k:
+        return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
+            "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
+            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"),
+            activation=act_out)
+    if act is not RELU:
+        c = np.array([hermite_coefficient(act, r) for r in range(5)])
+        diag["hermite_c2"] = float(c[2])
+        if abs(c[2]) < 1e-3 * np.abs(c).max():
+            return run.result(Status.UNSUPPORTED, f"the second Hermite coefficient of {act.name} vanishes "
+                              f"(c2 = {c[2]:.2e}): the second-order moment carries no information",
+                              activation=act_out)
+
+    # Step 1: refinement samples, rank of the outputs, output basis and compression.
+    with run.stage("prepare"):
+        Xr, Yr = refinement_subset(X, Y, k, n_refine, rng, minimum=n_min)
+        run.counts["n_refine"] = len(Xr)
+        B, sv, Q = output_basis(Yr, k)
+        diag["output_singular_values"] = sv
+        rank = numerical_rank(sv)
+        noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
+        diag["noise_ratio"] = noise_ratio
+        Wh = input_whitening(X, whiten, diag)
+        if Wh is False:
+            return run.result(Status.NON_IDENTIFIABLE,
+                              "the second-moment matrix of X is singular: the inputs lie in a "
+                              "subspace, so V is not identifiable along its complement",
+                              activation=act_out)
+        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
+        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
+        to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
+    if rank < k:
+        return run.result(
+            Status.RANK_DEFICIENT,
+            f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
+            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
+            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
+            activation=act_out)
+    warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
+
+    # Step 2: the moment tensor on the compressed outputs; step 3: span and projection.
+    with run.stage("moments"):
+        W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size, whitener=Wh)
+    diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
+    # Step 4: candidates pooled over restarts and certified.
+    pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
+                                                      threads, act, whitened=Wh is not None)
+    if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+        with run.stage("refine"):
+            row = _deflate_missing(X, Y, np.array(pool.rows), B, Xr, threads)
+        if row is not None and pool.add(row, {"deflation": True}):
+            diag["deflation_used"] = True
+    run.counts["certified_rows"] = len(pool)
+    diag["row_certificates"] = tuple(pool.certificates)
+    # Step 5: the output layer and the certificate over all samples.
+    with run.stage("fit"):
+        U, V, residual = _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag)
+    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null,
+                               run.counts["restarts"])
+    exact = status == Status.EXACT
+    return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
+                      warn_user=not exact)
+
+
+def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened):
+    """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
+    pooled until k distinct rows are found.
+
+    Returns (pool, approximate rows from the first draw, smallest null-space ratio seen).
+    """
+    pool, gaps = RowPool(k), []
+    approx_rows, min_null, n_candidates, restarts = None, np.inf, 0, 0
+    for restarts in range(1, n_restarts + 1):
+        with run.stage("tensor"):
+            cand, gap, _ = draw_candidates(P, W, rng)
+        gaps.append(gap)
+        with run.stage("refine"):
+            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
+        rows_x = to_x(out["rows"])
+        if act.homogeneous and whitened:
+            rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
+        n_candidates += cand.shape[0]
+        min_null = min(min_null, float(np.min(out["null_ratio"])))
+        if approx_rows is None:
+            # Noise-tolerant estimate from the polished draw: near-null-vector rows where
+            # solved, else the tensor direction with the better-supported sign.
+            approx_rows = to_x(np.where(out["solved"][:k, None], out["rows"][:k],
+                                        np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]))
+        pool.add_certified(out, rows_x)
+        if pool.full:
+            break
+    run.counts.update(candidates=n_candidates, restarts=restarts)
+    run.diag["jennrich_gaps"] = np.array(gaps)
+    return pool, approx_rows, min_null
+
+
+def _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag):
+    """Step 5: U by least squares and the residual over all samples; with fewer than k
+    certified rows the approximate rows fill in (U then from all samples)."""
+    k = pool.k
+    if pool.full:
+        V = np.array(pool.rows)
+        U, residual, cond = fit_and_certify(X, Y, V, subset=(Xr, Yr), threads=threads, activation=act)
+    else:
+        fill = [r / np.linalg.norm(r) for r in approx_rows
+                if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in pool.rows)]
+        V = np.array(pool.rows + fill[: k - len(pool)])
+        if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
+            V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
+        U, cond = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads, activation=act))
+        residual = relative_residual(X, Y, V, U, threads, act)
+    diag["fit_condition"] = cond
+    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
+    return U[:, order], V[order], residual
+
+
+def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts):
+    """Status and message of the run."""
+    if pool.full and residual <= tol:
+        return Status.EXACT, (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
+                              f"relative residual {residual:.2e} over {n} samples")
+    if pool.full:
+        return Status.FAILED, (
+            f"all {k} rows were certified on {n_refine} refinement samples but the residual "
+            f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
+            "not exactly those of one network (outliers or a few corrupted samples?)")
+    # With m > k the (k+1)-th singular value of the outputs measures the noise; with
+    # m = k only the absence of any exact null vector can tell.
+    if (noise_ratio > 1e-9) if m > k else (min_null > 1e-8):
+        return Status.APPROXIMATE, (
+            f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
+            f"smallest null-space ratio {min_null:.2e}): returning an approximate network with "
+            f"relative residual {residual:.2e}; {len(pool)} of {k} rows certified")
+    return Status.FAILED, (
+        f"only {len(pool)} of {k} rows could be certified after {restarts} restarts: the moment "
+        "estimate is too crude. Try more samples, more n_restarts, or check that X is standard "
+        "Gaussian and that rows of V are not nearly parallel")
