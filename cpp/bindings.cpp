@@ -230,12 +230,9 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def(
       "certify",
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
-         int n_jobs, Index block, double power) {
-        Certificate c;
-        {
-          py::gil_scoped_release release;
-          c = certify(X, Y, V, U ? &*U : nullptr, n_jobs, block, power);
-        }
+         int n_jobs, Index block, double power, bool normal_equations) {
+        Certificate c = interruptible(
+            [&] { return certify(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, normal_equations); });
         py::dict out;
         out["count"] = c.count;
         out["gram"] = c.gram;
@@ -247,13 +244,13 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
       py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0,
-      "One pass: F = relu(X V^T)^power; F^T F, F^T Y, non-finite entries of X and Y and, given U, "
-      "||Y - F U^T||_F^2 and ||Y||_F^2.");
+      py::arg("normal_equations") = true,
+      "One pass: F = relu(X V^T)^power; F^T F, F^T Y (skipped when U is given and normal_equations "
+      "is false), non-finite entries of X and Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
   m.def(
       "count_nonfinite",
       [](const ConstRowRef& A, int n_jobs, Index block) {
-        py::gil_scoped_release release;
-        return count_nonfinite(A, n_jobs, block);
+        return interruptible([&] { return count_nonfinite(A, n_jobs, block); });
       },
       py::arg("A").noconvert(), py::arg("n_jobs") = 0, py::arg("block") = 8192,
       "Number of NaN or infinite entries of A (row blocks, threads).");

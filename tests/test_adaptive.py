@@ -161,3 +161,15 @@ def _quiet_fpt(X, Y, k, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("error", rf.RelufastWarning)
         return rf.recover(X, Y, n_hidden=k, method="bjw19-fpt", random_state=0, **kw)
+
+
+@pytest.mark.parametrize("block", [7, 64, 4096])
+def test_certify_kernel_does_not_depend_on_threads(rng, block):
+    # Fixed-order reductions (cpp/kernels/parallel.hpp): the same bits for any n_jobs.
+    X = rng.standard_normal((5003, 6))
+    Y = rng.standard_normal((5003, 3))
+    V, U = rng.standard_normal((2, 6)), rng.standard_normal((3, 2))
+    one = core.certify(X, Y, V, U, 1, block, 1.0)
+    two = core.certify(X, Y, V, U, 2, block, 1.0)
+    for key in one:
+        assert np.array_equal(one[key], two[key]), key

@@ -18,7 +18,7 @@ double nonfinite_in(const Eigen::Ref<const RowMatrixXd>& B) {
 }  // namespace
 
 Certificate certify(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
-                    const RowMatrixXd* U, int n_jobs, Index block, double power) {
+                    const RowMatrixXd* U, int n_jobs, Index block, double power, bool normal_equations) {
   const Index n = X.rows(), d = X.cols(), m = Y.cols(), k = V.rows();
   if (V.cols() != d)
     throw std::invalid_argument("certify: V has " + std::to_string(V.cols()) +
@@ -42,9 +42,14 @@ Certificate certify(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRe
       n, block, n_jobs,
       [&] {
         Local L;
-        L.c.gram.setZero(k, k);
-        L.c.cross.setZero(k, m);
+        L.c.gram.resize(k, k);
+        L.c.cross.resize(k, m);
         return L;
+      },
+      [&](Local& L) {
+        L.c.gram.setZero();
+        L.c.cross.setZero();
+        L.c.sq_residual = L.c.sq_norm = L.c.count = L.c.nonfinite = 0.0;
       },
       [&](Local& L, Index s0, Index len) {
         const auto Xb = X.middleRows(s0, len);
@@ -53,8 +58,10 @@ Certificate certify(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRe
         L.F.noalias() = Xb * V.transpose();
         L.F = L.F.cwiseMax(0.0);
         if (power != 1.0) L.F = L.F.array().pow(power).matrix();
-        L.c.gram.noalias() += L.F.transpose() * L.F;
-        L.c.cross.noalias() += L.F.transpose() * Yb;
+        if (normal_equations || !U) {
+          L.c.gram.noalias() += L.F.transpose() * L.F;
+          L.c.cross.noalias() += L.F.transpose() * Yb;
+        }
         if (U) {
           L.R = Yb;
           L.R.noalias() -= L.F * U->transpose();
@@ -78,7 +85,7 @@ double count_nonfinite(const ConstRowRef& A, int n_jobs, Index block) {
   if (block < 1) throw std::invalid_argument("count_nonfinite: block must be >= 1");
   double total = 0.0;
   accumulate_blocks<double>(
-      A.rows(), block, n_jobs, [] { return 0.0; },
+      A.rows(), block, n_jobs, [] { return 0.0; }, [](double& acc) { acc = 0.0; },
       [&](double& acc, Index s0, Index len) { acc += nonfinite_in(A.middleRows(s0, len)); },
       [&](double acc) { total += acc; });
   return total;

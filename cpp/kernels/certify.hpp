@@ -23,9 +23,12 @@ struct Certificate {
   double nonfinite = 0.0;  // non-finite entries of X and Y
 };
 
-// One pass over (X, Y): see the header comment. U (m x k) may be null.
+// One pass over (X, Y): see the header comment. U (m x k) may be null. With
+// normal_equations false (and U given) gram and cross are skipped: the residual
+// alone then costs what a plain check of the network costs.
 Certificate certify(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
-                    const RowMatrixXd* U, int n_jobs, Index block, double power = 1.0);
+                    const RowMatrixXd* U, int n_jobs, Index block, double power = 1.0,
+                    bool normal_equations = true);
 
 // Number of non-finite entries of A, read in row blocks by n_jobs threads.
 double count_nonfinite(const ConstRowRef& A, int n_jobs, Index block);

@@ -139,5 +139,6 @@ class _Certificate(TypedDict):
 def certify(
     X: NDArray[np.float64], Y: NDArray[np.float64], V: NDArray[np.float64],
     U: Optional[NDArray[np.float64]] = None, n_jobs: int = 0, block: int = 4096, power: float = 1.0,
+    normal_equations: bool = True,
 ) -> _Certificate: ...
 def count_nonfinite(A: NDArray[np.float64], n_jobs: int = 0, block: int = 8192) -> float: ...

@@ -59,7 +59,7 @@ def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU, b
     return out
 
 
-def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4096):
+def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4096, normal_equations=None):
     """The certificate pass: one fused read of every sample, on every rank.
 
     For F = f(X V^T + b) (with a constant column when the offset ``c`` is given), returns the
@@ -69,7 +69,10 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
     :class:`relufast.stages.reduce.Samples`). Non-finite entries of X and Y are counted as
     the samples are read (in the fused C++ kernel for relu^p without biases): any raises
     ValueError on every rank, so a deferred finiteness check costs no extra pass.
+    ``normal_equations`` (default: only when U is None) keeps ``gram`` and ``cross``; the
+    fused kernel skips them otherwise, so a certificate costs what a plain check costs.
     """
+    normal_equations = U is None if normal_equations is None else bool(normal_equations)
     Vc = np.ascontiguousarray(V, dtype=np.float64)
     intercept = c is not None
     Uc = None if U is None else np.ascontiguousarray(U if c is None else np.column_stack([U, c]),
@@ -83,7 +86,8 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
 
     def one_block(Xb, Yb):
         if fused:
-            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree))
+            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree),
+                                normal_equations)
         out = dict(relu_stats(Xb, Yb, Vc, Uc, n_jobs=samples.n_jobs, block_size=block_size,
                               activation=activation, b=bc, intercept=intercept))
         out.setdefault("sq_residual", 0.0)
