@@ -133,6 +133,15 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def("merge", &SecondMoment::merge, py::arg("other"))
       .def("tensor", &SecondMoment::tensor)
       .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))
+      .def("state",
+           [](const SecondMoment& s) {
+             py::dict st;
+             st["count"] = s.count();
+             st["sum_y"] = Eigen::VectorXd(s.sum_y());
+             st["sum_yxx"] = Eigen::MatrixXd(s.sum_yxx());
+             return st;
+           },
+           "The raw sums: count, sum_y (m,), sum_yxx (d, m*d).")
       .def_property_readonly("d", &SecondMoment::d)
       .def_property_readonly("m", &SecondMoment::m)
       .def_property_readonly("count", &SecondMoment::count)
@@ -146,6 +155,18 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
            py::arg("n_jobs") = 0, py::arg("block") = 256, py::call_guard<py::gil_scoped_release>())
       .def("merge", &DetectorMoment::merge, py::arg("other"))
       .def("matrix", &DetectorMoment::matrix, py::arg("centred") = true)
+      .def("set_state", &DetectorMoment::set_state, py::arg("count"), py::arg("sum_phipsi"),
+           py::arg("sum_phi"), py::arg("sum_psi"))
+      .def("state",
+           [](const DetectorMoment& s) {
+             py::dict st;
+             st["count"] = s.count();
+             st["sum_phipsi"] = Eigen::MatrixXd(s.sum_phipsi());
+             st["sum_phi"] = Eigen::VectorXd(s.sum_phi());
+             st["sum_psi"] = Eigen::VectorXd(s.sum_psi());
+             return st;
+           },
+           "The raw sums: count, sum_phipsi (D1, D2), sum_phi (D1,), sum_psi (D2,).")
       .def_property_readonly("count", &DetectorMoment::count)
       .def_property_readonly("d", &DetectorMoment::d)
       .def_property_readonly("k", &DetectorMoment::k);
