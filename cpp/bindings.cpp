@@ -253,7 +253,26 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
           "Add samples X (n, d) with outputs Y (n, m); z = P^T x when P (d, k) is given.")
       .def("merge", &HermiteSums::merge, py::arg("other"))
       .def("sums", [](const HermiteSums& h, int r) { return RowMatrixXd(h.sums(r)); }, py::arg("r"))
-      .def("set_state", &HermiteSums::set_state, py::arg("count"), py::arg("sums"))
+      .def(
+          "set_state",
+          [](HermiteSums& h, double count, py::kwargs kw) {
+            std::vector<RowMatrixXd> sums;
+            for (int r = 0; r <= h.order(); ++r) {
+              const std::string key = "sums_" + std::to_string(r);
+              if (!kw.contains(key.c_str())) throw std::invalid_argument("HermiteSums.set_state: missing " + key);
+              sums.push_back(kw[key.c_str()].cast<RowMatrixXd>());
+            }
+            h.set_state(count, sums);
+          },
+          py::arg("count"), "Replace the raw sums (count, sums_0=..., ..., sums_order=...).")
+      .def("state",
+           [](const HermiteSums& h) {
+             py::dict st;
+             st["count"] = h.count();
+             for (int r = 0; r <= h.order(); ++r) st[("sums_" + std::to_string(r)).c_str()] = RowMatrixXd(h.sums(r));
+             return st;
+           },
+           "The raw sums: count and sums_r (m, k^r) for r = 0..order.")
       .def_property_readonly("k", &HermiteSums::k)
       .def_property_readonly("m", &HermiteSums::m)
       .def_property_readonly("order", &HermiteSums::order)
