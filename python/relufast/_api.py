@@ -2,21 +2,31 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, NamedTuple
 
 from .algorithms import bjw19, gklw19
 
-__all__ = ["recover", "METHODS"]
+__all__ = ["recover", "METHODS", "Method"]
 
-#: name -> (function, citation). Each function takes (X, Y, n_hidden, **options).
+
+class Method(NamedTuple):
+    """A registry entry: the function (called as ``function(X, Y, n_hidden, **options)``)
+    and the citation of the paper, with the theorem and algorithms it implements."""
+
+    function: Callable
+    citation: str
+
+
+#: name -> Method(function, citation).
 METHODS = {
-    "bjw19-gaussian": (bjw19.gaussian, bjw19.CITATION),
-    "bjw19-enumeration": (bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
-    "bjw19-fpt": (bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
-    "bjw19-noisy": (bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
-    "bjw19-sparse-noise": (bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
-    "bjw19-ica": (bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
-    "bjw19-independent-noise": (bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
-    "gklw19": (gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
+    "bjw19-gaussian": Method(bjw19.gaussian, bjw19.CITATION),
+    "bjw19-enumeration": Method(bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
+    "bjw19-fpt": Method(bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
+    "bjw19-noisy": Method(bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
+    "bjw19-sparse-noise": Method(bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
+    "bjw19-ica": Method(bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
+    "bjw19-independent-noise": Method(bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
+    "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
 }
 
 

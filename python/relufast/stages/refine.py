@@ -63,7 +63,7 @@ def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=
         Candidate directions (any norm, sign unknown).
     activation : Activation, default=RELU
         Homogeneous activations (relu^p) run in C++; others in NumPy with the
-        one-dimensional scale search of BJW19 Sec. 9.1 (spec Sec. 2.13).
+        one-dimensional scale search of BJW19 Sec. 9.1.
 
     Returns
     -------

@@ -99,7 +99,7 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
        basis B of its column span; outputs compressed to k columns ``Y Q``.
     2. Moment ``T[i] = mean_s (YQ)[s, i] (x_s x_s^T - I)`` (C++, replaces Alg. 4 step 3).
     3. Span of V from ``sum_i T[i]^2``; projected k x k x k tensor; Jennrich + CP-ALS
-       (Alg. 4 step 4, with the decomposition of spec Sec. 2.5).
+       (Alg. 4 step 4, with the decomposition in docs/bjw19.md).
     4. Alg. 5 on every candidate (C++): certified rows are exact.
     5. U by least squares (Thm 1 proof, "Gaussian elimination"), residual over all samples.
 

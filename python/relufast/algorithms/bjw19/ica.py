@@ -26,7 +26,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
     contrast : {"skew", "logcosh"}, default="skew"
         "skew" uses G(u) = u^3 / 3 (g(u) = u^2): rectified-Gaussian sources have skewness
         1.64, and on 60 random mixtures of 3-5 such sources (n = 2e4) it separated all of
-        them in at most 7 iterations, while "logcosh" (the spec's suggestion) stalled at a
+        them in at most 7 iterations, while "logcosh" (the usual default) stalled at a
         saddle point on 20 of the 60 (``bench/test_bench_ica_blas.py``).
 
     Returns
@@ -97,7 +97,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
     2. FastICA (symmetric, skewness contrast) instead of the AGMS12 black box; the sign
        of each source is fixed by its skewness (+1.64 for a rectified Gaussian).
     3. Each source gives an approximate row: least squares of the source on its
-       confidently positive samples (spec Sec. 2.4).
+       confidently positive samples.
     4. Algorithm 5 (margin form, C++) certifies the rows exactly; U by least squares.
     FastICA is written here rather than taken from scikit-learn: the instance is tiny
     (k x k unmixing), noise-free, and needs no optional dependency.
