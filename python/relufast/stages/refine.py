@@ -440,7 +440,7 @@ def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, bloc
         sys = systems(U, V, b, c, marg)
         res = float(np.sqrt(sys["sq_residual"] / sys["sq_norm"])) if sys["sq_norm"] > 0 else float("nan")
         history.append(res)
-        if res < best[0]:
+        if best is None or res < best[0]:
             best = (res, U, V, b, c)
     _, U, V, b, c = best
     U, c = fit_output(U, V, b, c)
