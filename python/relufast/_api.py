@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-from ._result import RelufastWarning
+from ._result import RecoveryResult, RelufastWarning
 from .algorithms import atv21, bjw19, gklw19
 
 __all__ = ["recover", "METHODS", "Method"]
@@ -84,7 +84,7 @@ def _choose(X, Y, n_hidden):
                               f"{rank}, k = {k}); running bjw19-gaussian, which reports why it fails")
 
 
-def recover(X, Y, *, n_hidden, method="auto", **options):
+def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:
     """Recover a planted two-layer network ``Y = relu(X V^T) U^T`` (+ noise).
 
     Parameters
