@@ -358,3 +358,17 @@ def test_general_validation():
         A.atv21_general(X[:100], X[:100, 0], 5)
     with pytest.raises(ValueError, match=r"T_0..T_6"):
         A.recover_general_from_tensors([np.zeros(())] * 5, 2)
+
+
+def test_unit_with_large_bias_is_reported_not_dropped():
+    # Spec oracle 13 (c): b = 6 makes a unit active on every sample (phi(6) ~ 6e-9 in every
+    # tensor): it cannot be recovered, and the result says so instead of dropping it.
+    r = np.random.default_rng(0)
+    V = r.standard_normal((3, 6))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    net = PlantedNetwork(U=np.array([[1.0, -0.9, 1.1]]), V=V, b=np.array([0.3, -0.4, 6.0]), c=np.zeros(1))
+    X, Y = net.sample(100000, random_state=1)
+    with pytest.warns(rf.RelufastWarning, match="detection limit"):
+        res = A.atv21(X, Y, 3, random_state=0)
+    assert not res.exact and res.V.shape == (3, 6)
+    assert res.diagnostics["units_below_noise"] or res.diagnostics["units_large_bias"]

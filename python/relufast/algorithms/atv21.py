@@ -458,6 +458,15 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                 restart_residuals=np.array(attempts))
     large = np.flatnonzero(np.abs(bb) > math.sqrt(2.0 * math.log(max(n, 3))))
     diag["units_large_bias"] = tuple(int(i) for i in large)
+    # A unit whose T_2 weight a phi(b) is within 3 noise levels is invisible at this n:
+    # |b| too large (phi(b) ~ e^{-b^2/2}) or a ~ 0 (ATV21 Sec. 1.3, the set P of Lemma D.13).
+    weak = np.flatnonzero(np.abs(d6["zeta2"]) <= 3.0 * noise[2])
+    diag["units_below_noise"] = tuple(int(i) for i in weak)
+    unreliable = sorted(set(diag["units_large_bias"]) | set(diag["units_below_noise"]))
+    note = ("" if not unreliable else
+            f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
+            f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
+            "nearly always or never active and cannot be recovered at this n")
     diag.update(refine_history=np.array(rr.history), refine_rounds=rr.rounds,
                 undetermined_units=rr.undetermined, n_regions=rr.n_regions, n_certain=rr.n_certain,
                 n_trimmed=rr.n_trimmed)
@@ -469,7 +478,7 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
     if not refine:
         return run.result(Status.APPROXIMATE,
                           f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
-                          f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data",
+                          f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
                           U=U, V=V, b=b, c=c, residual=residual)
     if residual <= tol and not rr.undetermined:
         return run.result(Status.EXACT,
@@ -482,7 +491,7 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                           f"the network fits exactly (residual {residual:.2e}) but the activation regions "
                           f"populated by the samples do not determine units {list(rr.undetermined)} (the "
                           "region system has rank < k: such a unit is active on all or on no samples, or "
-                          "always together with others); more samples, or a smaller |b|, may fix it",
+                          "always together with others); more samples, or a smaller |b|, may fix it" + note,
                           U=U, V=V, b=b, c=c, residual=residual)
     return run.result(Status.FAILED,
                       f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
@@ -490,7 +499,7 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                       f"tensor steps (exact needs "
                       f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
                       "random_state, or check that the outputs are noiseless (for noisy outputs use "
-                      "refine=False) and X standard Gaussian",
+                      "refine=False) and X standard Gaussian" + note,
                       U=U, V=V, b=b, c=c, residual=residual)
 
 
