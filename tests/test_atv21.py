@@ -372,3 +372,34 @@ def test_unit_with_large_bias_is_reported_not_dropped():
         res = A.atv21(X, Y, 3, random_state=0)
     assert not res.exact and res.V.shape == (3, 6)
     assert res.diagnostics["units_below_noise"] or res.diagnostics["units_large_bias"]
+
+
+def test_error_is_linear_in_tensor_perturbation():
+    # Spec oracle 7 (l = 1): exact tensors plus symmetric noise of Frobenius norm eta; the
+    # parameter error is <= C eta with C stable (prototype: 45-72; bound 300), slope ~1.
+    from relufast.stages.moments import _symmetrize
+
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((4, 6))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    net = Network(np.array([[1.2, -0.7, 0.9, -1.5]]), W, np.array([0.3, -0.8, 1.2, -0.4]))
+    T = [t[0] for t in A.population_tensors(net)]
+    etas = [1e-4, 1e-5, 1e-6]
+    errs = []
+    for eta in etas:
+        trial = []
+        for _ in range(5):
+            noisy = []
+            for r, t in enumerate(T):
+                E = rng.standard_normal(t.shape)
+                E = _symmetrize(E[None])[0] if r >= 2 else E
+                noisy.append(t + eta * E / max(np.linalg.norm(E), 1e-300))
+            a, V, b, _, _ = A.recover_from_tensors(noisy, 4, random_state=0)
+            perm = np.argmax(V @ W.T, axis=1)
+            trial.append(np.max(np.abs(a - net.U[0, perm]) + np.abs(b - net.b[perm])
+                                + np.linalg.norm(V - W[perm], axis=1)))
+        errs.append(np.median(trial))
+    errs = np.array(errs)
+    assert np.all(errs / etas <= 300)
+    slope = np.polyfit(np.log(etas), np.log(errs), 1)[0]
+    assert 0.8 <= slope <= 1.2
