@@ -4,14 +4,12 @@ import warnings
 
 import numpy as np
 import pytest
-from scipy.integrate import quad
-
 import relufast as rf
 from relufast.algorithms import atv21 as A
 from relufast.network import Network
 from relufast.planted import PlantedNetwork
-from relufast.stages.moments import (HermiteAccumulator, projected_hermite_moments,
-                                     projected_hermite_reference)
+from relufast.stages.moments import HermiteAccumulator, projected_hermite_moments, projected_hermite_reference
+from scipy.integrate import quad
 
 #: Exact recovery: machine precision times the conditioning of the fits (issue: 1e-10).
 EXACT_TOL = 1e-10
@@ -55,8 +53,8 @@ def test_coefficient_table():
 def test_coefficient_matches_quadrature(b):
     phi = lambda z: np.exp(-z * z / 2) / np.sqrt(2 * np.pi)
     for r in range(9):
-        he = lambda z: A._hermite_1d(r, z)
-        val = quad(lambda z: (z + b) * he(z) * phi(z), -b, np.inf, epsabs=1e-15, epsrel=1e-14, limit=200)[0]
+        val = quad(lambda z, r=r: (z + b) * A._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15,
+                   epsrel=1e-14, limit=200)[0]
         assert abs(A.hermite_coefficient(r, b) - val) <= QUAD_TOL
 
 

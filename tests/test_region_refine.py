@@ -2,7 +2,8 @@
 pass against its NumPy reference, exact recovery from perturbed estimates, rank check."""
 import numpy as np
 import pytest
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from relufast._native import core
 from relufast.stages.refine import region_refine, region_systems_reference
 
@@ -140,8 +141,6 @@ def test_validation():
         Xr = rng.standard_normal((2000, 8))
         region_refine(Xr, Xr[:, 0], rng.standard_normal((8, 8)), np.zeros(8), max_regions=4, max_rounds=1)
 
-
-from hypothesis import given, settings, strategies as st
 
 
 @settings(max_examples=25, deadline=None)

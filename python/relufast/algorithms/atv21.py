@@ -37,7 +37,6 @@ refinement step is relufast's own.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from scipy.special import ndtr
@@ -483,8 +482,9 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
     if residual <= tol and not rr.undetermined:
         return run.result(Status.EXACT,
                           f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
-                          f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by {rr.rounds} rounds of activation-region refinement; "
-                          f"relative residual {residual:.2e} over {n} samples",
+                          f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
+                          f"{rr.rounds} rounds of activation-region refinement; relative residual "
+                          f"{residual:.2e} over {n} samples",
                           U=U, V=V, b=b, c=c, residual=residual, exact=True)
     if residual <= tol:
         return run.result(Status.NON_IDENTIFIABLE,
@@ -495,8 +495,8 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                           U=U, V=V, b=b, c=c, residual=residual)
     return run.result(Status.FAILED,
                       f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
-                      f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of {len(attempts)} "
-                      f"tensor steps (exact needs "
+                      f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
+                      f"{len(attempts)} tensor steps (exact needs "
                       f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
                       "random_state, or check that the outputs are noiseless (for noisy outputs use "
                       "refine=False) and X standard Gaussian" + note,

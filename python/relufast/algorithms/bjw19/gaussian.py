@@ -13,10 +13,16 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status
-from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import (bias_evidence, input_whitening, numerical_rank, outputs_below_hidden_message,
-                                   refinement_subset, warn_if_not_gaussian)
+from ...activations import RELU, get_activation, hermite_coefficient
+from ...stages.diagnostics import (
+    bias_evidence,
+    input_whitening,
+    numerical_rank,
+    outputs_below_hidden_message,
+    refinement_subset,
+    warn_if_not_gaussian,
+)
 from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
 from ...stages.moments import moment_span
 from ...stages.refine import RowPool, output_basis, refine_rows
