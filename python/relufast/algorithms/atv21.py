@@ -358,7 +358,8 @@ def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, 
     """
     with single_threaded_blas():
         return _atv21(X, Y, n_hidden, refine=refine, tol=tol, max_rounds=max_rounds, margin=margin,
-                      n_restarts=n_restarts, n_refine=n_refine, n_jobs=n_jobs, random_state=random_state, block_size=block_size)
+                      n_restarts=n_restarts, n_refine=n_refine, n_jobs=n_jobs, random_state=random_state,
+                      block_size=block_size)
 
 
 def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state,
