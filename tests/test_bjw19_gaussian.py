@@ -166,7 +166,7 @@ def test_auto_method_says_why():
 
 
 def test_unknown_method_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid methods are 'auto', 'bjw19-enumeration', 'bjw19-fpt', 'bjw19-gaussian'"):
+    with pytest.raises(ValueError, match="valid methods are 'auto', 'atv21', 'bjw19-enumeration', 'bjw19-fpt', 'bjw19-gaussian'"):
         rf.recover(np.zeros((10, 2)), np.zeros((10, 2)), n_hidden=1, method="sgd")
 
 

@@ -15,8 +15,9 @@ from ..._native import BACKEND
 from ..._result import Run, Status
 from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import (input_whitening, numerical_rank, outputs_below_hidden_message,
-                                   refinement_subset, warn_if_not_gaussian)
+from ...stages.diagnostics import (bias_evidence, input_whitening, numerical_rank,
+                                   outputs_below_hidden_message, refinement_subset,
+                                   warn_if_not_gaussian)
 from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
 from ...stages.moments import moment_span
 from ...stages.refine import RowPool, output_basis, refine_rows
@@ -193,6 +194,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null,
                                run.counts["restarts"])
     exact = status == Status.EXACT
+    if not exact and act is RELU:
+        message += _bias_note(X, Y, Wh)
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
                       warn_user=not exact)
 
@@ -270,3 +273,15 @@ def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, rest
         f"only {len(pool)} of {k} rows could be certified after {restarts} restarts: the moment "
         "estimate is too crude. Try more samples, more n_restarts, or check that X is standard "
         "Gaussian and that rows of V are not nearly parallel")
+
+
+def _bias_note(X, Y, Wh):
+    """Say so when the outputs look like a network with an offset or hidden biases (not
+    the bias-free model of BJW19); empty otherwise."""
+    rows = min(X.shape[0], 200000)
+    ev = bias_evidence(X[:rows], Y[:rows], Wh)
+    if not ev["biased"]:
+        return ""
+    return (f". The outputs look like those of a network with an output offset or hidden biases "
+            f"(mean(y) - tr E[y (x x^T - I)] has |z| = {np.max(np.abs(ev['z'])):.1f}; it is 0 without "
+            "biases), which the bias-free model of BJW19 cannot fit: use method='atv21'")
