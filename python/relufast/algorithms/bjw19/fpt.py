@@ -9,11 +9,13 @@ import numpy as np
 from ..._result import Run, Status
 from ..._validation import check_positive_int, check_problem, check_random_state
 from ...stages.fit import fit_and_certify
+from ...stages.precision import polish_at_precision, resolve_precision
 
 __all__ = ["fpt"]
 
 
-def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None):
+def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None,
+        precision=None):
     """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
 
     Parameters
@@ -32,6 +34,10 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     min_class_size : int, optional
         Smallest class kept (default d: the row is then determined, Lemma 21).
     random_state : None, int or numpy Generator
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype). Below float64, ``tol``,
+        ``class_tol`` and the class residual test are raised to the rounding floor
+        (:mod:`relufast.stages.precision`) and an exact result is polished in float64.
 
     Returns
     -------
@@ -57,7 +63,10 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     O(n m log n + k n d^2).
     """
     run = Run("bjw19-fpt")
+    prec = resolve_precision(Y, precision)
     X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    run.precision = prec.name
+    tol, class_tol = prec.tol(tol, d, k), prec.tol(class_tol, d, k)
     rng = check_random_state(random_state)
     min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
     counts, diag = run.counts, run.diag
@@ -96,7 +105,7 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         class_res.append(res)
         V[i] = w / np.linalg.norm(w)
     diag["class_residuals"] = tuple(class_res)
-    if max(class_res) > 1e-9:
+    if max(class_res) > prec.tol(1e-9, d, k):
         return run.result(Status.NON_IDENTIFIABLE,
                        f"a class of parallel outputs is not produced by one unit (least-squares "
                        f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
@@ -104,9 +113,13 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     U, residual, _ = fit_and_certify(X, Y, V)
     exact = residual <= tol
     if exact:
+        note = ""
+        if not prec.is_double:
+            U, V, _, _, residual = polish_at_precision(X, Y, U, V)
+            note = f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
         return run.result(Status.EXACT,
                        f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
-                       f"residual {residual:.2e}", U=U, V=V, exact=True, residual=residual)
+                       f"residual {residual:.2e}{note}", U=U, V=V, exact=True, residual=residual)
     return run.result(Status.FAILED,
                    f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
                    U=U, V=V, residual=residual)

@@ -15,11 +15,12 @@ from ..._native import BACKEND
 from ..._result import Run, Status
 from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import (bias_evidence, input_whitening, numerical_rank,
+from ...stages.diagnostics import (RANK_TOL, bias_evidence, input_whitening, numerical_rank,
                                    outputs_below_hidden_message, refinement_subset,
                                    warn_if_not_gaussian)
 from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
 from ...stages.moments import moment_span
+from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
@@ -48,7 +49,7 @@ def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
 
 
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
-             random_state=None, block_size=256, activation="relu", whiten="auto"):
+             random_state=None, block_size=256, activation="relu", whiten="auto", precision=None):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -82,6 +83,11 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
         For x ~ N(0, Sigma) (BJW19 Remark 3): whiten with E[x x^T]^{-1/2}, estimated on all
         samples, in the moment and the refinement, and map the rows back. "auto" whitens
         when the second-moment matrix of X is not the identity within sampling error.
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype, e.g. float32). Below float64
+        every zero test and the residual tolerance are raised to the rounding floor
+        (:mod:`relufast.stages.precision`) and an exact result is polished in float64;
+        ``result.precision`` names it.
 
     Returns
     -------
@@ -106,16 +112,18 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     Cost: 2 n k d^2 flops for the moment, O(n (d k + m k)) for the residual, the rest
     depends only on the refinement sample size.
     """
+    prec = resolve_precision(Y, precision)
     with single_threaded_blas():
         return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
                          n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                         activation=activation, whiten=whiten)
+                         activation=activation, whiten=whiten, prec=prec)
 
 
 def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
-              activation, whiten):
+              activation, whiten, prec):
     run = Run("bjw19-gaussian")
     X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    run.precision = prec.name
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     block_size = check_positive_int(block_size, "block_size")
     if not (np.isfinite(tol) and tol > 0):
@@ -153,7 +161,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         run.counts["n_refine"] = len(Xr)
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
-        rank = numerical_rank(sv)
+        rank = numerical_rank(sv, prec.tol(RANK_TOL, d, k))
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
         Wh = input_whitening(X, whiten, diag)
@@ -180,8 +188,9 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
     # Step 4: candidates pooled over restarts and certified.
     pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
-                                                      threads, act, whitened=Wh is not None)
-    if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+                                                      threads, act, whitened=Wh is not None,
+                                                      tols=refine_tolerances(prec, d, k))
+    if len(pool) == k - 1 and k > 1 and noise_ratio < prec.tol(1e-9, d, k) and act is RELU and Wh is None:
         with run.stage("refine"):
             row = _deflate_missing(X, Y, np.array(pool.rows), B, Xr, threads)
         if row is not None and pool.add(row, {"deflation": True}):
@@ -191,16 +200,20 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     # Step 5: the output layer and the certificate over all samples.
     with run.stage("fit"):
         U, V, residual = _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag)
-    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null,
-                               run.counts["restarts"])
+    status, message = _outcome(pool, k, residual, prec.tol(tol, d, k), n, len(Xr), noise_ratio, m,
+                               min_null, run.counts["restarts"], prec.tol(1e-9, d, k), prec.tol(1e-8, d, k))
     exact = status == Status.EXACT
+    if exact and not prec.is_double and act is RELU:
+        with run.stage("polish"):
+            U, V, _, _, residual = polish_at_precision(X, Y, U, V, threads=threads)
+        message += f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
     if not exact and act is RELU:
         message += _bias_note(X, Y, Wh)
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
                       warn_user=not exact)
 
 
-def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened):
+def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None):
     """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
     pooled until k distinct rows are found.
 
@@ -213,7 +226,7 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
             cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
         with run.stage("refine"):
-            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
+            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act, **(tols or {}))
         rows_x = to_x(out["rows"])
         if act.homogeneous and whitened:
             rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
@@ -252,7 +265,8 @@ def _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag):
     return U[:, order], V[order], residual
 
 
-def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts):
+def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts, noise_tol=1e-9,
+             null_tol=1e-8):
     """Status and message of the run."""
     if pool.full and residual <= tol:
         return Status.EXACT, (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
@@ -264,7 +278,7 @@ def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, rest
             "not exactly those of one network (outliers or a few corrupted samples?)")
     # With m > k the (k+1)-th singular value of the outputs measures the noise; with
     # m = k only the absence of any exact null vector can tell.
-    if (noise_ratio > 1e-9) if m > k else (min_null > 1e-8):
+    if (noise_ratio > noise_tol) if m > k else (min_null > null_tol):
         return Status.APPROXIMATE, (
             f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
             f"smallest null-space ratio {min_null:.2e}): returning an approximate network with "
