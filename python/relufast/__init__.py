@@ -11,6 +11,9 @@ from .stages import fit, highs, moments, patterns, refine, robust_pca, tensor
 from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
+from .bridges import from_sklearn, from_torch
+from .extraction import extract
+from .network import Network
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,10 @@ del _name, _mod
 
 __all__ = [
     "recover",
+    "extract",
+    "from_torch",
+    "from_sklearn",
+    "Network",
     "METHODS",
     "RecoveryResult",
     "Status",
