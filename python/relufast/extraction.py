@@ -30,6 +30,7 @@ from ._progress import Progress
 from ._result import RecoveryResult, RelufastWarning, Status, warn
 from ._validation import check_positive_int, check_random_state
 from .stages.precision import resolve_precision
+from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
 
 __all__ = ["extract", "as_query_function", "cryptanalytic_queries"]
 
@@ -105,21 +106,6 @@ def as_query_function(model: Any) -> tuple:
                     f"callable on arrays of shape (n, n_features); got {type(model).__name__}")
 
 
-def _visible_units(X, Y, max_rows=50000):
-    """Hidden units visible in the outputs: the number of eigenvalues of the second
-    moment T_2 = E[y (x x^T - I)] (combined over outputs) above its sampling floor."""
-    Xs, Ys = X[:max_rows], Y[:max_rows] - Y[:max_rows].mean(axis=0)
-    n, d = Xs.shape
-    rng = np.random.default_rng(0)
-    g = rng.standard_normal(Ys.shape[1])
-    y = Ys @ g
-    T = (Xs * y[:, None]).T @ Xs / n - np.mean(y) * np.eye(d)
-    ev = np.sort(np.abs(np.linalg.eigvalsh(0.5 * (T + T.T))))[::-1]
-    # Sampling floor of T_2 entries: std(y) sqrt(d / n) scale (Wishart edge), with margin.
-    floor = 4.0 * float(np.std(y)) * (math.sqrt(d / n) + d / n)
-    return int(np.sum(ev > floor)), ev
-
-
 def extract(model: Any, n_features: int, n_hidden: Optional[int] = None, *, n_queries: int = 20000,
             max_queries: int = 2_000_000, precision: Any = None, batch_size: int = 16384,
             method: str = "auto", progress: Optional[bool] = None, random_state: Any = None,
@@ -136,8 +122,9 @@ def extract(model: Any, n_features: int, n_hidden: Optional[int] = None, *, n_qu
     n_features : int
         Input dimension d.
     n_hidden : int, optional
-        Hidden units k; default: the number visible in the second moment of the first
-        queries (say so in the message when it differs from the given value).
+        Hidden units k; default: the number visible in the outputs
+        (:func:`relufast.units.visible_units`). When fewer units are visible than given
+        (dead or pruned units), the visible ones are recovered and the message says so.
     n_queries : int, default=20000
         Queries of the first attempt; doubled (new queries added) until the certificate
         holds or ``max_queries`` is reached.
@@ -196,9 +183,9 @@ def extract(model: Any, n_features: int, n_hidden: Optional[int] = None, *, n_qu
             X, Y = np.concatenate(Xs), np.concatenate(Ys)
             prec = resolve_precision(np.empty(0, dtype=out_dtype[0] if out_dtype[0] in
                                               ("float32", "float16") else np.float64), precision)
-            visible, _ = _visible_units(X, Y)
-            k = k_given if k_given is not None else max(visible, 1)
-            k = min(k, d)
+            visible = visible_units(X, Y, precision=prec).count
+            # Dead or pruned units leave no trace: recover the visible ones.
+            k = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
             names = ([method] if method != "auto" else
                      (["bjw19-gaussian", "atv21"] if Y.shape[1] >= k else ["atv21"]))
             for name in names:
@@ -215,18 +202,18 @@ def extract(model: Any, n_features: int, n_hidden: Optional[int] = None, *, n_qu
             n_total *= 2
     finally:
         bar.close()
-    m = Y.shape[1]
-    crypt = cryptanalytic_queries(d, k) * max(m, 1) ** 0  # outputs do not change the count
+    crypt = cryptanalytic_queries(d, k)
     counts = dict(result.counts, queries=len(X))
     diag = dict(result.diagnostics, cryptanalytic_queries=crypt, query_history=tuple(history),
                 visible_units=visible)
     message = (f"{result.message}. Used {len(X)} Gaussian queries ({len(history)} rounds); "
                f"differential extraction [CJM20, CCHRSS23] needs about {crypt} for d = {d}, k = {k} "
                "(approximate, see relufast.extraction.cryptanalytic_queries)")
-    if k_given is not None and visible != k_given and visible < k_given:
-        message += (f". Only {visible} of {k_given} units are visible in the queries' second moment "
-                    f"(dead or pruned units have no effect on the outputs); n_hidden={visible} "
-                    "recovers the rest")
+    if k_given is not None and visible < k_given:
+        message = invisible_message(visible, k_given) + ". " + message
+    if not result.exact and result.V is not None:
+        dup = near_duplicate_message(near_duplicates(result.V, d))
+        message += f". {dup}" if dup else ""
     res = dataclasses.replace(result, counts=counts, diagnostics=diag, message=message)
     if not res.exact:
         warn(message)
