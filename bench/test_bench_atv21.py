@@ -9,7 +9,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 import relufast as rf
 from relufast.algorithms import atv21 as A
 from relufast.planted import PlantedNetwork

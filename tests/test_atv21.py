@@ -4,14 +4,12 @@ import warnings
 
 import numpy as np
 import pytest
-from scipy.integrate import quad
-
 import relufast as rf
 from relufast.algorithms import atv21 as A
 from relufast.network import Network
 from relufast.planted import PlantedNetwork
-from relufast.stages.moments import (HermiteAccumulator, projected_hermite_moments,
-                                     projected_hermite_reference)
+from relufast.stages.moments import HermiteAccumulator, projected_hermite_moments, projected_hermite_reference
+from scipy.integrate import quad
 
 #: Exact recovery: machine precision times the conditioning of the fits (issue: 1e-10).
 EXACT_TOL = 1e-10
@@ -55,8 +53,8 @@ def test_coefficient_table():
 def test_coefficient_matches_quadrature(b):
     phi = lambda z: np.exp(-z * z / 2) / np.sqrt(2 * np.pi)
     for r in range(9):
-        he = lambda z: A._hermite_1d(r, z)
-        val = quad(lambda z: (z + b) * he(z) * phi(z), -b, np.inf, epsabs=1e-15, epsrel=1e-14, limit=200)[0]
+        val = quad(lambda z, r=r: (z + b) * A._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15,
+                   epsrel=1e-14, limit=200)[0]
         assert abs(A.hermite_coefficient(r, b) - val) <= QUAD_TOL
 
 
@@ -94,15 +92,15 @@ def test_projected_moments_match_reference_and_merge():
     acc.merge(HermiteAccumulator(2, basis=P).add(X[1000:], Y[1000:]))
     for g, e in zip(acc.tensors(), got):
         np.testing.assert_allclose(g, e, atol=1e-14)
-    full = projected_hermite_moments(X[:, :3], Y, order=3)
-    for g, e in zip(full, projected_hermite_reference(X[:, :3], Y, order=3)):
-        np.testing.assert_allclose(g, e, atol=1e-13)
+    full = projected_hermite_moments(X[:, :3], Y, order=6)
+    for g, e in zip(full, projected_hermite_reference(X[:, :3], Y, order=6)):
+        np.testing.assert_allclose(g, e, atol=1e-12 * max(1.0, np.abs(e).max()))
 
 
 def test_moment_validation():
     X = np.zeros((10, 4))
-    with pytest.raises(ValueError, match="order must be an integer in 0..4"):
-        HermiteAccumulator(1, order=5, n_features=4)
+    with pytest.raises(ValueError, match="order must be an integer in 0..6"):
+        HermiteAccumulator(1, order=7, n_features=4)
     with pytest.raises(ValueError, match="give either basis"):
         HermiteAccumulator(1)
     with pytest.raises(ValueError, match=r"P has shape \(3, 2\), expected \(d, k\) = \(4, 2\)"):
@@ -289,3 +287,117 @@ def test_population_l2_against_monte_carlo():
     assert rf.metrics.population_l2(a, a) == 0.0
     with pytest.raises(ValueError, match="same input and output dimensions"):
         rf.metrics.population_l2(a, rf.planted.two_layer(5, 2, 2, random_state=0))
+
+
+# ---- Theorem 3.2: l = 2, signs ambiguous; Algorithm 5 -------------------------------------
+
+def _overcomplete(seed=1, d=5, k=9):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((k, d))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    b = rng.uniform(-1.5, 1.5, k)
+    b[0], b[1] = np.sqrt(3 - np.sqrt(6)), 0.0  # roots of He_4 (invisible in T_6) and He_3 (in T_5)
+    a = rng.choice([-1.0, 1.0], k) * rng.uniform(0.5, 2.0, k)
+    return PlantedNetwork(U=a[None, :], V=W, b=b, c=np.zeros(1))
+
+
+def test_exact_tensors_overcomplete_up_to_sign():
+    # Spec oracle 6: d = 5, k = 9 > d; recovery up to a per-unit sign of (w, b), exact a.
+    net = _overcomplete()
+    T = [t[0] for t in A.population_tensors(net, order=6)]
+    a, V, b, _ = A.recover_general_from_tensors(T, 9, random_state=0)
+    C = V @ net.V.T
+    perm = np.argmax(np.abs(C), axis=1)
+    xi = np.sign(C[np.arange(9), perm])
+    assert sorted(perm) == list(range(9))
+    err = (np.abs(a - net.U[0, perm]) + np.abs(xi * b - net.b[perm])
+           + np.linalg.norm(xi[:, None] * V - net.V[perm], axis=1))
+    assert err.max() <= EXACT_TOL
+
+
+def test_algorithm5_fits_k_plus_two_units():
+    # Spec oracle 10: exact units with ambiguous signs, 2 features per unit + (x, 1).
+    net = _overcomplete(seed=2, k=8)
+    T = [t[0] for t in A.population_tensors(net, order=6)]
+    _, V, b, _ = A.recover_general_from_tensors(T, 8, random_state=0)
+    X, Y = net.sample(100000, random_state=3)
+    U2, V2, b2, c2 = A.fit_network(X, Y, V, b)
+    assert V2.shape[0] <= 8 + 2
+    Xt, Yt = net.sample(10000, random_state=4)
+    pred = np.maximum(Xt @ V2.T + b2, 0.0) @ U2.T + c2
+    # Machine precision squared (prototype: 2.4e-29); 1e-20 leaves room for conditioning.
+    assert np.mean((pred - Yt) ** 2) <= 1e-20
+
+
+def test_general_sampled_states_the_sign_ambiguity():
+    rng = np.random.default_rng(5)
+    V = rng.standard_normal((6, 4))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    net = PlantedNetwork(U=np.array([[1.0, -1.2, 0.9, 1.1, -0.8, 1.3]]), V=V,
+                         b=np.array([0.3, -0.5, 0.2, 0.6, -0.2, 0.1]), c=np.array([0.2]))
+    X, Y = net.sample(400000, random_state=5)
+    res = quiet(rf.recover, X, Y, n_hidden=6, method="atv21-general", random_state=0)
+    assert res.status == "approximate" and "sign" in res.message
+    assert res.diagnostics["sign_ambiguous"] == tuple(range(6)) and res.V.shape == (6, 4)
+    # Directions (sign-free) are estimated; sampled l = 2 is sample-hungry, so only a loose check.
+    assert np.median(np.abs(res.V @ net.V.T).max(axis=1)) > 0.9
+    fit = quiet(rf.recover, X, Y, n_hidden=6, method="atv21-general", fit=True, random_state=0)
+    assert fit.V.shape[0] <= 6 + 2 and fit.status == "approximate"
+    # Algorithm 5's network is a useful function estimate: L2 error well below ||f||.
+    zero = Network(net.U * 0, net.V, net.b, np.zeros(1))
+    assert rf.metrics.population_l2(fit, net) < 0.3 * rf.metrics.population_l2(net, zero)
+
+
+def test_general_validation():
+    X = np.random.default_rng(0).standard_normal((2000, 3))
+    with pytest.raises(ValueError, match=r"n_hidden <= d \(d \+ 1\) / 2 = 6"):
+        A.atv21_general(X, X[:, 0], 7)
+    with pytest.raises(ValueError, match="needs at least"):
+        A.atv21_general(X[:100], X[:100, 0], 5)
+    with pytest.raises(ValueError, match=r"T_0..T_6"):
+        A.recover_general_from_tensors([np.zeros(())] * 5, 2)
+
+
+def test_unit_with_large_bias_is_reported_not_dropped():
+    # Spec oracle 13 (c): b = 6 makes a unit active on every sample (phi(6) ~ 6e-9 in every
+    # tensor): it cannot be recovered, and the result says so instead of dropping it.
+    r = np.random.default_rng(0)
+    V = r.standard_normal((3, 6))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    net = PlantedNetwork(U=np.array([[1.0, -0.9, 1.1]]), V=V, b=np.array([0.3, -0.4, 6.0]), c=np.zeros(1))
+    X, Y = net.sample(100000, random_state=1)
+    with pytest.warns(rf.RelufastWarning, match="detection limit"):
+        res = A.atv21(X, Y, 3, random_state=0)
+    assert not res.exact and res.V.shape == (3, 6)
+    assert res.diagnostics["units_below_noise"] or res.diagnostics["units_large_bias"]
+
+
+def test_error_is_linear_in_tensor_perturbation():
+    # Spec oracle 7 (l = 1): exact tensors plus symmetric noise of Frobenius norm eta; the
+    # parameter error is <= C eta with C stable (prototype: 45-72; bound 300), slope ~1.
+    from relufast.stages.moments import _symmetrize
+
+    rng = np.random.default_rng(7)
+    W = rng.standard_normal((4, 6))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    net = Network(np.array([[1.2, -0.7, 0.9, -1.5]]), W, np.array([0.3, -0.8, 1.2, -0.4]))
+    T = [t[0] for t in A.population_tensors(net)]
+    etas = [1e-4, 1e-5, 1e-6]
+    errs = []
+    for eta in etas:
+        trial = []
+        for _ in range(5):
+            noisy = []
+            for r, t in enumerate(T):
+                E = rng.standard_normal(t.shape)
+                E = _symmetrize(E[None])[0] if r >= 2 else E
+                noisy.append(t + eta * E / max(np.linalg.norm(E), 1e-300))
+            a, V, b, _, _ = A.recover_from_tensors(noisy, 4, random_state=0)
+            perm = np.argmax(V @ W.T, axis=1)
+            trial.append(np.max(np.abs(a - net.U[0, perm]) + np.abs(b - net.b[perm])
+                                + np.linalg.norm(V - W[perm], axis=1)))
+        errs.append(np.median(trial))
+    errs = np.array(errs)
+    assert np.all(errs / etas <= 300)
+    slope = np.polyfit(np.log(etas), np.log(errs), 1)[0]
+    assert 0.8 <= slope <= 1.2

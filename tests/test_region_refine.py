@@ -2,7 +2,8 @@
 pass against its NumPy reference, exact recovery from perturbed estimates, rank check."""
 import numpy as np
 import pytest
-
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from relufast._native import core
 from relufast.stages.refine import region_refine, region_systems_reference
 
@@ -139,3 +140,20 @@ def test_validation():
         rng = np.random.default_rng(0)
         Xr = rng.standard_normal((2000, 8))
         region_refine(Xr, Xr[:, 0], rng.standard_normal((8, 8)), np.zeros(8), max_regions=4, max_rounds=1)
+
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 60), d=st.integers(1, 4), k=st.integers(1, 4), m=st.integers(1, 3),
+       margin=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1), block=st.integers(1, 17))
+def test_region_pass_property(n, d, k, m, margin, seed, block):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    Y = rng.standard_normal((n, m))
+    V, b = rng.standard_normal((k, d)), rng.standard_normal(k)
+    U, c = rng.standard_normal((m, k)), rng.standard_normal(m)
+    got = core.region_systems(X, Y, V, b, U, c, np.full(k, margin), None, 10**6, 2, block)
+    ref = region_systems_reference(X, Y, V, b, U, c, margin)
+    np.testing.assert_array_equal(got["keys"], ref["keys"])
+    for key in ("counts", "gram", "cross", "fgram", "fcross", "sq_residual", "n_certain"):
+        np.testing.assert_allclose(got[key], ref[key], rtol=SUM_TOL, atol=SUM_TOL, err_msg=key)

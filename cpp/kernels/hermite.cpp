@@ -17,8 +17,8 @@ Index ipow(Index k, int r) {
 
 HermiteSums::HermiteSums(Index k, Index m, int order) : k_(k), m_(m), order_(order) {
   if (k < 1 || m < 1) throw std::invalid_argument("HermiteSums: need k >= 1 and m >= 1");
-  if (order < 0 || order > 4)
-    throw std::invalid_argument("HermiteSums: order must be in 0..4; got " + std::to_string(order));
+  if (order < 0 || order > 6)
+    throw std::invalid_argument("HermiteSums: order must be in 0..6; got " + std::to_string(order));
   for (int r = 0; r <= order; ++r) sums_.push_back(RowMatrixXd::Zero(m, ipow(k, r)));
 }
 
@@ -54,7 +54,7 @@ void HermiteSums::update(const ConstRowRef& X, const ConstRowRef& Y, const RowMa
 
   struct Local {
     std::vector<RowMatrixXd> s;
-    RowMatrixXd Z, Z2, W, W2;
+    RowMatrixXd Z, Z2, Z3, W, W2, W3;
   };
   accumulate_blocks<Local>(
       n, block, n_jobs,
@@ -100,6 +100,26 @@ void HermiteSums::update(const ConstRowRef& X, const ConstRowRef& Y, const RowMa
           const RowMatrixXd G = L.Z2.transpose() * L.W2;  // (k^2, m k^2): S_4[i][ab, cd]
           for (Index i = 0; i < m; ++i)
             for (Index ab = 0; ab < k2; ++ab) L.s[4].row(i).segment(ab * k2, k2) += G.row(ab).segment(i * k2, k2);
+        }
+        if (order < 5) return;
+        // Orders 5 and 6 (ATV21 Alg. 4 with l = 2): Z3 = row-wise Kronecker cube.
+        const Index k3 = k2 * k;
+        L.Z3.resize(len, k3);
+        for (Index s = 0; s < len; ++s)
+          for (Index ab = 0; ab < k2; ++ab) L.Z3.row(s).segment(ab * k, k).noalias() = L.Z2(s, ab) * L.Z.row(s);
+        {
+          const RowMatrixXd G = L.Z3.transpose() * L.W2;  // (k^3, m k^2): S_5[i][abc, de]
+          for (Index i = 0; i < m; ++i)
+            for (Index abc = 0; abc < k3; ++abc) L.s[5].row(i).segment(abc * k2, k2) += G.row(abc).segment(i * k2, k2);
+        }
+        if (order < 6) return;
+        L.W3.resize(len, m * k3);
+        for (Index s = 0; s < len; ++s)
+          for (Index i = 0; i < m; ++i) L.W3.row(s).segment(i * k3, k3).noalias() = Yb(s, i) * L.Z3.row(s);
+        {
+          const RowMatrixXd G = L.Z3.transpose() * L.W3;  // (k^3, m k^3): S_6[i][abc, def]
+          for (Index i = 0; i < m; ++i)
+            for (Index abc = 0; abc < k3; ++abc) L.s[6].row(i).segment(abc * k3, k3) += G.row(abc).segment(i * k3, k3);
         }
       },
       [&](const Local& L) {

@@ -1,4 +1,4 @@
-// Streaming raw moments for projected Hermite tensors of order 0..4.
+// Streaming raw moments for projected Hermite tensors of order 0..6.
 //
 // ATV21 (Awasthi, Tang, Vijayaraghavan, NeurIPS 2021), Alg. 4/6 with l = 1, needs
 // the Hermite coefficient tensors T_r = (1/N) sum_s y_s He_r(x_s), r <= 4. relufast
@@ -21,7 +21,8 @@ namespace relufast {
 
 class HermiteSums {
  public:
-  // k: projected dimension; m: outputs; order: highest order (0..4).
+  // k: projected dimension; m: outputs; order: highest order (0..6; 5 and 6 serve
+  // ATV21 Alg. 4 with l = 2, in the full input space, so keep k small there).
   HermiteSums(Index k, Index m, int order);
 
   // Adds samples X (n x d) with outputs Y (n x m). With P (d x k) the samples are

@@ -32,6 +32,8 @@ METHODS = {
     "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
     "atv21": Method(atv21.atv21, atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), "
                     "then activation-region refinement (relufast)."),
+    "atv21-general": Method(atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 "
+                            "(fit=True: Algorithm 5)."),
 }
 
 

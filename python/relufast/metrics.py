@@ -172,7 +172,7 @@ def _bvn_cdf(h, k, rho):
     return float(val)
 
 
-def relu_kernel(b1, b2, rho):
+def relu_kernel(b1: float, b2: float, rho: float) -> float:
     """``K(b1, b2, rho) = E[(X + b1)_+ (Y + b2)_+]`` for standard normals with correlation rho.
 
     Closed form (ATV21 population L2 distance, relufast's derivation):
@@ -196,7 +196,7 @@ def relu_kernel(b1, b2, rho):
                  + b1 * phi(b2) * ndtr((b1 - rho * b2) / s) + s * phi(b1) * phi((b2 - rho * b1) / s))
 
 
-def population_l2(net_a, net_b):
+def population_l2(net_a: Any, net_b: Any) -> float:
     """Exact L2 distance ``sqrt(E ||f_a(x) - f_b(x)||^2)`` of two ReLU networks, x ~ N(0, I).
 
     Networks may have biases and offsets (``y = U relu(V x + b) + c``) and different numbers
@@ -223,9 +223,9 @@ def population_l2(net_a, net_b):
         raise ValueError(f"the networks must have the same input and output dimensions; got V "
                          f"{A.V.shape} / {B.V.shape} and U {A.U.shape} / {B.U.shape}")
     V = np.vstack([A.V, B.V])
-    b = np.concatenate([A.b, B.b])
+    b = np.concatenate([np.asarray(A.b), np.asarray(B.b)])
     U = np.hstack([A.U, -B.U])
-    gamma = A.c - B.c
+    gamma = np.asarray(A.c) - np.asarray(B.c)
     r = np.linalg.norm(V, axis=1)
     zero = r == 0
     # A zero row is the constant relu(b): fold it into the offset.

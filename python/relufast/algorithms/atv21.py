@@ -37,7 +37,6 @@ refinement step is relufast's own.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 from scipy.special import ndtr
@@ -52,7 +51,8 @@ from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ..stages.refine import region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
-__all__ = ["atv21", "hermite_coefficient", "population_tensors", "recover_from_tensors", "CITATION"]
+__all__ = ["atv21", "atv21_general", "hermite_coefficient", "population_tensors", "recover_from_tensors",
+           "recover_general_from_tensors", "fit_network", "CITATION"]
 
 CITATION = (
     "P. Awasthi, A. Tang, A. Vijayaraghavan. Efficient algorithms for learning depth-2 neural "
@@ -466,6 +466,15 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                 restart_residuals=np.array(attempts))
     large = np.flatnonzero(np.abs(bb) > math.sqrt(2.0 * math.log(max(n, 3))))
     diag["units_large_bias"] = tuple(int(i) for i in large)
+    # A unit whose T_2 weight a phi(b) is within 3 noise levels is invisible at this n:
+    # |b| too large (phi(b) ~ e^{-b^2/2}) or a ~ 0 (ATV21 Sec. 1.3, the set P of Lemma D.13).
+    weak = np.flatnonzero(np.abs(d6["zeta2"]) <= 3.0 * noise[2])
+    diag["units_below_noise"] = tuple(int(i) for i in weak)
+    unreliable = sorted(set(diag["units_large_bias"]) | set(diag["units_below_noise"]))
+    note = ("" if not unreliable else
+            f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
+            f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
+            "nearly always or never active and cannot be recovered at this n")
     diag.update(refine_history=np.array(rr.history), refine_rounds=rr.rounds,
                 undetermined_units=rr.undetermined, n_regions=rr.n_regions, n_certain=rr.n_certain,
                 n_trimmed=rr.n_trimmed)
@@ -477,13 +486,14 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
     if not refine:
         return run.result(Status.APPROXIMATE,
                           f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
-                          f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data",
+                          f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
                           U=U, V=V, b=b, c=c, residual=residual)
     if residual <= tol and not rr.undetermined:
         return run.result(Status.EXACT,
                           f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
-                          f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by {rr.rounds} rounds of activation-region refinement; "
-                          f"relative residual {residual:.2e} over {n} samples"
+                          f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
+                          f"{rr.rounds} rounds of activation-region refinement; relative residual "
+                          f"{residual:.2e} over {n} samples"
                           + ("" if prec.is_double else f" (certified at {prec.name} precision, floor "
                              f"{prec.floor(d, k):.1e}; fitted in float64)"),
                           U=U, V=V, b=b, c=c, residual=residual, exact=True)
@@ -492,13 +502,241 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                           f"the network fits exactly (residual {residual:.2e}) but the activation regions "
                           f"populated by the samples do not determine units {list(rr.undetermined)} (the "
                           "region system has rank < k: such a unit is active on all or on no samples, or "
-                          "always together with others); more samples, or a smaller |b|, may fix it",
+                          "always together with others); more samples, or a smaller |b|, may fix it" + note,
                           U=U, V=V, b=b, c=c, residual=residual)
     return run.result(Status.FAILED,
                       f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
-                      f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of {len(attempts)} "
-                      f"tensor steps (exact needs "
+                      f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
+                      f"{len(attempts)} tensor steps (exact needs "
                       f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
                       "random_state, or check that the outputs are noiseless (for noisy outputs use "
-                      "refine=False) and X standard Gaussian",
+                      "refine=False) and X standard Gaussian" + note,
                       U=U, V=V, b=b, c=c, residual=residual)
+
+
+# ---------------------------------------------------------------------------------------
+# Theorem 3.2: l = 2 (k up to d (d + 1) / 2), signs ambiguous; Algorithm 5 (fit).
+# ---------------------------------------------------------------------------------------
+
+def _algorithm4_l2(T, k, rng, noise5=0.0, noise6=0.0, n_draws=10):
+    """Algorithm 4 with l = 2 on dense T_0..T_6 (one output, dimension d).
+
+    Steps 1-4: the joint pencil of flatten(T_5; 2, 2, 1) and flatten(T_6; 2, 2, 2), whitened
+    by the top-k left singular vectors of [flatten(T_5; 2, 3), flatten(T_6; 2, 4)]; the
+    eigenvectors are +-vec(w_i w_i^T), whose top eigenvector is +-w_i. Step 5: Algorithm 2
+    with Hermite indices r = 0..3 (j = 2..5) and q = argmax_{r in {1, 2}} |gamma_r|
+    (errata: Lemma 4.5 with k = l - 2 >= 0, q the Hermite index).
+
+    Returns (Wt (k, d) unit rows with unknown per-unit sign, a (k,), b (k,) = xi_i b_i,
+    diagnostics).
+    """
+    d = T[1].shape[0]
+    w5 = 1.0 / noise5 if noise5 > 0 else 1.0 / max(np.linalg.norm(T[5]), 1e-300)
+    w6 = 1.0 / noise6 if noise6 > 0 else 1.0 / max(np.linalg.norm(T[6]), 1e-300)
+    F = np.hstack([w5 * T[5].reshape(d * d, -1), w6 * T[6].reshape(d * d, -1)])
+    Ul, sv, _ = np.linalg.svd(F, full_matrices=False)
+    P = Ul[:, :k]
+    T5 = T[5].reshape(d * d, d * d, d)
+    T6 = T[6].reshape(d * d, d * d, d * d)
+    T5p = np.einsum("ap,bq,abc->cpq", P, P, T5)
+    T6p = np.einsum("ap,bq,abc->cpq", P, P, T6)
+    pencil = np.concatenate([w5 * T5p, w6 * T6p], axis=0)
+    Z0, gap = jennrich(pencil, rng, n_draws=n_draws)
+    A_, Bf, Cf = cp_als(pencil, Z0)
+    Z = merge_symmetric_factors(Bf, Cf)
+    if not np.all(np.isfinite(Z)):
+        Z = Z0
+    Wt = np.empty((k, d))
+    for i in range(k):
+        Mi = (P @ Z[:, i]).reshape(d, d)
+        ev, E = np.linalg.eigh(0.5 * (Mi + Mi.T))
+        Wt[i] = E[:, np.argmax(np.abs(ev))]
+    Zt = Wt.T
+    gam = np.array([_sympow_ls(T[j], Zt, j) for j in range(2, 6)])  # gamma_r, r = j - 2
+    q = np.where(np.abs(gam[1]) >= np.abs(gam[2]), 1, 2)
+    idx = np.arange(k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bt = -(gam[q + 1, idx] + q * gam[q - 1, idx]) / gam[q, idx]
+        bt = np.where(np.isfinite(bt), bt, 0.0)
+        hq = np.where(q == 1, bt, bt * bt - 1.0)
+        at = (-1.0) ** q * _SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * gam[q, idx] / hq
+    diag = {"flattening_singular_values": sv, "jennrich_gap": gap, "gamma": gam, "hermite_index_q": q}
+    return Wt, at, bt, diag
+
+
+def recover_general_from_tensors(tensors, n_hidden, *, random_state=None):
+    """ATV21 Algorithm 4 with l = 2 (+ Algorithm 2) on given tensors T_0..T_6 (one output).
+
+    Needs the w_i (x) w_i linearly independent (k <= d (d + 1) / 2). The signs of (w_i, b_i)
+    are not identified (Theorem 3.2, Sec. 3.8): each unit is returned up to one common flip.
+
+    Returns
+    -------
+    a : ndarray (k,), V : ndarray (k, d) unit rows, b : ndarray (k,), diagnostics : dict
+    """
+    T = [np.asarray(t, dtype=np.float64) for t in tensors]
+    if len(T) != 7 or any(T[r].shape != (T[1].shape[0],) * r for r in range(7)):
+        raise ValueError("tensors must be T_0..T_6 with T_r of shape (d,) * r")
+    d = T[1].shape[0]
+    k = check_positive_int(n_hidden, "n_hidden")
+    if k > d * (d + 1) // 2:
+        raise ValueError(f"l = 2 needs n_hidden <= d (d + 1) / 2 = {d * (d + 1) // 2}; got {k}")
+    with single_threaded_blas():
+        Wt, a, b, diag = _algorithm4_l2(T, k, check_random_state(random_state))
+    return a, Wt, b, diag
+
+
+def fit_network(X, Y, V, b):
+    """ATV21 Algorithm 5, steps 3-5: a network of at most k + 2 units with small L2 error.
+
+    Least squares on the features ``relu(v_i . x + b_i)``, ``relu(-v_i . x - b_i)`` (both
+    signs, since Theorem 3.2 leaves the sign of each unit open) and ``(x, 1)``; the affine
+    part absorbs the units that were not recovered (Lemma D.13). The fit is rewritten as a
+    ReLU network (Claim D.14): ``sigma(-z) = sigma(z) - z`` folds the second feature into the
+    first and into the linear part, and the linear part ``v' . x`` becomes the two units
+    ``||v'|| (relu(u . x) - relu(-u . x))``; the constant is the output offset c.
+
+    Parameters
+    ----------
+    X : ndarray (n, d), Y : ndarray (n, m), V : ndarray (k, d), b : ndarray (k,)
+
+    Returns
+    -------
+    U : ndarray (m, k + 2 r), V : ndarray (k + 2 r, d), b : ndarray (k + 2 r,), c : ndarray (m,)
+        r = rank of the linear part (at most 1 for one output: k + 2 units, as in the paper).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
+    V = np.asarray(V, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    n, d = X.shape
+    k = V.shape[0]
+    Zp = X @ V.T + b
+    F = np.hstack([np.maximum(Zp, 0.0), np.maximum(-Zp, 0.0), X, np.ones((n, 1))])
+    coef = np.linalg.lstsq(F, Y, rcond=None)[0]  # (2k + d + 1, m)
+    alpha, alpha2, lin, const = coef[:k], coef[k:2 * k], coef[2 * k:2 * k + d], coef[-1]
+    # relu(-z) = relu(z) - z with z = v.x + b:
+    U_units = (alpha + alpha2).T  # (m, k)
+    lin = lin - V.T @ alpha2  # (d, m)
+    const = const - b @ alpha2
+    # The linear part lin^T x (m outputs) has rank r <= min(d, m); each rank-one piece
+    # s u v^T becomes two units, s v (relu(u.x) - relu(-u.x)): k + 2 units for one output.
+    Ul, s, Vt = np.linalg.svd(lin, full_matrices=False)
+    r = int(np.sum(s > 1e-12 * max(s[0], 1e-300))) if s.size else 0
+    V_out = np.vstack([V] + [np.vstack([Ul[:, j], -Ul[:, j]]) for j in range(r)])
+    b_out = np.concatenate([b, np.zeros(2 * r)])
+    U_out = np.hstack([U_units] + [np.column_stack([s[j] * Vt[j], -s[j] * Vt[j]]) for j in range(r)])
+    return U_out, V_out, b_out, const
+
+
+def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None,
+                  block_size=256):
+    """ATV21 Theorem 3.2: Algorithm 4 with l = 2 (k up to d (d + 1) / 2, k > d allowed).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs, i.i.d. N(0, I_d). The order-6 moment costs ~2 n d^6 flops: small d only.
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+    n_hidden : int
+        k <= d (d + 1) / 2.
+    fit : bool, default=False
+        Algorithm 5: tensors from the first half of the samples, then a least-squares fit on
+        the second half over both signs of every recovered unit and (x, 1), rewritten as a
+        network of at most k + 2 units (one output). The result is then sign-free: a network
+        with small L2 error, status ``approximate`` (``exact`` if its residual over all
+        samples is at most ``tol``).
+    tol, n_jobs, random_state, block_size
+        As in :func:`atv21`.
+
+    Returns
+    -------
+    RecoveryResult
+        Without ``fit``: the recovered units with ``diagnostics["sign_ambiguous"]`` (each
+        (v_i, b_i) is known only up to one common sign, Theorem 3.2; ``a`` has no ambiguity),
+        U from T_2 of every output (sign-free), status ``approximate``. Units with
+        ``|b_i| > sqrt(2 log n)`` (too large to recover at this n) are listed in
+        ``diagnostics["units_large_bias"]`` and named in the message, never dropped.
+
+    Notes
+    -----
+    Sampled l = 2 is far more sample-hungry than l = 1 (T_5 and T_6 errors decay like
+    N^-1/2 from a large constant); expect a usable estimate only at N >> 1e7 for d = 4.
+    """
+    with single_threaded_blas():
+        return _atv21_general(X, Y, n_hidden, fit=fit, tol=tol, n_jobs=n_jobs,
+                              random_state=random_state, block_size=block_size)
+
+
+def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size):
+    run = Run("atv21-general")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden, k_at_most_d=False)
+    block_size = check_positive_int(block_size, "block_size")
+    if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
+    if k > d * (d + 1) // 2:
+        raise ValueError(f"atv21-general (l = 2) needs n_hidden <= d (d + 1) / 2 = {d * (d + 1) // 2} "
+                         f"(the w_i (x) w_i must be independent); got n_hidden = {k}")
+    if d > 12:
+        raise ValueError(f"atv21-general forms order-6 tensors in the input space (d^6 = {d ** 6} entries "
+                         f"per output); got d = {d} > 12")
+    n_min = max(4 * (d + 1), 50 * k)
+    if n < n_min:
+        raise ValueError(f"atv21-general needs at least {n_min} samples for d = {d}, k = {k}; got n = {n}")
+    rng = check_random_state(random_state)
+    run.counts.update(n_samples=n, n_hidden=k)
+    diag = run.diag
+    diag.update(backend=BACKEND)
+    diag.update(gaussianity(X))
+    half = n // 2 if fit else n
+    Xt, Yt = X[:half], Y[:half]
+    with run.stage("moments"):
+        g = rng.standard_normal(m)
+        g /= np.linalg.norm(g)
+        y = np.ascontiguousarray(Yt @ g[:, None])
+        cuts = np.linspace(0, half, NOISE_BATCHES + 1).astype(int)
+        accs = [HermiteAccumulator(1, order=6, n_features=d, n_jobs=n_jobs, block_size=block_size)
+                .add(np.ascontiguousarray(Xt[a:e]), y[a:e]) for a, e in zip(cuts[:-1], cuts[1:])]
+        parts = [[t[0] for t in acc.tensors()] for acc in accs]
+        total = accs[0]
+        for acc in accs[1:]:
+            total.merge(acc)
+        T = [t[0] for t in total.tensors()]
+        noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts)))
+                 for r in range(7)]
+        diag["tensor_noise"] = np.array(noise)
+        T2all = SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size).add(Xt, Yt).tensor()
+    with run.stage("tensor"):
+        Wt, a, bt, d4 = _algorithm4_l2(T, k, rng, noise5=noise[5], noise6=noise[6])
+        diag.update(d4)
+    large = tuple(int(i) for i in np.flatnonzero(np.abs(bt) > math.sqrt(2.0 * math.log(max(n, 3)))))
+    diag["units_large_bias"] = large
+    diag["sign_ambiguous"] = tuple(range(k))
+    note = (f"; units {list(large)} have |b| > sqrt(2 log n) = {math.sqrt(2 * math.log(n)):.2f}: too large "
+            "to recover at this n (their parameters are unreliable)" if large else "")
+    if fit:
+        with run.stage("fit"):
+            U, V, b, c = fit_network(X[half:], Y[half:], Wt, bt)
+            resid = Y - (np.maximum(X @ V.T + b, 0.0) @ U.T + c)
+            residual = float(np.linalg.norm(resid) / max(np.linalg.norm(Y), 1e-300))
+        exact = residual <= tol
+        return run.result(Status.EXACT if exact else Status.APPROXIMATE,
+                          f"ATV21 Algorithm 5: a network of {V.shape[0]} units (the {k} recovered units with "
+                          f"both signs folded in, plus the linear part as unit pairs) fitted on {n - half} "
+                          f"held-out samples; relative residual {residual:.2e} over all {n} samples" + note,
+                          U=U, V=V, b=b, c=c, residual=residual, exact=exact)
+    # Output layer from T_2 of every output (sign-free: zeta_2 = U_oi phi(b_i)).
+    Zt = Wt.T
+    U = np.array([_sympow_ls(T2all[o], Zt, 2) for o in range(m)]) / _phi(bt)[None, :]
+    c = np.zeros(m)
+    resid = Y - np.maximum(X @ Wt.T + bt, 0.0) @ U.T
+    c = resid.mean(axis=0)
+    residual = float(np.linalg.norm(resid - c) / max(np.linalg.norm(Y), 1e-300))
+    diag["residual_is_sign_dependent"] = True
+    return run.result(Status.APPROXIMATE,
+                      f"ATV21 Theorem 3.2 (Algorithm 4 with l = 2): {k} units, each (v_i, b_i) known only up "
+                      "to one common sign flip (not identifiable when the units are linearly dependent); "
+                      "U from T_2 is sign-free, the offset c and the residual "
+                      f"({residual:.2e}) depend on the signs. Use fit=True (Algorithm 5) for a network "
+                      "with small L2 error" + note,
+                      U=U, V=Wt, b=bt, c=c, residual=residual)

@@ -12,7 +12,8 @@ from .._validation import check_positive_int
 
 __all__ = ["RANK_TOL", "GAUSS_ROWS", "gaussianity", "numerical_rank", "whitener",
            "refinement_subset", "outputs_below_hidden_message", "input_whitening",
-           "warn_if_not_gaussian", "BIAS_Z", "bias_evidence"]
+           "warn_if_not_gaussian", "BIAS_Z",
+           "bias_evidence"]
 
 
 #: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.

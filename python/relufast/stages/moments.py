@@ -288,7 +288,7 @@ def detector_matrix_reference(X, Y, *, centred=True):
 
 
 class HermiteAccumulator(Accumulator):
-    """Streaming, mergeable raw sums for projected Hermite tensors of order 0..4 (C++ kernel).
+    """Streaming, mergeable raw sums for projected Hermite tensors of order 0..6 (C++ kernel).
 
     For a basis P (d, k) with orthonormal columns, the samples are projected first,
     ``z = P^T x`` (then z ~ N(0, I_k) when x ~ N(0, I_d)), and the kernel keeps
@@ -301,7 +301,7 @@ class HermiteAccumulator(Accumulator):
     ----------
     n_outputs : int
     order : int, default=4
-        Highest order (0..4).
+        Highest order (0..6; orders 5 and 6 cost k^5 and k^6 per sample: small k only).
     basis : ndarray of shape (n_features, k), optional
         Projection P; without it the samples are used as they are (k = n_features, which
         must then be given as ``n_features``).
@@ -316,8 +316,8 @@ class HermiteAccumulator(Accumulator):
 
     def __init__(self, n_outputs, *, order=4, basis=None, n_features=None, n_jobs=None, block_size=256):
         m = check_positive_int(n_outputs, "n_outputs")
-        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 0 <= order <= 4:
-            raise ValueError(f"order must be an integer in 0..4; got {order!r}")
+        if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or not 0 <= order <= 6:
+            raise ValueError(f"order must be an integer in 0..6; got {order!r}")
         if basis is None:
             if n_features is None:
                 raise ValueError("give either basis (d, k) or n_features")
@@ -343,38 +343,42 @@ class HermiteAccumulator(Accumulator):
     result = tensors
 
 
+def _matchings(slots):
+    """Every set of disjoint pairs of ``slots`` (the empty set included)."""
+    if len(slots) < 2:
+        yield ()
+        return
+    first, rest = slots[0], slots[1:]
+    yield from _matchings(rest)  # first slot unpaired
+    for j, other in enumerate(rest):
+        for sub in _matchings(rest[:j] + rest[j + 1:]):
+            yield ((first, other),) + sub
+
+
 def hermite_from_raw(count, sums, k):
     """Hermite tensors from raw sums (ATV21 Sec. 2.5, moment/pairing form).
 
-    With ``M_r = S_r / count``: ``T_0 = M_0``, ``T_1 = M_1``, ``T_2 = M_2 - M_0 I``,
-    ``T_3 = M_3 - sum_3 M_1 (x) delta``, ``T_4 = M_4 - sum_6 M_2 (x) delta + M_0 sum_3 delta (x) delta``.
+    With ``M_r = S_r / count`` (symmetrised),
+    ``T_r = sum_p (-1)^p sum_{p disjoint pairs of the r slots} M_{r-2p}(unpaired slots) (x) delta(pairs)``:
+    ``T_2 = M_2 - M_0 I``, ``T_3 = M_3 - sum_3 M_1 (x) delta``,
+    ``T_4 = M_4 - sum_6 M_2 (x) delta + M_0 sum_3 delta (x) delta``; 76 terms at r = 6.
     """
+    letters = "abcdefghjk"
     M = [np.asarray(S, dtype=np.float64) / float(count) for S in sums]
     m = M[0].shape[0]
+    M = [_symmetrize(Mr.reshape((m,) + (k,) * r)) if r >= 2 else Mr.reshape((m,) + (k,) * r)
+         for r, Mr in enumerate(M)]
     I = np.eye(k)
-    out = [M[0].reshape(m)]
-    if len(M) > 1:
-        out.append(M[1].reshape(m, k))
-    if len(M) > 2:
-        M2 = M[2].reshape(m, k, k)
-        M2 = 0.5 * (M2 + M2.transpose(0, 2, 1))
-        out.append(M2 - M[0].reshape(m, 1, 1) * I)
-    if len(M) > 3:
-        M1 = M[1].reshape(m, k)
-        T3 = _symmetrize(M[3].reshape((m,) + (k,) * 3))
-        T3 = (T3 - np.einsum("ia,bc->iabc", M1, I) - np.einsum("ib,ac->iabc", M1, I)
-              - np.einsum("ic,ab->iabc", M1, I))
-        out.append(T3)
-    if len(M) > 4:
-        M2 = out[2] + M[0].reshape(m, 1, 1) * I
-        T4 = _symmetrize(M[4].reshape((m,) + (k,) * 4))
-        for sub in ("icd,ab->iabcd", "ibd,ac->iabcd", "ibc,ad->iabcd",
-                    "iad,bc->iabcd", "iac,bd->iabcd", "iab,cd->iabcd"):
-            T4 = T4 - np.einsum(sub, M2, I)
-        pairs = (np.einsum("ab,cd->abcd", I, I) + np.einsum("ac,bd->abcd", I, I)
-                 + np.einsum("ad,bc->abcd", I, I))
-        T4 = T4 + M[0].reshape(m, 1, 1, 1, 1) * pairs
-        out.append(T4)
+    out = []
+    for r in range(len(M)):
+        T = np.zeros((m,) + (k,) * r)
+        for pairs in _matchings(tuple(range(r))):
+            paired = {s for p in pairs for s in p}
+            free = "".join(letters[s] for s in range(r) if s not in paired)
+            spec = "i" + free + "".join("," + letters[a] + letters[b] for a, b in pairs)
+            term = np.einsum(spec + "->i" + letters[:r], M[len(free)], *([I] * len(pairs)))
+            T += (-1.0) ** len(pairs) * term
+        out.append(T)
     return out
 
 
