@@ -15,6 +15,8 @@ from .bridges import from_sklearn, from_torch
 from .extraction import extract
 from .network import Network
 
+mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and column space
+
 __version__ = "0.1.0"
 
 # The stages are also reachable under their short names (``relufast.moments``, ...), and
@@ -36,6 +38,7 @@ __all__ = [
     "Status",
     "RelufastWarning",
     "algorithms",
+    "mr19",
     "stages",
     "activations",
     "fit",
