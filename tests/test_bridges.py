@@ -5,7 +5,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 import relufast
 from relufast import metrics
 from relufast.network import Network

@@ -1,7 +1,6 @@
 """Precision-aware certificates: float32 outputs are certified at float32 (issue 13)."""
 import numpy as np
 import pytest
-
 import relufast
 from relufast import metrics, planted
 from relufast.stages.precision import FLOOR_FACTOR, UNIT_ROUNDOFF, Precision, resolve_precision

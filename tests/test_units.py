@@ -1,7 +1,6 @@
 """Units the data cannot see (dead, pruned) and near-duplicate units (issue 13)."""
 import numpy as np
 import pytest
-
 import relufast
 from relufast import metrics, planted
 from relufast.network import Network

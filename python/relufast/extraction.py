@@ -20,14 +20,13 @@ References
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
 from ._progress import Progress
-from ._result import RecoveryResult, RelufastWarning, Status, warn
+from ._result import RecoveryResult, RelufastWarning, warn
 from ._validation import check_positive_int, check_random_state
 from .stages.precision import resolve_precision
 from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
@@ -106,10 +105,10 @@ def as_query_function(model: Any) -> tuple:
                     f"callable on arrays of shape (n, n_features); got {type(model).__name__}")
 
 
-def extract(model: Any, n_features: int, n_hidden: Optional[int] = None, *, n_queries: int = 20000,
+def extract(model: Any, n_features: int, n_hidden: int | None = None, *, n_queries: int = 20000,
             max_queries: int = 2_000_000, precision: Any = None, batch_size: int = 16384,
-            method: str = "auto", progress: Optional[bool] = None, random_state: Any = None,
-            n_jobs: Optional[int] = None) -> RecoveryResult:
+            method: str = "auto", progress: bool | None = None, random_state: Any = None,
+            n_jobs: int | None = None) -> RecoveryResult:
     """Extract ``y = U relu(V x + b) + c`` from a model by Gaussian queries.
 
     Parameters

@@ -12,7 +12,7 @@ parallel and the samples that separate them.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class Visibility(NamedTuple):
 
     count: int
     output_rank: int
-    moment_count: Optional[int]
+    moment_count: int | None
     moment_spectrum: np.ndarray
 
 

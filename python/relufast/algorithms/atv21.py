@@ -45,9 +45,9 @@ from .._blas import single_threaded_blas
 from .._native import BACKEND
 from .._result import Run, Status, warn
 from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ..stages.precision import resolve_precision
 from ..stages.diagnostics import gaussianity
 from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
+from ..stages.precision import resolve_precision
 from ..stages.refine import region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 

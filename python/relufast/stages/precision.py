@@ -78,7 +78,8 @@ def resolve_precision(Y, precision=None) -> Precision:
     if precision is None:
         dt = getattr(Y, "dtype", None)
         name = str(dt).replace("torch.", "") if dt is not None else "float64"
-        return Precision(name, UNIT_ROUNDOFF[name]) if name in UNIT_ROUNDOFF else Precision("float64", UNIT_ROUNDOFF["float64"])
+        name = name if name in UNIT_ROUNDOFF else "float64"
+        return Precision(name, UNIT_ROUNDOFF[name])
     if isinstance(precision, Precision):
         return precision
     if isinstance(precision, numbers.Real) and not isinstance(precision, bool):
