@@ -84,3 +84,36 @@ def test_near_duplicates_helper():
     assert [(i, j) for i, j, _, _ in pairs] == [(0, 1)]
     assert pairs[0][3] > 100
     assert near_duplicates(np.eye(3)) == []
+
+
+def test_real_inputs_in_a_subspace_digits():
+    """Digits images: pixels zero in every image make X span a subspace; V is reported on
+    the row space of X (minimum norm) and the other directions are named."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    raw = datasets.load_digits().data[:400]
+    sd = raw.std(axis=0)
+    X = (raw - raw.mean(axis=0)) / np.where(sd > 0, sd, 1.0)  # standardised, as for training
+    n, d = X.shape
+    rng = np.random.default_rng(3)
+    k, m = 3, 4
+    V = rng.standard_normal((k, d))
+    U = rng.standard_normal((m, k))
+    Y = np.maximum(X @ V.T, 0.0) @ U.T
+    res = relufast.recover(X, Y, n_hidden=k, method="bjw19-enumeration", random_state=0)
+    rX = np.linalg.matrix_rank(X)
+    assert rX < d
+    assert res.exact, res.message
+    assert res.diagnostics["input_rank"] == rX
+    N = res.diagnostics["unidentifiable_directions"]
+    assert N.shape == (d - rX, d) and np.abs(X @ N.T).max() < 1e-12
+    assert f"{rX}-dimensional subspace" in res.message
+    P = np.eye(d) - N.T @ N  # projector on the row space of X
+    assert np.abs(res.V @ N.T).max() < 1e-12  # minimum norm: nothing off the row space
+    # Within the span the network is exact on X; whether the rows are the planted ones
+    # depends on their sign patterns determining them (BJW19 Thm 1 promises a
+    # factorization). On these standardised digits they do not, and the message says so.
+    np.testing.assert_allclose(res.predict(X), np.maximum(X @ (V @ P).T, 0.0) @ U.T, atol=1e-10)
+    if all(res.diagnostics["determined"]):
+        assert metrics.parameter_error(Network(U, V @ P), res).V < EXACT_TOL
+    else:
+        assert "not determined by their sign pattern" in res.message

@@ -63,6 +63,9 @@ void HermiteSums::update(const ConstRowRef& X, const ConstRowRef& Y, const RowMa
         for (int r = 0; r <= order; ++r) L.s.push_back(RowMatrixXd::Zero(m, ipow(k, r)));
         return L;
       },
+      [&](Local& L) {
+        for (auto& t : L.s) t.setZero();
+      },
       [&](Local& L, Index s0, Index len) {
         const auto Xb = X.middleRows(s0, len);
         const auto Yb = Y.middleRows(s0, len);

@@ -100,6 +100,12 @@ RegionSystems region_systems(const ConstRowRef& X, const ConstRowRef& Y, const C
         L.fcross.setZero(k + 1, m);
         return L;
       },
+      [&](Local& L) {
+        L.regions.clear();
+        L.fgram.setZero();
+        L.fcross.setZero();
+        L.sq_residual = L.sq_norm = L.n_certain = L.count = 0.0;
+      },
       [&](Local& L, Index s0, Index len) {
         const auto Xb = X.middleRows(s0, len);
         const auto Yb = Y.middleRows(s0, len);
@@ -231,7 +237,7 @@ Eigen::VectorXd region_residuals(const ConstRowRef& X, const ConstRowRef& Y, con
     RowMatrixXd Xt, T;
   };
   accumulate_blocks<Local>(
-      n, block, n_jobs, [] { return Local(); },
+      n, block, n_jobs, [] { return Local(); }, [](Local&) {},
       [&](Local& L, Index s0, Index len) {
         const auto Xb = X.middleRows(s0, len);
         L.ev.run(Xb, Y.middleRows(s0, len), V, b, U, c, margin);

@@ -234,6 +234,13 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                        f"the outputs have rank {rank} > n_hidden = {k}: no network with {k} hidden "
                        "units fits them exactly (noisy outputs, or n_hidden too small)")
     B = np.ascontiguousarray(Uy[:, :k].T)
+    # Real inputs may span a subspace (pixels that are zero in every image): search in the
+    # row space of X, where the rows are identifiable, and report V there (minimum norm).
+    X_full, row_space, null_dirs = X, *_row_space(X, zt["rank"])
+    if null_dirs.shape[0]:
+        X = np.ascontiguousarray(X @ row_space.T)
+    diag["input_rank"] = row_space.shape[0]
+    diag["unidentifiable_directions"] = null_dirs
 
     t = time.perf_counter()
     deadline = None if time_limit is None else time.monotonic() + time_limit
@@ -325,8 +332,9 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         return run.result(Status.FAILED, msg)
 
     t = time.perf_counter()
-    V = np.array(W)
+    V = np.array(W) @ row_space if null_dirs.shape[0] else np.array(W)
     V /= np.linalg.norm(V, axis=1, keepdims=True)
+    X = X_full
     U, residual, _ = fit_and_certify(X, Y, V)
     seconds["fit"] = time.perf_counter() - t
     exact = residual <= tol
@@ -349,6 +357,20 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         msg = f"k rows found but the least-squares fit has residual {residual:.2e} > tol = {tol:.1e}"
         status = Status.FAILED
     diag["all_rows_determined"] = all_det
+    if null_dirs.shape[0]:
+        msg += (f". X spans a {row_space.shape[0]}-dimensional subspace of R^{d}: V is reported on the "
+                f"row space of X (minimum norm); its components along the other {null_dirs.shape[0]} "
+                "input directions (diagnostics['unidentifiable_directions']) are not identifiable")
     return run.result(status, msg, U=U, V=V, exact=exact, residual=residual)
+
+
+def _row_space(X, tol):
+    """Orthonormal bases (r, d) of the row space of X and (d - r, d) of its complement."""
+    Xs = X[: min(len(X), 200000)]
+    s = np.linalg.svd(Xs, compute_uv=False)
+    r = int(np.sum(s > tol * max(s[0], 1e-300))) if s.size else 0
+    _, E = np.linalg.eigh(Xs.T @ Xs)  # eigenvectors, ascending: the last r span the rows
+    E = E[:, ::-1].T
+    return np.ascontiguousarray(E[:r]), np.ascontiguousarray(E[r:])
 
 
