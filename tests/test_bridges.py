@@ -158,3 +158,22 @@ def test_extract_torch(dtype_name, bias):
     err = metrics.parameter_error(net, res)
     assert err.V < tol and err.U < tol
     assert res.to_torch() is not None
+
+
+def test_classifier_is_queried_before_its_output_activation():
+    """Wine (3 classes, softmax) and a binary subset (logistic): the query function gives
+    the logits (centred for softmax), trained in the test on the bundled data."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    X, y = datasets.load_wine(return_X_y=True)
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    for Xc, yc in ((X, y), (X[y < 2], y[y < 2])):
+        mlp = sklearn_nn.MLPClassifier(hidden_layer_sizes=(5,), max_iter=50, random_state=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            mlp.fit(Xc, yc)
+        f, dtype = relufast.extraction.as_query_function(mlp)
+        logits = relufast.from_sklearn(mlp).predict(Xc)
+        if logits.shape[1] > 1:
+            logits = logits - logits.mean(axis=1, keepdims=True)
+        np.testing.assert_allclose(f(Xc), logits, atol=1e-8)
+        assert dtype == "float64"
