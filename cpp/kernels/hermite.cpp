@@ -64,7 +64,7 @@ void HermiteSums::update(const ConstRowRef& X, const ConstRowRef& Y, const RowMa
         return L;
       },
       [&](Local& L) {
-        for (auto& t : L.s) t.setZero();
+        for (auto& S : L.s) S.setZero();
       },
       [&](Local& L, Index s0, Index len) {
         const auto Xb = X.middleRows(s0, len);

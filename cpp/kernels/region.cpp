@@ -167,14 +167,14 @@ RegionSystems region_systems(const ConstRowRef& X, const ConstRowRef& Y, const C
           g0 = g1;
         }
       },
-      [&](Local& L) {
+      [&](const Local& L) {
         out.fgram += L.fgram;
         out.fcross += L.fcross;
         out.sq_residual += L.sq_residual;
         out.sq_norm += L.sq_norm;
         out.n_certain += L.n_certain;
         out.count += L.count;
-        for (auto& kv : L.regions) {
+        for (const auto& kv : L.regions) {
           auto it = merged.find(kv.first);
           if (it == merged.end()) {
             if (static_cast<Index>(merged.size()) >= max_regions)
@@ -182,7 +182,7 @@ RegionSystems region_systems(const ConstRowRef& X, const ConstRowRef& Y, const C
                                           std::to_string(max_regions) +
                                           " activation regions are populated; use fewer samples "
                                           "(n_refine) or raise max_regions");
-            merged.emplace(kv.first, std::move(kv.second));
+            merged.emplace(kv.first, kv.second);
           } else {
             it->second.count += kv.second.count;
             it->second.sq += kv.second.sq;
@@ -190,7 +190,6 @@ RegionSystems region_systems(const ConstRowRef& X, const ConstRowRef& Y, const C
             it->second.H += kv.second.H;
           }
         }
-        L.regions.clear();
       });
   const Index R = static_cast<Index>(merged.size());
   out.keys.reserve(R * W);

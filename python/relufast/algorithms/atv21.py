@@ -299,7 +299,7 @@ def _validate_common(X, Y, n_hidden, tol, block_size):
 
 
 def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, n_restarts=4,
-          n_jobs=None, random_state=None, block_size=256, precision=None):
+          n_refine=200000, n_jobs=None, random_state=None, block_size=256, precision=None):
     """Recover ``Y = relu(X V^T + b) U^T + c`` for Gaussian X, k <= d, any m (ATV21 Thm 3.1).
 
     Parameters
@@ -319,6 +319,9 @@ def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, 
         Rounds of the region refinement.
     margin : float, default=0.1
         First-round margin of the region refinement.
+    n_refine : int or None, default=200000
+        Samples (a random subset) used by the rounds of the region refinement; the final
+        fit of (U, c) and the certificate use all samples. None: all samples throughout.
     n_restarts : int, default=4
         Tensor steps (new random contractions; CP-ALS polish on every other one) tried
         until the refinement certifies the network; the best is returned.
@@ -361,17 +364,19 @@ def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, 
     prec = resolve_precision(Y, precision)
     with single_threaded_blas():
         return _atv21(X, Y, n_hidden, refine=refine, tol=tol, max_rounds=max_rounds, margin=margin,
-                      n_restarts=n_restarts, n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                      prec=prec)
+                      n_restarts=n_restarts, n_refine=n_refine, n_jobs=n_jobs, random_state=random_state,
+                      block_size=block_size, prec=prec)
 
 
-def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_jobs, random_state,
+def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state,
            block_size, prec):
     run = Run("atv21")
     X, Y, n, d, m, k, block_size = _validate_common(X, Y, n_hidden, tol, block_size)
     run.precision = prec.name
     tol = prec.tol(tol, d, k)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
+    if n_refine is not None:
+        n_refine = check_positive_int(n_refine, "n_refine", minimum=max(2 * (d + 1), 20 * k))
     max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
     if not (np.isfinite(margin) and margin >= 0):
         raise ValueError(f"margin must be a number >= 0; got {margin!r}")
@@ -436,6 +441,11 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
                           f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
                           "|b_i| very large) or two units are parallel")
 
+    Xs = Ys = None
+    if n_refine is not None and n > n_refine:
+        idx = np.sort(rng.choice(n, size=n_refine, replace=False))
+        Xs, Ys = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+    run.counts["n_refine"] = n if Xs is None else len(Xs)
     # Steps 4-7, restarted with new random contractions until the certificate passes: the
     # residual over all samples decides, so a restart can only help.
     best, attempts = None, []
@@ -450,8 +460,19 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_job
             continue
         # Step 7: (U, c) for every output, then the region refinement.
         with run.stage("refine"):
-            rr = region_refine(X, Y, V0, bb, margin=margin, max_rounds=max_rounds if refine else 0,
-                               n_jobs=n_jobs, block_size=4096, tol=min(1e-14, tol))
+            # Rounds on a random subset (the region systems need far fewer samples than the
+            # moments), then (U, c) refitted and certified on all samples.
+            if refine and Xs is not None:
+                sub = region_refine(Xs, Ys, V0, bb, margin=margin, max_rounds=max_rounds, n_jobs=n_jobs,
+                                    block_size=4096, tol=min(1e-14, tol))
+                rr = region_refine(X, Y, sub.V, sub.b, sub.U, sub.c, max_rounds=0, n_jobs=n_jobs,
+                                   block_size=4096)
+                rr = rr._replace(history=sub.history + (rr.residual,), rounds=sub.rounds,
+                                 undetermined=sub.undetermined, n_regions=sub.n_regions,
+                                 n_certain=sub.n_certain, n_trimmed=sub.n_trimmed)
+            else:
+                rr = region_refine(X, Y, V0, bb, margin=margin, max_rounds=max_rounds if refine else 0,
+                                   n_jobs=n_jobs, block_size=4096, tol=min(1e-14, tol))
         attempts.append(rr.residual)
         if best is None or rr.residual < best[0].residual:
             best = (rr, d6, a, bb, c0)

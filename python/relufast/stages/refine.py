@@ -491,7 +491,7 @@ def region_systems_reference(X, Y, V, b, U, c, margin, mask=None):
     D = X.shape[1] + 1
     return {"keys": np.array(uniq, dtype=np.uint64).reshape(len(uniq), words),
             "counts": np.array(counts), "gram": np.array(gram).reshape(len(uniq), D * D),
-            "cross": np.array(cross).reshape(len(uniq), -1), "sq_res": np.array(sq),
+            "cross": np.array(cross).reshape(len(uniq), D * Y.shape[1]), "sq_res": np.array(sq),
             "fgram": F1.T @ F1, "fcross": F1.T @ R, "sq_residual": float(np.sum(R**2)),
             "sq_norm": float(np.sum(Y**2)), "n_certain": float(certain.sum()), "count": float(len(X))}
 #: Rows whose |cos| exceeds this are the same hidden unit.
