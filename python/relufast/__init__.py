@@ -11,6 +11,9 @@ from .stages import fit, highs, moments, patterns, refine, robust_pca, tensor
 from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
+from .bridges import from_sklearn, from_torch
+from .extraction import extract
+from .network import Network
 
 mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and column space
 
@@ -26,6 +29,10 @@ del _name, _mod
 
 __all__ = [
     "recover",
+    "extract",
+    "from_torch",
+    "from_sklearn",
+    "Network",
     "METHODS",
     "RecoveryResult",
     "Status",

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
+
 from ._result import RecoveryResult, RelufastWarning
 from .algorithms import atv21, bjw19, gklw19
 
@@ -84,6 +86,26 @@ def _choose(X, Y, n_hidden):
                               f"{rank}, k = {k}); running bjw19-gaussian, which reports why it fails")
 
 
+def _explain(res, X, Y, n_hidden, options):
+    """Add what the data cannot show to a result that is not exact: units invisible in the
+    outputs (dead or pruned) and near-duplicate recovered rows (:mod:`relufast.units`)."""
+    if res.exact or hasattr(X, "chunks") or hasattr(Y, "chunks"):
+        return res
+    from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
+
+    try:
+        vis = visible_units(X, Y, precision=options.get("precision"))
+    except (ValueError, TypeError, np.linalg.LinAlgError):
+        return res
+    notes = [invisible_message(vis.count, n_hidden),
+             "" if res.V is None else near_duplicate_message(near_duplicates(res.V))]
+    notes = [n for n in notes if n]
+    if not notes:
+        return res
+    diag = dict(res.diagnostics, visible_units=vis.count)
+    return dataclasses.replace(res, message=res.message + ". " + ". ".join(notes), diagnostics=diag)
+
+
 def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:
     """Recover a planted two-layer network ``Y = relu(X V^T) U^T`` (+ noise).
 
@@ -130,8 +152,8 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
                 reason += f"; {name} ended {res.status.value}"
         diag = dict(res.diagnostics)
         diag["auto"] = f"chose {name}: {reason}"
-        return dataclasses.replace(res, diagnostics=diag)
+        return _explain(dataclasses.replace(res, diagnostics=diag), X, Y, n_hidden, options)
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; valid methods are 'auto', "
                          + ", ".join(repr(k) for k in sorted(METHODS)))
-    return METHODS[method][0](X, Y, n_hidden, **options)
+    return _explain(METHODS[method][0](X, Y, n_hidden, **options), X, Y, n_hidden, options)

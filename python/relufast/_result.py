@@ -75,6 +75,10 @@ class RecoveryResult:
         Hidden biases (zeros for methods whose model has none).
     c : ndarray of shape (n_outputs,) or None
         Output offset (zeros for methods whose model has none).
+    precision : str
+        Precision at which the certificate holds: ``"float64"``, or ``"float32"`` (etc.)
+        when the outputs were known only to that precision; the thresholds then derive
+        from its rounding floor (:mod:`relufast.stages.precision`).
     """
 
     U: Optional[np.ndarray]
@@ -90,6 +94,7 @@ class RecoveryResult:
     activation: Any = None  #: the rectified activation (None means ReLU)
     b: Optional[np.ndarray] = None
     c: Optional[np.ndarray] = None
+    precision: str = "float64"
 
     def __post_init__(self):
         object.__setattr__(self, "status", Status(self.status))
@@ -139,6 +144,18 @@ class RecoveryResult:
             raise ValueError(f"this result has no parameters (status {self.status.value})")
         return net.predict(X)
 
+    def to_torch(self, *, dtype: Any = None) -> Any:
+        """The network as ``torch.nn.Sequential(Linear, ReLU, Linear)`` (needs torch)."""
+        from .bridges import to_torch
+
+        return to_torch(self, dtype=dtype)
+
+    def to_sklearn(self) -> Any:
+        """The network as a scikit-learn ``MLPRegressor`` with its weights set (needs scikit-learn)."""
+        from .bridges import to_sklearn
+
+        return to_sklearn(self)
+
     def __repr__(self) -> str:
         net = self.network
         shape = "" if net is None else f", U{net.U.shape}, V{net.V.shape}"
@@ -174,6 +191,7 @@ class Run:
         self.seconds = {}
         self.counts = dict(counts)
         self.diag = {}
+        self.precision = "float64"  # set by methods that certify at the outputs' precision
 
     @contextmanager
     def stage(self, name):
@@ -200,7 +218,7 @@ class Run:
             exact = False
         res = RecoveryResult(U=U, V=V, b=b, c=c, status=status, message=message, method=self.method,
                              exact=exact, residual=residual, seconds=self.seconds, counts=self.counts,
-                             diagnostics=self.diag, activation=activation)
+                             diagnostics=self.diag, activation=activation, precision=self.precision)
         if (Status(status) != Status.EXACT) if warn_user is None else warn_user:
             warn(message)
         return res

@@ -47,6 +47,7 @@ from .._result import Run, Status, warn
 from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ..stages.diagnostics import gaussianity
 from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
+from ..stages.precision import resolve_precision
 from ..stages.refine import region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
@@ -298,7 +299,7 @@ def _validate_common(X, Y, n_hidden, tol, block_size):
 
 
 def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, n_restarts=4,
-          n_refine=200000, n_jobs=None, random_state=None, block_size=256):
+          n_refine=200000, n_jobs=None, random_state=None, block_size=256, precision=None):
     """Recover ``Y = relu(X V^T + b) U^T + c`` for Gaussian X, k <= d, any m (ATV21 Thm 3.1).
 
     Parameters
@@ -330,6 +331,10 @@ def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, 
         Seeds the output combination and Jennrich's random contractions.
     block_size : int, default=256
         Samples per block of the moment kernels.
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype). Below float64 ``tol`` is raised
+        to the rounding floor (:mod:`relufast.stages.precision`); the region refinement
+        fits in float64.
 
     Returns
     -------
@@ -356,16 +361,19 @@ def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, 
     7. (U, c) for all outputs by least squares; region refinement (beyond the paper);
        the residual over all samples is the certificate.
     """
+    prec = resolve_precision(Y, precision)
     with single_threaded_blas():
         return _atv21(X, Y, n_hidden, refine=refine, tol=tol, max_rounds=max_rounds, margin=margin,
                       n_restarts=n_restarts, n_refine=n_refine, n_jobs=n_jobs, random_state=random_state,
-                      block_size=block_size)
+                      block_size=block_size, prec=prec)
 
 
 def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state,
-           block_size):
+           block_size, prec):
     run = Run("atv21")
     X, Y, n, d, m, k, block_size = _validate_common(X, Y, n_hidden, tol, block_size)
+    run.precision = prec.name
+    tol = prec.tol(tol, d, k)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     if n_refine is not None:
         n_refine = check_positive_int(n_refine, "n_refine", minimum=max(2 * (d + 1), 20 * k))
@@ -506,7 +514,9 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_ref
                           f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
                           f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
                           f"{rr.rounds} rounds of activation-region refinement; relative residual "
-                          f"{residual:.2e} over {n} samples",
+                          f"{residual:.2e} over {n} samples"
+                          + ("" if prec.is_double else f" (certified at {prec.name} precision, floor "
+                             f"{prec.floor(d, k):.1e}; fitted in float64)"),
                           U=U, V=V, b=b, c=c, residual=residual, exact=True)
     if residual <= tol:
         return run.result(Status.NON_IDENTIFIABLE,

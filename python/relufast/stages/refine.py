@@ -52,7 +52,7 @@ def output_basis(Y, k):
 
 
 def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=1e-6,
-                tol_verify=1e-9, n_jobs=0, activation=RELU):
+                tol_verify=1e-9, n_jobs=0, activation=RELU, tol_support=1e-9):
     """Certify and solve hidden rows from approximate directions (Alg. 5, steps 2-5).
 
     Parameters
@@ -66,6 +66,10 @@ def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=
     activation : Activation, default=RELU
         Homogeneous activations (relu^p) run in C++; others in NumPy with the
         one-dimensional scale search of BJW19 Sec. 9.1.
+    tol_null, tol_gap, tol_verify, tol_support : float
+        Zero tests: null-space ratio, spectral gap, verification residual, and the
+        relative size below which an entry of a rectified vector counts as zero
+        (:func:`relufast.stages.precision.refine_tolerances` raises them for float32 outputs).
 
     Returns
     -------
@@ -78,9 +82,10 @@ def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=
     X = np.ascontiguousarray(X, dtype=np.float64)
     Vhat = np.ascontiguousarray(np.atleast_2d(Vhat), dtype=np.float64)
     if activation.homogeneous:
-        return core.refine_rows(B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, 1e-9, 0,
+        return core.refine_rows(B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, tol_support, 0,
                                 n_jobs, float(activation.degree))
-    outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify) for v in Vhat]
+    outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol_support)
+            for v in Vhat]
     keys = ("certified", "solved", "sign", "margin", "null_ratio", "gap_ratio", "other_ratio",
             "verify_residual", "n_zero", "support")
     res = {key: np.array([o[key] for o in outs]) for key in keys}
@@ -122,7 +127,7 @@ def _solve_scaled(XS, rS, activation):
     return np.linalg.lstsq(XS, t, rcond=None)[0]
 
 
-def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify):
+def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol_support=1e-9):
     """NumPy version of the C++ kernel for one candidate (certified rows only)."""
     k, l = B.shape
     d = X.shape[1]
@@ -152,7 +157,7 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify):
             r = mine[2] @ B
             if r.sum() < 0:
                 r = -r
-            S = r > 1e-9 * r.max()
+            S = r > tol_support * r.max()
             if S.sum() < d or np.linalg.matrix_rank(X[S]) < d:
                 continue
             z = _solve_scaled(X[S], r[S], activation)
@@ -160,7 +165,7 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify):
                 z = z / np.linalg.norm(z)
             t = activation(X @ z)
             res = np.linalg.norm(t - B.T @ (B @ t)) / np.linalg.norm(t)
-            supp = t > 1e-9 * t.max()
+            supp = t > tol_support * t.max()
             out.update({"solved": True, "row": z, "sign": q, "margin": gamma, "null_ratio": mine[0],
                         "gap_ratio": mine[1], "other_ratio": other_ratio, "verify_residual": res,
                         "n_zero": mine[3], "support": int(S.sum())})

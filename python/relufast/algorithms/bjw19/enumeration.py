@@ -15,10 +15,11 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._result import Run, Status
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import numerical_rank
+from ...stages.diagnostics import RANK_TOL, numerical_rank
 from ...stages.fit import fit_and_certify
 from ...stages.highs import INF, LPSession
 from ...stages.patterns import PatternStream
+from ...stages.precision import polish_at_precision, resolve_precision
 
 __all__ = ["enumeration", "iterative_lp"]
 
@@ -26,11 +27,19 @@ __all__ = ["enumeration", "iterative_lp"]
 SPAN_TOL = 1e-9
 #: A new rectified row is independent of the found ones above this projection residual.
 INDEPENDENCE_TOL = 1e-8
+#: Zero tests at float64 (sign of an entry, rank of B off a support, the support solve);
+#: :func:`_zero_tests` raises all of them to the rounding floor of lower-precision outputs.
+ZERO_TESTS = {"span": SPAN_TOL, "independence": INDEPENDENCE_TOL, "sign": 1e-9, "rank": 1e-9,
+              "solve": 1e-9}
 
 
-def _in_span(f, B):
+def _zero_tests(prec, d, k):
+    return {key: prec.tol(value, d, k) for key, value in ZERO_TESTS.items()}
+
+
+def _in_span(f, B, tol=SPAN_TOL):
     nf = np.linalg.norm(f)
-    return nf > 0 and np.linalg.norm(f - B.T @ (B @ f)) <= SPAN_TOL * nf
+    return nf > 0 and np.linalg.norm(f - B.T @ (B @ f)) <= tol * nf
 
 
 def _independent(f, Qbasis):
@@ -40,7 +49,7 @@ def _independent(f, Qbasis):
     return float(np.linalg.norm(f - Qbasis.T @ (Qbasis @ f)) / np.linalg.norm(f))
 
 
-def _check_row(w, X, S, B, tol_sign=1e-9):
+def _check_row(w, X, S, B, tol_sign=1e-9, tol_span=SPAN_TOL):
     """Is y = X w a valid row for pattern S: positive exactly on S and relu(y) in span(B)?"""
     y = X @ w
     scale = np.abs(y).max()
@@ -50,7 +59,7 @@ def _check_row(w, X, S, B, tol_sign=1e-9):
     if not np.array_equal(pos, S):
         return None
     f = np.where(pos, y, 0.0)
-    return f if _in_span(f, B) else None
+    return f if _in_span(f, B, tol_span) else None
 
 
 def iterative_lp(X, S, B, found, *, rng, time_limit=None):
@@ -90,7 +99,7 @@ def iterative_lp(X, S, B, found, *, rng, time_limit=None):
     return (res.x[:d] if res.feasible else None), 2
 
 
-def _determined(S, X, B):
+def _determined(S, X, B, tol_rank=1e-9):
     """Is the row fixed by its pattern S? The non-negative span vectors with support S form
     a single ray (B[:, ~S] has a one-dimensional left null space) and X_S has rank d."""
     d, k = X.shape[1], B.shape[0]
@@ -98,13 +107,13 @@ def _determined(S, X, B):
         return False
     if (~S).any():
         s = np.linalg.svd(B[:, ~S], compute_uv=False)
-        rank_off = int(np.sum(s > 1e-9 * max(s[0], 1e-300)))
+        rank_off = int(np.sum(s > tol_rank * max(s[0], 1e-300)))
         if k - rank_off != 1:
             return False
     return bool(np.linalg.matrix_rank(X[S]) == d)
 
 
-def _try_pattern(S, coeff, X, B, found, rng, time_limit):
+def _try_pattern(S, coeff, X, B, found, rng, time_limit, zt=ZERO_TESTS):
     """One candidate pattern: the exact support solve when it applies, else Algorithm 1.
 
     Returns ((w, f, determined, path) or None, number of LPs solved).
@@ -114,21 +123,21 @@ def _try_pattern(S, coeff, X, B, found, rng, time_limit):
         r = coeff @ B
         XS = X[S]
         w = np.linalg.lstsq(XS, r[S], rcond=None)[0]
-        if np.linalg.norm(XS @ w - r[S]) <= 1e-9 * np.linalg.norm(r[S]):
-            f = _check_row(w, X, S, B)
+        if np.linalg.norm(XS @ w - r[S]) <= zt["solve"] * np.linalg.norm(r[S]):
+            f = _check_row(w, X, S, B, zt["sign"], zt["span"])
             if f is not None:
-                return (w, f, _determined(S, X, B), "support"), 0
+                return (w, f, _determined(S, X, B, zt["rank"]), "support"), 0
     w, lps = iterative_lp(X, S, B, found, rng=rng, time_limit=time_limit)
     if w is None:
         return None, lps
-    f = _check_row(w, X, S, B)
+    f = _check_row(w, X, S, B, zt["sign"], zt["span"])
     if f is None:
         return None, lps
-    return (w, f, _determined(S, X, B), "lp"), lps
+    return (w, f, _determined(S, X, B, zt["rank"]), "lp"), lps
 
 
 def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
-                progress=None, random_state=None):
+                progress=None, random_state=None, precision=None):
     """Exact recovery for any input distribution (BJW19 Thm 1; Algorithms 1 and 2).
 
     Parameters
@@ -153,6 +162,10 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
         Progress bar on stderr; None shows it only on a terminal.
     random_state : None, int or numpy Generator
         Seeds the random vectors of the independence rows (Remark 1).
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype). Below float64 the rank test,
+        the span, sign and independence tests and ``tol`` are raised to the rounding floor
+        (:mod:`relufast.stages.precision`) and an exact result is polished in float64.
 
     Returns
     -------
@@ -182,15 +195,19 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
     Time ``poly(n, m, d) * min(n^O(k), 2^n)``: C(n, k-1) ray systems, then C(n, k)
     (2^k - 1) vertex systems of cost O(k^3 + nk) each, at most k LP pairs per pattern.
     """
+    prec = resolve_precision(Y, precision)
     with single_threaded_blas():
         return _enumeration(X, Y, n_hidden, tol=tol, max_patterns=max_patterns,
                             time_limit=time_limit, n_jobs=n_jobs, progress=progress,
-                            random_state=random_state)
+                            random_state=random_state, prec=prec)
 
 
-def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progress, random_state):
+def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progress, random_state, prec):
     run = Run("bjw19-enumeration")
     X, Y, n, d, m, k = check_problem(X, Y, n_hidden, k_at_most_d=False)
+    run.precision = prec.name
+    zt = _zero_tests(prec, d, k)
+    tol = prec.tol(tol, d, k)
     if k > n:
         raise ValueError(f"n_hidden must be at most n_samples = {n}; got {k}")
     if max_patterns is not None:
@@ -205,7 +222,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
 
     t = time.perf_counter()
     Uy, sv, _ = np.linalg.svd(Y, full_matrices=False)
-    rank = numerical_rank(sv)
+    rank = numerical_rank(sv, prec.tol(RANK_TOL, d, k))
     diag["output_singular_values"] = sv
     seconds["rank"] = time.perf_counter() - t
     if rank < k:
@@ -217,6 +234,13 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                        f"the outputs have rank {rank} > n_hidden = {k}: no network with {k} hidden "
                        "units fits them exactly (noisy outputs, or n_hidden too small)")
     B = np.ascontiguousarray(Uy[:, :k].T)
+    # Real inputs may span a subspace (pixels that are zero in every image): search in the
+    # row space of X, where the rows are identifiable, and report V there (minimum norm).
+    X_full, row_space, null_dirs = X, *_row_space(X, zt["rank"])
+    if null_dirs.shape[0]:
+        X = np.ascontiguousarray(X @ row_space.T)
+    diag["input_rank"] = row_space.shape[0]
+    diag["unidentifiable_directions"] = null_dirs
 
     t = time.perf_counter()
     deadline = None if time_limit is None else time.monotonic() + time_limit
@@ -231,7 +255,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
             return True
         return False
 
-    stream = PatternStream(B, n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
+    stream = PatternStream(B, tol=zt["sign"], n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
                            progress=progress, random_state=rng.integers(2**63))
     W, F, det, paths, sources, feasible = [], [], [], [], [], []
     Qb = np.zeros((0, n))  # orthonormal basis of the rectified rows found so far
@@ -240,7 +264,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         """Keep a valid row if its rectified vector is independent; True once k rows."""
         nonlocal Qb
         w, f, determined, path = out
-        if _independent(f, Qb) <= INDEPENDENCE_TOL:
+        if _independent(f, Qb) <= zt["independence"]:
             return False
         W.append(w)
         F.append(f)
@@ -262,7 +286,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                 tried += len(batch)
                 found = list(F)
                 seeds = rng.integers(0, 2**63, size=len(batch))
-                args = [(S, c, X, B, found, np.random.default_rng(s), remaining())
+                args = [(S, c, X, B, found, np.random.default_rng(s), remaining(), zt)
                         for (S, c, _), s in zip(batch, seeds)]
                 outs = list(pool.map(lambda a: _try_pattern(*a), args)) if pool else [_try_pattern(*a) for a in args]
                 # First-feasible in stream order: the outcome does not depend on the thread count.
@@ -285,7 +309,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                 if out_of_time():
                     break
                 out, nlp = _try_pattern(S, None, X, B, list(F), np.random.default_rng(rng.integers(2**63)),
-                                        remaining())
+                                        remaining(), zt)
                 lps += nlp
                 if out is not None and accept(out, "reused"):
                     break
@@ -308,12 +332,15 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         return run.result(Status.FAILED, msg)
 
     t = time.perf_counter()
-    V = np.array(W)
+    V = np.array(W) @ row_space if null_dirs.shape[0] else np.array(W)
     V /= np.linalg.norm(V, axis=1, keepdims=True)
+    X = X_full
     U, residual, _ = fit_and_certify(X, Y, V)
     seconds["fit"] = time.perf_counter() - t
     exact = residual <= tol
     all_det = all(det)
+    if exact and not prec.is_double:
+        U, V, _, _, residual = polish_at_precision(X, Y, U, V, threads=threads)
     if exact:
         msg = (f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "
                f"patterns and {lps} LPs; "
@@ -322,12 +349,28 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                   f"{k - sum(det)} row(s) are not determined by their sign pattern (|S| < d, X_S "
                   "rank-deficient, or a face of dimension > 1)")
                + ". An exact fit does not by itself make the network unique: other rectified "
-               "vectors in the output span may give another exact factorization")
+               "vectors in the output span may give another exact factorization"
+               + ("" if prec.is_double else f" (certified at {prec.name} precision, floor "
+                  f"{prec.floor(d, k):.1e}; polished in float64)"))
         status = Status.EXACT
     else:
         msg = f"k rows found but the least-squares fit has residual {residual:.2e} > tol = {tol:.1e}"
         status = Status.FAILED
     diag["all_rows_determined"] = all_det
+    if null_dirs.shape[0]:
+        msg += (f". X spans a {row_space.shape[0]}-dimensional subspace of R^{d}: V is reported on the "
+                f"row space of X (minimum norm); its components along the other {null_dirs.shape[0]} "
+                "input directions (diagnostics['unidentifiable_directions']) are not identifiable")
     return run.result(status, msg, U=U, V=V, exact=exact, residual=residual)
+
+
+def _row_space(X, tol):
+    """Orthonormal bases (r, d) of the row space of X and (d - r, d) of its complement."""
+    Xs = X[: min(len(X), 200000)]
+    s = np.linalg.svd(Xs, compute_uv=False)
+    r = int(np.sum(s > tol * max(s[0], 1e-300))) if s.size else 0
+    _, E = np.linalg.eigh(Xs.T @ Xs)  # eigenvectors, ascending: the last r span the rows
+    E = E[:, ::-1].T
+    return np.ascontiguousarray(E[:r]), np.ascontiguousarray(E[r:])
 
 

@@ -10,6 +10,7 @@ from ..._result import Run, Status
 from ..._validation import check_n_hidden, check_positive_int, check_random_state
 from ...stages.fit import certify, fit_and_certify
 from ...stages.reduce import Samples, SampleStream
+from ...stages.precision import polish_at_precision, resolve_precision
 from .gaussian import check_n_estimate
 
 __all__ = ["fpt"]
@@ -28,7 +29,7 @@ def _classes(Y, m, min_size, class_tol, rng):
 
 
 def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None,
-        n_estimate=None, comm=None):
+        n_estimate=None, comm=None, precision=None):
     """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
 
     Parameters
@@ -54,6 +55,10 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         certificate (step 5) reads every sample in one pass.
     comm : mpi4py communicator, optional
         Each rank passes its own samples; every rank returns the same result.
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype). Below float64, ``tol``,
+        ``class_tol`` and the class residual test are raised to the rounding floor
+        (:mod:`relufast.stages.precision`) and an exact result is polished in float64.
 
     Returns
     -------
@@ -83,6 +88,9 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
                                check_finite=isinstance(n_estimate, str) and n_estimate == "all")
     n, d, m = data.n, data.d, data.m
     k = check_n_hidden(n_hidden, d)
+    prec = resolve_precision(Y, precision)
+    run.precision = prec.name
+    tol, class_tol = prec.tol(tol, d, k), prec.tol(class_tol, d, k)
     rng = check_random_state(random_state)
     min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
     n_estimate = check_n_estimate(n_estimate, 1)
@@ -136,7 +144,7 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         class_res.append(res)
         V[i] = w / np.linalg.norm(w)
     diag["class_residuals"] = tuple(class_res)
-    if max(class_res) > 1e-9:
+    if max(class_res) > prec.tol(1e-9, d, k):
         if not data.finite_checked:
             certify(data, np.zeros((1, d)))
         return run.result(Status.NON_IDENTIFIABLE,
@@ -147,9 +155,13 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     counts["certify_passes"] = 1
     exact = residual <= tol
     if exact:
+        note = ""
+        if not prec.is_double and not (data.distributed or data.lazy):
+            U, V, _, _, residual = polish_at_precision(data.X, data.Y, U, V)
+            note = f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
         return run.result(Status.EXACT,
                        f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
-                       f"residual {residual:.2e}", U=U, V=V, exact=True, residual=residual)
+                       f"residual {residual:.2e}{note}", U=U, V=V, exact=True, residual=residual)
     return run.result(Status.FAILED,
                    f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
                    U=U, V=V, residual=residual)

@@ -17,6 +17,7 @@ from ..._validation import check_n_hidden, check_positive_int, check_random_stat
 from ...activations import RELU, get_activation, hermite_coefficient
 from ...stages.diagnostics import (
     GAUSS_ROWS,
+    RANK_TOL,
     bias_evidence,
     input_whitening,
     numerical_rank,
@@ -25,6 +26,7 @@ from ...stages.diagnostics import (
 )
 from ...stages.fit import certify, fit_and_certify, fit_from_stats, relative_residual
 from ...stages.moments import SecondMomentAccumulator, moment_span
+from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
@@ -80,7 +82,7 @@ def check_n_estimate(n_estimate, n_min):
 
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
              random_state=None, block_size=256, activation="relu", whiten="auto", n_estimate=None,
-             comm=None):
+             comm=None, precision=None):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -125,6 +127,11 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     comm : mpi4py communicator, optional
         Each rank passes its own samples; every rank returns the same result, that of
         one process on the concatenated samples (``docs/scale.md``).
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype, e.g. float32). Below float64
+        every zero test and the residual tolerance are raised to the rounding floor
+        (:mod:`relufast.stages.precision`) and an exact result is polished in float64;
+        ``result.precision`` names it.
 
     X and Y may be NumPy memmaps (read in place) or dask arrays (row blocks).
 
@@ -158,15 +165,18 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     Cost: one pass over the data, O(n (d k + m k)) flops, plus 2 n_e k d^2 for the moment
     on n_e estimation samples (n_e = n with ``n_estimate="all"``).
     """
+    prec = resolve_precision(Y, precision)
     with single_threaded_blas():
         return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
                          n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                         activation=activation, whiten=whiten, n_estimate=n_estimate, comm=comm)
+                         activation=activation, whiten=whiten, n_estimate=n_estimate, comm=comm,
+                         prec=prec)
 
 
 def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
-              activation, whiten, n_estimate, comm):
+              activation, whiten, n_estimate, comm, prec):
     run = Run("bjw19-gaussian")
+    run.precision = prec.name
     threads = resolve_n_jobs(n_jobs)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     block_size = check_positive_int(block_size, "block_size")
@@ -205,7 +215,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     if m < k and act is RELU and whiten is not True and in_memory:
         if not data.finite_checked:
             certify(data, np.zeros((1, d)))
-        return _fewer_outputs(run, data.X, data.Y, k, tol, n_jobs, rng, block_size, threads)
+        return _fewer_outputs(run, data.X, data.Y, k, prec.tol(tol, d, k), n_jobs, rng, block_size, threads)
     if m < k:
         return early(Status.UNSUPPORTED, outputs_below_hidden_message(
             "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
@@ -234,7 +244,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         Xr, Yr = Xp[:ell], Yp[:ell]
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
-        rank = numerical_rank(sv)
+        rank = numerical_rank(sv, prec.tol(RANK_TOL, d, k))
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
         Wh = input_whitening(Xp[:n_probe] if adaptive else data, whiten, diag, probe=Xp[:n_probe])
@@ -252,7 +262,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.")
     warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
     # Noisy outputs cannot be certified at any size: their estimate uses every sample.
-    if adaptive and noise_ratio > 1e-9:
+    noise_tol, tol_p = prec.tol(1e-9, d, k), prec.tol(tol, d, k)
+    if adaptive and noise_ratio > noise_tol:
         adaptive, n_est = False, n
         diag["adaptive_stopped"] = "noisy outputs: the moment uses every sample"
 
@@ -282,11 +293,12 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         # Step 4: candidates pooled over restarts and certified.
         Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
         pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
-                                                          threads, act, whitened=Wh is not None)
+                                                          threads, act, whitened=Wh is not None,
+                                                          tols=refine_tolerances(prec, d, k))
         restarts += run.counts["restarts"]
         candidates += run.counts["candidates"]
         gaps.extend(run.diag["jennrich_gaps"])
-        if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+        if len(pool) == k - 1 and k > 1 and noise_ratio < noise_tol and act is RELU and Wh is None:
             with run.stage("refine"):
                 row = _deflate_missing(Xp[:n_probe], Yp[:n_probe], np.array(pool.rows), B, Xr, threads)
             if row is not None and pool.add(row, {"deflation": True}):
@@ -298,7 +310,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         with run.stage("fit"):
             U, V, residual, passes = _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag)
         certify_passes += passes
-        if pool.full and not residual <= tol and certify_passes < MAX_CERTIFY_PASSES and ell < n:
+        if pool.full and not residual <= tol_p and certify_passes < MAX_CERTIFY_PASSES and ell < n:
             # Escalate: rows certified on the refinement sample but not on all samples.
             escalations += 1
             ell = min(n, 2 * ell)
@@ -313,8 +325,13 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
                       certify_passes=certify_passes, n_certify=n)
     diag["jennrich_gaps"] = np.array(gaps)
     diag["row_certificates"] = tuple(pool.certificates)
-    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null, restarts)
+    status, message = _outcome(pool, k, residual, tol_p, n, len(Xr), noise_ratio, m, min_null, restarts,
+                               noise_tol, prec.tol(1e-8, d, k))
     exact = status == Status.EXACT
+    if exact and not prec.is_double and act is RELU and in_memory:
+        with run.stage("polish"):
+            U, V, _, _, residual = polish_at_precision(data.X, data.Y, U, V, threads=threads)
+        message += f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
     if not exact and act is RELU:
         message += _bias_note(data.X, data.Y, Wh) if in_memory else _bias_note(Xp[:n_probe], Yp[:n_probe], Wh)
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
@@ -333,7 +350,7 @@ def _bias_note(X, Y, Wh):
             "biases), which the bias-free model of BJW19 cannot fit: use method='atv21'")
 
 
-def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened):
+def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None):
     """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
     pooled until k distinct rows are found.
 
@@ -346,7 +363,7 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
             cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
         with run.stage("refine"):
-            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
+            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act, **(tols or {}))
         rows_x = to_x(out["rows"])
         if act.homogeneous and whitened:
             rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
@@ -389,7 +406,8 @@ def _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag):
     return U[:, order], V[order], residual, passes
 
 
-def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts):
+def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts, noise_tol=1e-9,
+             null_tol=1e-8):
     """Status and message of the run."""
     if pool.full and residual <= tol:
         return Status.EXACT, (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
@@ -401,7 +419,7 @@ def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, rest
             "not exactly those of one network (outliers or a few corrupted samples?)")
     # With m > k the (k+1)-th singular value of the outputs measures the noise; with
     # m = k only the absence of any exact null vector can tell.
-    if (noise_ratio > 1e-9) if m > k else (min_null > 1e-8):
+    if (noise_ratio > noise_tol) if m > k else (min_null > null_tol):
         return Status.APPROXIMATE, (
             f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
             f"smallest null-space ratio {min_null:.2e}): returning an approximate network with "
@@ -427,7 +445,8 @@ def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):
 
     with run.stage("atv21"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RelufastWarning)
-        res = atv21_estimate(X, Y, k, tol=tol, n_jobs=n_jobs, random_state=rng, block_size=block_size)
+        res = atv21_estimate(X, Y, k, tol=tol, n_jobs=n_jobs, random_state=rng, block_size=block_size,
+                             precision=run.precision)
     run.diag["m_below_k"] = ("m < k: rows of V from the fourth-order moment in the span of V "
                              "(ATV21 estimate) and the activation-region refinement")
     run.diag["atv21_status"] = res.status.value
@@ -435,7 +454,8 @@ def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):
     m = Y.shape[1]
     if res.exact:
         scale = max(float(np.sqrt(np.mean(Y * Y))), 1e-300)
-        if np.max(np.abs(res.b)) <= BIAS_FREE_TOL and np.max(np.abs(res.c)) <= BIAS_FREE_TOL * scale:
+        bias_tol = max(BIAS_FREE_TOL, tol)  # at float32 precision the rounding floor
+        if np.max(np.abs(res.b)) <= bias_tol and np.max(np.abs(res.c)) <= bias_tol * scale:
             residual = relative_residual(X, Y, res.V, res.U, threads, RELU)
             if residual <= tol:
                 return run.result(Status.EXACT,

@@ -1,0 +1,219 @@
+"""Query mode: extract a two-layer ReLU network from a model you can only call.
+
+``relufast.extract(model, n_features)`` draws standard Gaussian queries, calls the model,
+and recovers ``y = U relu(V x + b) + c`` with a certificate, doubling the number of queries
+until the certificate holds. Methods: BJW19 Thm 7 (``bjw19-gaussian``) for bias-free
+networks with m >= k; ATV21 with activation-region refinement (``atv21``) otherwise.
+
+References
+----------
+.. [1] A. Bakshi, R. Jayaram, D. P. Woodruff, "Learning Two Layer Rectified Neural
+   Networks in Polynomial Time", COLT 2019.
+.. [2] A. Awasthi, A. Tang, A. Vijayaraghavan, "Efficient Algorithms for Learning Depth-2
+   Neural Networks with General ReLU Activations", NeurIPS 2021.
+.. [3] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+.. [4] I. A. Canales-Martinez, J. Chavez-Saab, A. Hambitzer, F. Rodriguez-Henriquez,
+   N. Satpute, A. Shamir, "Polynomial Time Cryptanalytic Extraction of Neural Network
+   Models", EUROCRYPT 2024 (arXiv 2310.08708, 2023).
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ._progress import Progress
+from ._result import RecoveryResult, RelufastWarning, warn
+from ._validation import check_positive_int, check_random_state
+from .stages.precision import resolve_precision
+from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
+
+__all__ = ["extract", "as_query_function", "cryptanalytic_queries"]
+
+
+def cryptanalytic_queries(n_features: int, n_hidden: int) -> int:
+    """Approximate query count of differential (cryptanalytic) extraction of a d-k-1 network.
+
+    An order of magnitude, not a measurement: the attacks of [3] and [4] find, for every
+    hidden unit, critical points (where the unit switches) by binary search along random
+    lines (about 64 queries each, to float64 resolution) and then read the unit's weight row
+    from second differences along the d coordinates (about 2 (d + 1) queries). With a few
+    critical points per unit this gives ``Q ~ k (2 (d + 1) + 64) * 4``; [3] and [4] report
+    counts of this order (2^15-2^22 for their networks). Used only to put relufast's query
+    count beside the literature's.
+    """
+    return int(4 * n_hidden * (2 * (n_features + 1) + 64))
+
+
+def _torch_function(model):
+    import torch
+
+    params = list(model.parameters())
+    dtype = params[0].dtype if params else torch.float32
+    device = params[0].device if params else torch.device("cpu")
+
+    def f(X):
+        with torch.no_grad():
+            out = model(torch.from_numpy(np.ascontiguousarray(X)).to(device=device, dtype=dtype))
+        return out.detach().cpu().numpy()
+
+    return f, str(dtype).replace("torch.", "")
+
+
+def _sklearn_function(mlp):
+    """The outputs before the output activation: logits of a classifier (logit of
+    predict_proba for binary, centred log-probabilities for multiclass: a linear image
+    of the logits, so still a two-layer ReLU network), predict of a regressor."""
+    out = getattr(mlp, "out_activation_", "identity")
+    if out == "identity":
+        return (lambda X: np.asarray(mlp.predict(X), dtype=np.float64).reshape(len(X), -1)), "float64"
+    if out == "logistic":
+        def f(X):
+            p = np.clip(mlp.predict_proba(X)[:, -1:], 1e-300, 1.0)
+            return np.log(p) - np.log1p(-np.minimum(p, 1 - 1e-16))
+        return f, "float64"
+    if out == "softmax":
+        def f(X):
+            L = np.log(np.clip(mlp.predict_proba(X), 1e-300, None))
+            return L - L.mean(axis=1, keepdims=True)
+        return f, "float64"
+    raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
+
+
+def as_query_function(model: Any) -> tuple:
+    """(function on float64 arrays (n, d) -> (n, m), output dtype name) for a model."""
+    try:
+        import torch  # noqa: F401 - only to recognise modules
+        is_torch = isinstance(model, __import__("torch").nn.Module)
+    except ImportError:
+        is_torch = False
+    if is_torch:
+        return _torch_function(model)
+    if hasattr(model, "coefs_") and hasattr(model, "predict"):
+        return _sklearn_function(model)
+    if callable(model):
+        def f(X):
+            out = model(X)
+            if hasattr(out, "detach"):
+                out = out.detach().cpu().numpy()
+            return np.asarray(out)
+        return f, None
+    raise TypeError("model must be a torch.nn.Module, a fitted sklearn MLPRegressor/MLPClassifier or a "
+                    f"callable on arrays of shape (n, n_features); got {type(model).__name__}")
+
+
+def extract(model: Any, n_features: int, n_hidden: int | None = None, *, n_queries: int = 20000,
+            max_queries: int = 2_000_000, precision: Any = None, batch_size: int = 16384,
+            method: str = "auto", progress: bool | None = None, random_state: Any = None,
+            n_jobs: int | None = None) -> RecoveryResult:
+    """Extract ``y = U relu(V x + b) + c`` from a model by Gaussian queries.
+
+    Parameters
+    ----------
+    model : torch.nn.Module, sklearn MLPRegressor/MLPClassifier, or callable
+        The model to query. A classifier is queried before its output activation (the
+        logistic/softmax is inverted from ``predict_proba``; multiclass gives centred
+        logits). A callable takes an ndarray of shape (n, n_features) and returns (n, m)
+        or (n,).
+    n_features : int
+        Input dimension d.
+    n_hidden : int, optional
+        Hidden units k; default: the number visible in the outputs
+        (:func:`relufast.units.visible_units`). When fewer units are visible than given
+        (dead or pruned units), the visible ones are recovered and the message says so.
+    n_queries : int, default=20000
+        Queries of the first attempt; doubled (new queries added) until the certificate
+        holds or ``max_queries`` is reached.
+    max_queries : int, default=2000000
+    precision : None, str or float
+        Precision of the outputs (default: from the model's output dtype; torch float32
+        modules are certified at float32).
+    batch_size : int, default=16384
+        Queries per call of the model.
+    method : {"auto", "bjw19-gaussian", "atv21"}
+        "auto": bjw19-gaussian when m >= k, then atv21 if that is not exact.
+    progress : bool or None
+        Progress on stderr (None: on a terminal only).
+    random_state : None, int or numpy Generator
+    n_jobs : int or None
+
+    Returns
+    -------
+    RecoveryResult
+        ``counts["queries"]`` is the number of queries used;
+        ``diagnostics["cryptanalytic_queries"]`` is the approximate query count of
+        differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
+    """
+    from ._api import METHODS
+
+    d = check_positive_int(n_features, "n_features")
+    n0 = check_positive_int(n_queries, "n_queries", minimum=2 * (d + 1))
+    max_queries = check_positive_int(max_queries, "max_queries", minimum=n0)
+    batch = check_positive_int(batch_size, "batch_size")
+    if method not in ("auto", "bjw19-gaussian", "atv21"):
+        raise ValueError(f"method must be 'auto', 'bjw19-gaussian' or 'atv21'; got {method!r}")
+    k_given = None if n_hidden is None else check_positive_int(n_hidden, "n_hidden")
+    f, dtype_name = as_query_function(model)
+    rng = check_random_state(random_state)
+
+    Xs, Ys = [], []
+    out_dtype = [dtype_name]
+
+    def draw(n_more, bar):
+        done = sum(len(x) for x in Xs)
+        for s in range(0, n_more, batch):
+            Xb = rng.standard_normal((min(batch, n_more - s), d))
+            Yb = f(Xb)
+            if out_dtype[0] is None:
+                out_dtype[0] = np.asarray(Yb).dtype.name
+            Yb = np.asarray(Yb, dtype=np.float64).reshape(len(Xb), -1)
+            Xs.append(Xb)
+            Ys.append(Yb)
+            bar.update(done + s + len(Xb), "queries")
+
+    n_total, result, history = n0, None, []
+    bar = Progress(max_queries, "relufast.extract", progress)
+    try:
+        while True:
+            draw(n_total - sum(len(x) for x in Xs), bar)
+            X, Y = np.concatenate(Xs), np.concatenate(Ys)
+            prec = resolve_precision(np.empty(0, dtype=out_dtype[0] if out_dtype[0] in
+                                              ("float32", "float16") else np.float64), precision)
+            visible = visible_units(X, Y, precision=prec).count
+            # Dead or pruned units leave no trace: recover the visible ones.
+            k = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
+            names = ([method] if method != "auto" else
+                     (["bjw19-gaussian", "atv21"] if Y.shape[1] >= k else ["atv21"]))
+            for name in names:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RelufastWarning)
+                    res = METHODS[name].function(X, Y, k, precision=prec, random_state=rng, n_jobs=n_jobs)
+                if result is None or res.exact or (not result.exact and res.residual < result.residual):
+                    result = res
+                if res.exact:
+                    break
+            history.append((len(X), result.status.value, float(result.residual)))
+            if result.exact or 2 * n_total > max_queries:
+                break
+            n_total *= 2
+    finally:
+        bar.close()
+    crypt = cryptanalytic_queries(d, k)
+    counts = dict(result.counts, queries=len(X))
+    diag = dict(result.diagnostics, cryptanalytic_queries=crypt, query_history=tuple(history),
+                visible_units=visible)
+    message = (f"{result.message}. Used {len(X)} Gaussian queries ({len(history)} rounds); "
+               f"differential extraction [CJM20, CCHRSS23] needs about {crypt} for d = {d}, k = {k} "
+               "(approximate, see relufast.extraction.cryptanalytic_queries)")
+    if k_given is not None and visible < k_given:
+        message = invisible_message(visible, k_given) + ". " + message
+    if not result.exact and result.V is not None:
+        dup = near_duplicate_message(near_duplicates(result.V, d))
+        message += f". {dup}" if dup else ""
+    res = dataclasses.replace(result, counts=counts, diagnostics=diag, message=message)
+    if not res.exact:
+        warn(message)
+    return res
