@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/contracted4.hpp"
 #include "kernels/detector.hpp"
 #include "kernels/moments.hpp"
 #include "kernels/refine.hpp"
@@ -212,4 +213,28 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         py::arg("tol_gap") = 1e-6, py::arg("tol_verify") = 1e-9, py::arg("tol_support") = 1e-9,
         py::arg("min_zeros") = 0, py::arg("n_jobs") = 0, py::arg("power") = 1.0,
         "BJW19 Alg. 5 (margin form): certify and solve hidden rows from approximate directions.");
+
+  // ---- GP19 (Goel and Panigrahy 2019), Step 1: contractions of the fourth-order
+  // Hermite statistic with directions, with active-row filtering (kernels/contracted4).
+  py::class_<Hermite4Contraction>(m, "Hermite4Contraction", py::module_local(),
+                                  "GP19 Sec. 2.1: mergeable sums sum ft y^p, sum ft y^p x (p = 1, 3) "
+                                  "for y = Z x, ft = f - offset, over active rows.")
+      .def(py::init<const RowMatrixXd&, double, double, bool, bool>(), py::arg("Z"), py::arg("offset"),
+           py::arg("active_tol") = 0.0, py::arg("second") = false, py::arg("pairs") = false)
+      .def("update", &Hermite4Contraction::update, py::arg("X").noconvert(), py::arg("f").noconvert(),
+           py::arg("n_jobs") = 0, py::arg("block") = 1024, py::call_guard<py::gil_scoped_release>())
+      .def("merge", &Hermite4Contraction::merge, py::arg("other"))
+      .def_property_readonly("n", &Hermite4Contraction::n)
+      .def_property_readonly("r", &Hermite4Contraction::r)
+      .def_property_readonly("count", &Hermite4Contraction::count)
+      .def_property_readonly("n_active", &Hermite4Contraction::n_active)
+      .def_property_readonly("s0", &Hermite4Contraction::s0)
+      .def_property_readonly("S", [](const Hermite4Contraction& h) { return RowMatrixXd(h.S()); })
+      .def_property_readonly("G1", [](const Hermite4Contraction& h) { return RowMatrixXd(h.G1()); })
+      .def_property_readonly("G3", [](const Hermite4Contraction& h) { return RowMatrixXd(h.G3()); })
+      .def_property_readonly("M", [](const Hermite4Contraction& h) { return RowMatrixXd(h.M()); })
+      .def_property_readonly("S11", [](const Hermite4Contraction& h) { return RowMatrixXd(h.S11()); })
+      .def_property_readonly("S22", [](const Hermite4Contraction& h) { return RowMatrixXd(h.S22()); })
+      .def_property_readonly("GP", [](const Hermite4Contraction& h) { return RowMatrixXd(h.GP()); });
+  // ---- end GP19
 }

@@ -1,0 +1,59 @@
+// Contractions of the fourth-order Hermite statistic of GP19 (Goel and
+// Panigrahy, "Recovering the lowest layer of deep networks with high threshold
+// activations", 2019), Step 1 (Sec. 2.1, App. B.1-B.4), streamed and mergeable.
+//
+// For outputs f, a known offset c0 (the median of f, preprocessing P0) and
+// directions z_r (rows of Z, R x n), with y_r = z_r . x and ft = f - c0:
+//
+//   E[ft H_4(z.x)] = (S4 - 6 r S2 + 3 r^2 S0) / (sqrt(24) N),  r = |z|^2,
+//   grad_z         = (4 G3 - 12 r G1 - 12 S2 z + 12 r S0 z) / (sqrt(24) N),
+//   E[ft H_3(z.x)] = (S3 - 3 r S1) / (sqrt(6) N),
+//
+// with S_p = sum ft y^p, G_p = sum ft y^p x. The kernel keeps exactly these sums
+// (never an n^4 tensor): 2 N_act n R flops for y, 4 N_act n R for G1 and G3.
+// Optionally it also keeps M = sum ft x x^T (the second moment M_2 of P2) and the
+// pair sums of the simultaneous landscape (App. B.4): S11 = sum ft y_j y_k,
+// S22 = sum ft y_j^2 y_k^2 and GP_j = sum ft y_j (sum_{k != j} y_k^2) x.
+//
+// Active-row filtering (P1): after removing c0, a row where no unit is active
+// has ft = 0 and contributes nothing to any sum, so rows with |ft| <= active_tol
+// are skipped before any arithmetic (they still count in N). active_tol < 0
+// turns the filter off. Rows are gathered per block of samples into a compact
+// buffer; one accumulator per thread, merged in thread order (parallel.hpp).
+#pragma once
+
+#include "types.hpp"
+
+namespace relufast {
+
+class Hermite4Contraction {
+ public:
+  // Z: R x n directions (R may be 0 when only M is wanted).
+  Hermite4Contraction(const RowMatrixXd& Z, double offset, double active_tol, bool second, bool pairs);
+
+  void update(const ConstRowRef& X, const Eigen::Ref<const Eigen::VectorXd>& f, int n_jobs, Index block);
+  void merge(const Hermite4Contraction& other);
+
+  Index n() const { return n_; }
+  Index r() const { return Z_.rows(); }
+  double count() const { return count_; }
+  double n_active() const { return n_active_; }
+  double s0() const { return s0_; }
+  const RowMatrixXd& S() const { return S_; }     // R x 4: sum ft y^p, p = 1..4
+  const RowMatrixXd& G1() const { return G1_; }   // R x n
+  const RowMatrixXd& G3() const { return G3_; }   // R x n
+  const RowMatrixXd& M() const { return M_; }     // n x n (0 x 0 unless second)
+  const RowMatrixXd& S11() const { return S11_; } // R x R (0 x 0 unless pairs)
+  const RowMatrixXd& S22() const { return S22_; } // R x R
+  const RowMatrixXd& GP() const { return GP_; }   // R x n
+
+ private:
+  RowMatrixXd Z_;
+  double offset_, active_tol_;
+  bool second_, pairs_;
+  Index n_;
+  double count_ = 0.0, n_active_ = 0.0, s0_ = 0.0;
+  RowMatrixXd S_, G1_, G3_, M_, S11_, S22_, GP_;
+};
+
+}  // namespace relufast
