@@ -6,8 +6,9 @@ least squares, residual by NumPy products.
 """
 import numpy as np
 
-from relufast.refine import fit_output_layer, output_basis, refine_rows_reference
-from relufast.tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
+from relufast.stages.fit import fit_output_layer
+from relufast.stages.refine import output_basis, refine_rows_reference
+from relufast.stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
 
 
 def moment_numpy(X, Y, block=4096):

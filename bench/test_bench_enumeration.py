@@ -11,8 +11,8 @@ import pytest
 from scipy.optimize import linprog
 
 import relufast as rf
-from relufast.lp import INF, LPSession
-from relufast.patterns import sign_patterns
+from relufast.stages.highs import INF, LPSession
+from relufast.stages.patterns import sign_patterns
 
 
 def _span_basis(n, k, seed=0, d=4):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from relufast.moments import hermite_moment
+from relufast.stages.moments import hermite_moment
 
 from .numpy_pipeline import moment_numpy
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import relufast as rf
-from relufast.robust_pca import principal_component_pursuit
+from relufast.stages.robust_pca import principal_component_pursuit
 
 
 def _net(seed):

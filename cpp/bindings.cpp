@@ -132,6 +132,15 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def("merge", &SecondMoment::merge, py::arg("other"))
       .def("tensor", &SecondMoment::tensor)
       .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))
+      .def("state",
+           [](const SecondMoment& s) {
+             py::dict st;
+             st["count"] = s.count();
+             st["sum_y"] = Eigen::VectorXd(s.sum_y());
+             st["sum_yxx"] = Eigen::MatrixXd(s.sum_yxx());
+             return st;
+           },
+           "The raw sums: count, sum_y (m,), sum_yxx (d, m*d).")
       .def_property_readonly("d", &SecondMoment::d)
       .def_property_readonly("m", &SecondMoment::m)
       .def_property_readonly("count", &SecondMoment::count)
@@ -145,6 +154,18 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
            py::arg("n_jobs") = 0, py::arg("block") = 256, py::call_guard<py::gil_scoped_release>())
       .def("merge", &DetectorMoment::merge, py::arg("other"))
       .def("matrix", &DetectorMoment::matrix, py::arg("centred") = true)
+      .def("set_state", &DetectorMoment::set_state, py::arg("count"), py::arg("sum_phipsi"),
+           py::arg("sum_phi"), py::arg("sum_psi"))
+      .def("state",
+           [](const DetectorMoment& s) {
+             py::dict st;
+             st["count"] = s.count();
+             st["sum_phipsi"] = Eigen::MatrixXd(s.sum_phipsi());
+             st["sum_phi"] = Eigen::VectorXd(s.sum_phi());
+             st["sum_psi"] = Eigen::VectorXd(s.sum_psi());
+             return st;
+           },
+           "The raw sums: count, sum_phipsi (D1, D2), sum_phi (D1,), sum_psi (D2,).")
       .def_property_readonly("count", &DetectorMoment::count)
       .def_property_readonly("d", &DetectorMoment::d)
       .def_property_readonly("k", &DetectorMoment::k);
@@ -224,6 +245,24 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def("update", &Hermite4Contraction::update, py::arg("X").noconvert(), py::arg("f").noconvert(),
            py::arg("n_jobs") = 0, py::arg("block") = 1024, py::call_guard<py::gil_scoped_release>())
       .def("merge", &Hermite4Contraction::merge, py::arg("other"))
+      .def("set_state", &Hermite4Contraction::set_state, py::arg("count"), py::arg("n_active"), py::arg("s0"),
+           py::arg("S"), py::arg("G1"), py::arg("G3"), py::arg("M"), py::arg("S11"), py::arg("S22"), py::arg("GP"))
+      .def("state",
+           [](const Hermite4Contraction& h) {
+             py::dict st;
+             st["count"] = h.count();
+             st["n_active"] = h.n_active();
+             st["s0"] = h.s0();
+             st["S"] = RowMatrixXd(h.S());
+             st["G1"] = RowMatrixXd(h.G1());
+             st["G3"] = RowMatrixXd(h.G3());
+             st["M"] = RowMatrixXd(h.M());
+             st["S11"] = RowMatrixXd(h.S11());
+             st["S22"] = RowMatrixXd(h.S22());
+             st["GP"] = RowMatrixXd(h.GP());
+             return st;
+           },
+           "The raw sums: count, n_active, s0, S (R, 4), G1, G3 (R, n), M (n, n), S11, S22 (R, R), GP (R, n).")
       .def_property_readonly("n", &Hermite4Contraction::n)
       .def_property_readonly("r", &Hermite4Contraction::r)
       .def_property_readonly("count", &Hermite4Contraction::count)

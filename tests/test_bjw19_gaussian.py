@@ -200,6 +200,6 @@ def test_singular_input_covariance_is_reported():
     X[:, 5] = X[:, 4]  # inputs in a 5-dimensional subspace
     with pytest.warns(rf.RelufastWarning, match="second-moment matrix of X is singular"):
         res = rf.recover(X, net(X), n_hidden=2, method="bjw19-gaussian")
-    assert res.status == "failed" and res.V is None
+    assert res.status == "non_identifiable" and res.V is None
     with pytest.raises(ValueError, match="whiten must be 'auto', True or False"):
         rf.recover(X, net(X), n_hidden=2, method="bjw19-gaussian", whiten="yes")

@@ -2,7 +2,7 @@ import highspy
 import numpy as np
 import pytest
 
-from relufast.lp import INF, STATUS_TABLE, LPSession, LPStatus
+from relufast.stages.highs import INF, STATUS_TABLE, LPSession, LPStatus
 
 
 def test_optimal_and_warm_resolve_after_changes():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import relufast as rf
-from relufast.moments import C2_RELU, SecondMomentAccumulator, hermite_moment, hermite_moment_reference
+from relufast.stages.moments import C2_RELU, SecondMomentAccumulator, hermite_moment, hermite_moment_reference
 
 #: Kernel vs NumPy reference: same sums in a different order.
 KERNEL_RTOL = 1e-12

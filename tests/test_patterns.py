@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from relufast.lp import INF, LPSession
-from relufast.patterns import PatternStream, cell_count, sign_patterns, sign_patterns_reference
+from relufast.stages.highs import INF, LPSession
+from relufast.stages.patterns import PatternStream, cell_count, sign_patterns, sign_patterns_reference
 
 
 def _as_set(P):
@@ -118,7 +118,7 @@ def test_random_subsets_agree_with_the_lexicographic_systems():
 
     subsets = np.array(list(itertools.combinations(range(60), 2)), dtype=np.int64)
     out = core.enumerate_patterns_for(B, "rays", subsets, 1e-9, 2)
-    from relufast.patterns import unpack_patterns
+    from relufast.stages.patterns import unpack_patterns
 
     P, _, _ = sign_patterns(B, mode="rays")
     assert _as_set(unpack_patterns(out["words"], 60)) == _as_set(P)

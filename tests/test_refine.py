@@ -1,13 +1,8 @@
 import numpy as np
 import pytest
 
-from relufast.refine import (
-    fit_output_layer,
-    output_basis,
-    refine_rows,
-    refine_rows_reference,
-    relu_stats,
-)
+from relufast.stages.fit import fit_output_layer, relu_stats
+from relufast.stages.refine import output_basis, refine_rows, refine_rows_reference
 
 from .conftest import planted
 

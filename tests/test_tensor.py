@@ -1,6 +1,6 @@
 import numpy as np
 
-from relufast.tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
+from relufast.stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
 
 
 def _cp(rng, m, k):

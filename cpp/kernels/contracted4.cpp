@@ -142,4 +142,25 @@ void Hermite4Contraction::merge(const Hermite4Contraction& other) {
   GP_ += other.GP_;
 }
 
+void Hermite4Contraction::set_state(double count, double n_active, double s0, const RowMatrixXd& S,
+                                    const RowMatrixXd& G1, const RowMatrixXd& G3, const RowMatrixXd& M,
+                                    const RowMatrixXd& S11, const RowMatrixXd& S22, const RowMatrixXd& GP) {
+  auto same = [](const RowMatrixXd& a, const RowMatrixXd& b) { return a.rows() == b.rows() && a.cols() == b.cols(); };
+  if (!same(S, S_) || !same(G1, G1_) || !same(G3, G3_) || !same(M, M_) || !same(S11, S11_) ||
+      !same(S22, S22_) || !same(GP, GP_))
+    throw std::invalid_argument("Hermite4Contraction.set_state: state shapes do not match the accumulator");
+  if (!(count >= 0.0) || !(n_active >= 0.0) || n_active > count)
+    throw std::invalid_argument("Hermite4Contraction.set_state: need 0 <= n_active <= count");
+  count_ = count;
+  n_active_ = n_active;
+  s0_ = s0;
+  S_ = S;
+  G1_ = G1;
+  G3_ = G3;
+  M_ = M;
+  S11_ = S11;
+  S22_ = S22;
+  GP_ = GP;
+}
+
 }  // namespace relufast

@@ -33,6 +33,10 @@ class Hermite4Contraction {
 
   void update(const ConstRowRef& X, const Eigen::Ref<const Eigen::VectorXd>& f, int n_jobs, Index block);
   void merge(const Hermite4Contraction& other);
+  // Replaces the raw sums (e.g. by sums reduced over MPI ranks); shapes must match.
+  void set_state(double count, double n_active, double s0, const RowMatrixXd& S, const RowMatrixXd& G1,
+                 const RowMatrixXd& G3, const RowMatrixXd& M, const RowMatrixXd& S11, const RowMatrixXd& S22,
+                 const RowMatrixXd& GP);
 
   Index n() const { return n_; }
   Index r() const { return Z_.rows(); }

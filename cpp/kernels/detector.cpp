@@ -90,4 +90,15 @@ Eigen::MatrixXd DetectorMoment::matrix(bool centred) const {
   return T;
 }
 
+void DetectorMoment::set_state(double count, const Eigen::MatrixXd& sum_phipsi,
+                               const Eigen::VectorXd& sum_phi, const Eigen::VectorXd& sum_psi) {
+  if (sum_phipsi.rows() != sum_phipsi_.rows() || sum_phipsi.cols() != sum_phipsi_.cols() ||
+      sum_phi.size() != sum_phi_.size() || sum_psi.size() != sum_psi_.size())
+    throw std::invalid_argument("DetectorMoment.set_state: the sums' shapes do not match this accumulator");
+  count_ = count;
+  sum_phipsi_ = sum_phipsi;
+  sum_phi_ = sum_phi;
+  sum_psi_ = sum_psi;
+}
+
 }  // namespace relufast

@@ -28,6 +28,9 @@ class DetectorMoment {
   const Eigen::MatrixXd& sum_phipsi() const { return sum_phipsi_; }
   const Eigen::VectorXd& sum_phi() const { return sum_phi_; }
   const Eigen::VectorXd& sum_psi() const { return sum_psi_; }
+  // Replaces the raw sums (used to install sums reduced across processes).
+  void set_state(double count, const Eigen::MatrixXd& sum_phipsi, const Eigen::VectorXd& sum_phi,
+                 const Eigen::VectorXd& sum_psi);
   // D1 x D2: centred (noise-corrected, Alg. 3) or not (Alg. 2).
   Eigen::MatrixXd matrix(bool centred) const;
 

@@ -25,7 +25,7 @@ def _choose(X, Y, n_hidden):
     import numpy as np
 
     from ._validation import check_positive_int, check_xy
-    from .algorithms.bjw19 import _gaussianity
+    from .stages.diagnostics import gaussianity as _gaussianity
 
     # Cheap: look at a subsample only; the chosen method validates all of the data.
     Xa, Ya = np.asarray(X), np.asarray(Y)

@@ -33,10 +33,10 @@ import time
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._native import core
 from .._result import Run, Status, warn
 from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
-from ..tensor import cp_als, jennrich, merge_symmetric_factors
+from ..stages.moments import detector_matrix, detector_matrix_reference
+from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
 __all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
            "symmetry_statistic", "vech_weighted", "mat_star"]
@@ -72,53 +72,8 @@ def mat_star(v, k):
     return M + np.triu(M, 1).T
 
 
-def detector_matrix(X, Y, *, centred=True, n_jobs=None, block_size=256):
-    """The linear map T with ``T vec*(u u^T) = f(u)``, f the pure-neuron detector.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n, d)
-    Y : ndarray of shape (n, k)
-    centred : bool, default=True
-        True: the noise-corrected detector of Algorithm 3 (eq. 11), exact under any output
-        noise independent of x. False: Algorithm 2's detector (biased under noise).
-
-    Returns
-    -------
-    T : ndarray of shape (d (d+1) / 2, k (k+1) / 2)
-        Rows are the weighted vech of the paper's d^2 rows (same singular values).
-    C : ndarray (d, d)
-        E[x x^T].
-    P : ndarray (k, d)
-        E[y x^T].
-    """
-    n = X.shape[0]
-    C = X.T @ X / n
-    P = Y.T @ X / n
-    M = np.ascontiguousarray(np.linalg.solve(C, P.T).T)  # P C^{-1}
-    acc = core.DetectorMoment(M)
-    with single_threaded_blas():
-        acc.update(X, Y, resolve_n_jobs(n_jobs), block_size)
-    return acc.matrix(centred), C, P
 
 
-def detector_matrix_reference(X, Y, *, centred=True):
-    """Plain NumPy version of :func:`detector_matrix` (for tests and benchmarks)."""
-    n, d = X.shape
-    k = Y.shape[1]
-    C = X.T @ X / n
-    P = Y.T @ X / n
-    Yt = X @ np.linalg.solve(C, P.T)
-    iu_d, iu_k = np.triu_indices(d), np.triu_indices(k)
-    wd = np.where(iu_d[0] == iu_d[1], 1.0, math.sqrt(2.0))
-    Phi = X[:, iu_d[0]] * X[:, iu_d[1]] * wd
-    a, c = iu_k
-    Psi = Y[:, a] * Yt[:, c] + Y[:, c] * Yt[:, a] - Y[:, a] * Y[:, c]
-    Psi = np.where(a == c, Psi, 2.0 * Psi)
-    T = Phi.T @ Psi / n
-    if centred:
-        T -= np.outer(Phi.mean(axis=0), Psi.mean(axis=0))
-    return T, C, P
 
 
 def population_detector(W, A, *, centred=True):

@@ -1,6 +1,6 @@
 """BJW19 Algorithm 8 (Theorem 13): arbitrary output noise independent of X.
 
-Kept apart from ``bjw19.py`` for length; ``bjw19.py`` is the public module.
+
 """
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import itertools
 import math
 import numpy as np
 
-from .._blas import single_threaded_blas
-from .._result import Run, Status
-from .._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
+from ..._blas import single_threaded_blas
+from ..._result import Run, Status
+from ...stages.fit import fit_and_certify
+from ..._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
 
 __all__ = ["halfspace_estimate", "independent_noise", "grid_size"]
 
@@ -31,9 +32,8 @@ def grid_size(k, s, levels):
 
 
 def _fit(X, Y, V):
-    F = np.maximum(X @ V.T, 0.0)
-    Ut = np.linalg.lstsq(F, Y, rcond=None)[0]
-    return Ut.T, float(np.linalg.norm(Y - F @ Ut))
+    U, rel, _ = fit_and_certify(X, Y, V)
+    return U, rel * float(np.linalg.norm(Y))
 
 
 def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, max_guesses=100000,

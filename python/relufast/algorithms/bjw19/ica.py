@@ -1,17 +1,17 @@
 """BJW19 Algorithm 3 (Theorem 4): orthonormal V via ICA of the sketched outputs.
 
-Kept apart from ``bjw19.py`` for length; ``bjw19.py`` is the public module.
+
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .._blas import single_threaded_blas
-from .._result import Run, Status
-from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ..activations import RELU
-from ..refine import fit_output_layer, output_basis, refine_rows
-from ._bjw19_tensor import refinement_subset, relative_residual
+from ..._blas import single_threaded_blas
+from ..._result import Run, Status
+from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import outputs_below_hidden_message, refinement_subset
+from ...stages.fit import fit_and_certify
+from ...stages.refine import output_basis, refine_rows
 
 __all__ = ["fastica", "ica"]
 
@@ -113,7 +113,8 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
             raise ValueError(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
         run.counts.update(n_samples=n, n_hidden=k)
         if m < k:
-            return run.result(Status.UNSUPPORTED, f"bjw19-ica needs m >= k (U of rank k); got m = {m} < k = {k}")
+            return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
+                "bjw19-ica", m, k, "Thm 4 assumes U of rank k"))
         Xr, Yr = refinement_subset(X, Y, k, n_refine, rng)
         B, _, _ = output_basis(Yr, k)
         certified, approx, iters_all = [], None, []
@@ -149,8 +150,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
         run.counts["certified_rows"] = len(certified)
         rows = np.array(certified) if len(certified) == k else approx
         with run.stage("fit"):
-            U, _ = fit_output_layer(Xr, Yr, rows)
-            residual = relative_residual(X, Y, rows, U, threads, RELU)
+            U, residual, _ = fit_and_certify(X, Y, rows, subset=(Xr, Yr), threads=threads)
         if len(certified) == k and residual <= tol:
             return run.result(Status.EXACT, f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
                               U=U, V=rows, exact=True, residual=residual)

@@ -1,47 +1,8 @@
-"""Bakshi, Jayaram, Woodruff: learning two-layer rectified networks in polynomial time.
+"""BJW19 Theorem 7: exact recovery for Gaussian inputs (Algorithm 4 + Algorithm 5).
 
-References
-----------
-.. [1] A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks
-   in polynomial time. Proceedings of the Thirty-Second Conference on Learning Theory
-   (COLT 2019), PMLR 99:195-268, 2019.
-
-Functions and the paper
------------------------
-``enumeration``
-    Theorem 1: exact recovery for any X when rank(Y) = k. Lemma 1 (candidate sign
-    patterns, C++), Algorithm 1 (Iterative LP on HiGHS, ``iterative_lp``) and
-    Algorithm 2 (ExactNeuralNet), with the exact support solve where |S| >= d.
-``noisy``
-    Theorem 10: i.i.d. sub-Gaussian output noise. Tensor estimate, Algorithm 6 (signs by
-    projections, ``sign_by_projection``), U by least squares; opt-in ``polish``.
-``ica``
-    Theorem 4: orthonormal V. Algorithm 3 with relufast's FastICA (``fastica``) and the
-    exact refinement of Algorithm 5.
-``independent_noise``
-    Theorem 13: arbitrary noise independent of X. Algorithm 8 with the halfspace
-    estimator of Theorem 12 (``halfspace_estimate``), a ``given_M`` mode and a capped grid.
-``sparse_noise``
-    Section 8, Theorem 14: sparse gross corruption of the outputs. Principal component
-    pursuit, the Gaussian pipeline, then an exact polish on the uncorrupted entries.
-``fpt``
-    Theorem 11: exact recovery for Gaussian X and rank-deficient U (m < k allowed),
-    Algorithm 7 with the corrections of the spec (pairwise independent columns, m >= 2).
-``gaussian``
-    Theorem 7: exact recovery for Gaussian inputs, noiseless outputs, rank-k U and V.
-    Algorithm 4 (tensor estimate of V up to signs) followed by Algorithm 5 (exact
-    recovery of signs and values from sparsity patterns), then U by least squares.
-    Departures from the paper, all from ``shared/spec/bjw19.md``:
-
-    * Alg. 4, step 3 uses the third-order score tensor, which is zero for ReLU
-      (E[relu(z) He_3(z)] = 0, spec errata 1). relufast uses the second-order moment with
-      the output mode kept, an m x d x d tensor decomposed by Jennrich's algorithm (needs
-      m >= k), polished by CP-ALS, with candidates pooled over random contractions.
-    * Alg. 5, step 2 thresholds at tau = 1/poly(l); relufast uses the margin form (only
-      coordinates where the estimate is confidently negative), which tolerates angle
-      errors of ~0.3 rad and certifies each row (spec Sec. 2.6b).
-    * Alg. 5, step 3 multiplies w in R^k by A (m rows); relufast uses an orthonormal
-      k-row basis of the output span (spec errata 5).
+Departures from the paper (``docs/bjw19.md``): the second-order moment with the output
+mode kept replaces the third-order score tensor (zero for ReLU); Algorithm 5 runs in its
+margin form on an orthonormal basis of the output span.
 """
 from __future__ import annotations
 
@@ -49,60 +10,24 @@ import time
 
 import numpy as np
 
-from .._blas import single_threaded_blas
-from .._native import BACKEND
-from .._result import Run, Status, warn
-from ..activations import RELU, get_activation, hermite_coefficient
-from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ..refine import fit_output_layer, output_basis, refine_rows, relu_stats
-from ._bjw19_tensor import draw_candidates, moment_span, refinement_subset, relative_residual
+from ..._blas import single_threaded_blas
+from ..._native import BACKEND
+from ..._result import Run, Status, warn
+from ...activations import RELU, get_activation, hermite_coefficient
+from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import gaussianity, numerical_rank, outputs_below_hidden_message, refinement_subset, whitener
+from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
+from ...stages.moments import moment_span
+from ...stages.refine import output_basis, refine_rows
+from ...stages.tensor import draw_candidates
 
-from ._bjw19_exact import enumeration, fpt, iterative_lp
-from ._bjw19_ica import fastica, ica
-from ._bjw19_indep import halfspace_estimate, independent_noise
-from ._bjw19_noisy import noisy, polish, sign_by_projection, sparse_noise
+__all__ = ["gaussian"]
 
-__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "ica", "independent_noise",
-           "fastica", "halfspace_estimate", "iterative_lp",
-           "sign_by_projection", "polish", "CITATION"]
 
-CITATION = (
-    "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "
-    "polynomial time. COLT 2019, PMLR 99:195-268."
-)
-
-#: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
-RANK_TOL = 1e-8
 #: Rows whose |cos| exceeds this are the same hidden unit.
 DUPLICATE_COS = 1.0 - 1e-6
-#: Rows used for the Gaussianity diagnostic.
-GAUSS_ROWS = 20000
 
 
-def _gaussianity(X, whitener=None):
-    """Cheap test of x ~ N(0, I) (of ``whitener x`` when given): second-moment matrix and
-    per-coordinate kurtosis on at most GAUSS_ROWS samples."""
-    Xs = X[: min(X.shape[0], GAUSS_ROWS)]
-    if whitener is not None:
-        Xs = Xs @ whitener
-    N, d = Xs.shape
-    C = Xs.T @ Xs / N
-    cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
-    cov_tol = 3.0 * (2.0 * np.sqrt(d / N) + d / N) + 0.05
-    # Standardised excess kurtosis per coordinate (sd sqrt(96/N) under N(0,1) with unit variance).
-    X2 = Xs * Xs  # (not Xs**4: np.power with exponent 4 calls pow() per element)
-    kurt = np.mean(X2 * X2, axis=0) - 3.0 * np.mean(X2, axis=0) ** 2
-    z = kurt / np.sqrt(96.0 / N)
-    kurt_stat = float(np.mean(z**2))
-    kurt_tol = 1.0 + 8.0 * np.sqrt(2.0 / d) + 2.0
-    ok = cov_dev <= cov_tol and kurt_stat <= kurt_tol
-    return {
-        "gaussian_ok": bool(ok),
-        "second_moment_deviation": cov_dev,
-        "second_moment_tolerance": float(cov_tol),
-        "kurtosis_statistic": kurt_stat,
-        "kurtosis_tolerance": float(kurt_tol),
-    }
 
 
 def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
@@ -210,12 +135,9 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     diag = run.diag
 
     if m < k:
-        return run.result(
-            Status.UNSUPPORTED,
-            f"bjw19-gaussian needs at least as many outputs as hidden units (m >= k): BJW19 "
-            f"Thm 7 assumes U of rank k, and both the output mode of the moment and the exact "
-            f"refinement (Alg. 5 works in the span of the outputs) rely on it; got m = {m} < "
-            f"k = {k}. For U with fewer rows than k use bjw19-fpt (Alg. 7).",
+        return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
+            "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
+            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"),
             activation=act_out)
     if act is not RELU:
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
@@ -223,7 +145,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         if abs(c[2]) < 1e-3 * np.abs(c).max():
             return run.result(Status.UNSUPPORTED,
                               f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): "
-                              "the second-order moment carries no information (spec Sec. 3.2)",
+                              "the second-order moment carries no information",
                               activation=act_out)
 
     # Step 1: refinement samples, rank of the outputs, output basis and compression.
@@ -232,24 +154,22 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         run.counts["n_refine"] = len(Xr)
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
-        rank = int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
+        rank = numerical_rank(sv)
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
-        diag.update(_gaussianity(X))
+        diag.update(gaussianity(X))
         Wh = None
         if whiten not in ("auto", True, False):
             raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
         if whiten is True or (whiten == "auto" and
                               diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
-            ev, E = np.linalg.eigh(X.T @ X / n)
-            if not ev.min() > 1e-12 * ev.max():
-                return run.result(Status.FAILED,
+            Wh, diag["input_condition"] = whitener(X)
+            if Wh is None:
+                return run.result(Status.NON_IDENTIFIABLE,
                                   "the second-moment matrix of X is singular: the inputs lie in a "
                                   "subspace, so V is not identifiable along its complement",
                                   activation=act_out)
-            Wh = (E / np.sqrt(ev)) @ E.T
-            diag.update(_gaussianity(X, Wh))
-            diag["input_condition"] = float(np.sqrt(ev.max() / ev.min()))
+            diag.update(gaussianity(X, Wh))
         diag["whitened"] = Wh is not None
         # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
         Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
@@ -321,16 +241,15 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         exact_rows = len(certified) == k
         if exact_rows:
             V = np.array(certified)
-            U, cond = fit_output_layer(Xr, Yr, V, act)
+            U, residual, cond = fit_and_certify(X, Y, V, subset=(Xr, Yr), threads=threads,
+                                                activation=act)
         else:
             V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
                                       if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
             if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
                 V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-            st = relu_stats(X, Y, V, n_jobs=threads, activation=act)
-            U = np.linalg.lstsq(st["gram"], st["cross"], rcond=None)[0].T
-            cond = float(np.sqrt(np.linalg.cond(st["gram"])))
-        residual = relative_residual(X, Y, V, U, threads, act)
+            U, cond = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads, activation=act))
+            residual = relative_residual(X, Y, V, U, threads, act)
         diag["fit_condition"] = cond
         order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
         U, V = U[:, order], V[order]

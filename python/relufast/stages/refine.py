@@ -15,21 +15,18 @@ References
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
-from ._native import core
-from .activations import RELU
+from .._native import core
+from ..activations import RELU
 
 __all__ = [
     "DEFAULT_MARGINS",
     "output_basis",
     "refine_rows",
     "refine_rows_reference",
-    "fit_output_layer",
-    "relu_stats",
 ]
 
-#: Margin schedule for unit-norm rows and standard Gaussian inputs (spec bjw19.md 2.6b).
+#: Margin schedule for unit-norm rows and standard Gaussian inputs (see ``docs/bjw19.md``).
 DEFAULT_MARGINS = (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.3, 1.6)
 
 
@@ -179,31 +176,5 @@ def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10
     return rows.reshape(len(outs), X.shape[1]), certified, signs
 
 
-def fit_output_layer(X, Y, V, activation=RELU):
-    """Least-squares output layer: ``U = argmin ||Y - f(X V^T) U^T||_F`` via QR.
-
-    Exact (to rounding) on noiseless data whenever f(X V^T) has rank k (BJW19 Lemma 4).
-    Returns U of shape (m, k) and the condition number of f(X V^T).
-    """
-    F = activation(X @ V.T)
-    Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
-    cond = float(np.inf) if rank < V.shape[0] else float(np.linalg.cond(F))
-    return np.ascontiguousarray(Ut.T), cond
 
 
-def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
-    """One threaded pass over all samples with F = f(X V^T) (C++ for relu^p).
-
-    Returns a dict: ``gram`` = F^T F, ``cross`` = F^T Y, and with U given ``sq_residual`` =
-    ||Y - F U^T||_F^2 and ``sq_norm`` = ||Y||_F^2.
-    """
-    Vc = np.ascontiguousarray(V, dtype=np.float64)
-    Uc = None if U is None else np.ascontiguousarray(U, dtype=np.float64)
-    if activation.homogeneous:
-        return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size, float(activation.degree))
-    F = activation(X @ Vc.T)
-    out = {"gram": F.T @ F, "cross": F.T @ Y, "count": float(X.shape[0])}
-    if Uc is not None:
-        out["sq_residual"] = float(np.sum((Y - F @ Uc.T) ** 2))
-        out["sq_norm"] = float(np.sum(Y * Y))
-    return out

@@ -1,7 +1,8 @@
-"""BJW19 exact algorithms for any input (Alg. 1-2, Thm 1) and for rank-deficient U (Alg. 7).
+"""BJW19 Theorem 1: exact recovery for any input when rank(Y) = k.
 
-Kept apart from the Gaussian pipeline in ``bjw19.py`` only for length; ``bjw19.py`` is the
-public module and re-exports :func:`enumeration` and :func:`fpt`.
+Lemma 1 (candidate sign patterns, C++ enumeration in the patterns stage), Algorithm 1
+(Iterative LP on HiGHS, :func:`iterative_lp`) and Algorithm 2 (ExactNeuralNet), with the
+exact support solve where |S| >= d.
 """
 from __future__ import annotations
 
@@ -11,28 +12,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._blas import single_threaded_blas
-from .._result import Run, Status
-from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ..lp import INF, LPSession
-from ..patterns import PatternStream
+from ..._blas import single_threaded_blas
+from ..._result import Run, Status
+from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import numerical_rank
+from ...stages.fit import fit_and_certify
+from ...stages.highs import INF, LPSession
+from ...stages.patterns import PatternStream
 
-__all__ = ["enumeration", "fpt", "iterative_lp"]
+__all__ = ["enumeration", "iterative_lp"]
 
-#: Rank test: singular values below this fraction of the largest count as zero.
-RANK_TOL = 1e-8
 #: A rectified row is in the output span when its projection residual is below this.
 SPAN_TOL = 1e-9
 #: A new rectified row is independent of the found ones above this projection residual.
 INDEPENDENCE_TOL = 1e-8
-
-
-def _fit_and_residual(X, Y, V):
-    F = np.maximum(X @ V.T, 0.0)
-    Ut = np.linalg.lstsq(F, Y, rcond=None)[0]
-    R = Y - F @ Ut
-    ny = np.linalg.norm(Y)
-    return np.ascontiguousarray(Ut.T), float(np.linalg.norm(R) / ny) if ny > 0 else float("nan")
 
 
 def _in_span(f, B):
@@ -211,7 +204,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
 
     t = time.perf_counter()
     Uy, sv, _ = np.linalg.svd(Y, full_matrices=False)
-    rank = int(np.sum(sv > RANK_TOL * sv[0])) if sv[0] > 0 else 0
+    rank = numerical_rank(sv)
     diag["output_singular_values"] = sv
     seconds["rank"] = time.perf_counter() - t
     if rank < k:
@@ -300,7 +293,7 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     t = time.perf_counter()
     V = np.array(W)
     V /= np.linalg.norm(V, axis=1, keepdims=True)
-    U, residual = _fit_and_residual(X, Y, V)
+    U, residual, _ = fit_and_certify(X, Y, V)
     seconds["fit"] = time.perf_counter() - t
     exact = residual <= tol
     all_det = all(det)
@@ -321,100 +314,3 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     return run.result(status, msg, U=U, V=V, exact=exact, residual=residual)
 
 
-def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None):
-    """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
-
-    Parameters
-    ----------
-    X : array-like of shape (n_samples, n_features)
-        Gaussian inputs (the sample bound of Lemma 21 is for Gaussian X; the algorithm
-        itself only needs samples where exactly one unit is active).
-    Y : array-like of shape (n_samples, n_outputs)
-        Noiseless outputs; n_outputs >= 2.
-    n_hidden : int
-        Number of hidden units k (rank V = k, k <= d).
-    tol : float, default=1e-10
-        Largest relative residual accepted as exact.
-    class_tol : float, default=1e-9
-        Unit output directions closer than this are the same class.
-    min_class_size : int, optional
-        Smallest class kept (default d: the row is then determined, Lemma 21).
-    random_state : None, int or numpy Generator
-
-    Returns
-    -------
-    RecoveryResult
-        ``non_identifiable`` when a class is polluted (the paper's claim that
-        antiparallel columns [u, -u] are allowed is false: samples with both units active
-        are parallel to +-u too; spec errata 7), ``unsupported`` for m = 1 with k >= 2.
-
-    Notes
-    -----
-    Algorithm 7 with the corrections of spec Sec. 2.10:
-
-    1. Drop samples with zero output; normalise the others.
-    2. Group samples with identical output directions (positive multiples only): sort by
-       a random projection, compare neighbours. A sample with exactly one active unit i
-       has output parallel to U_i. Keep classes of at least d samples; expect k.
-    3. Class i: U_i = a representative output; c_j = <y_j, U_i> / |U_i|^2 = relu(V_i x_j).
-    4. Solve X_S w = c (least squares); its residual must vanish, else the class is
-       polluted and the network is not identifiable from this construction.
-    5. V_i = w / |w|; U by least squares on relu(X V^T) (unique when it has rank k).
-
-    Requires the columns of U pairwise linearly independent and m >= 2. Time
-    O(n m log n + k n d^2).
-    """
-    run = Run("bjw19-fpt")
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
-    rng = check_random_state(random_state)
-    min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
-    counts, diag = run.counts, run.diag
-    counts.update(n_samples=n, n_hidden=k)
-    if m == 1 and k >= 2:
-        return run.result(Status.UNSUPPORTED,
-                       f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
-                       f"parallel to the single column of U and the units cannot be told apart "
-                       f"(spec errata 7); got m = 1, k = {k}")
-    norms = np.linalg.norm(Y, axis=1)
-    keep = np.flatnonzero(norms > 1e-12 * norms.max()) if norms.max() > 0 else np.array([], int)
-    A = Y[keep] / norms[keep, None]
-    order = np.argsort(A @ rng.standard_normal(m), kind="stable")
-    A = A[order]
-    breaks = np.flatnonzero(np.linalg.norm(np.diff(A, axis=0), axis=1) >= class_tol) + 1
-    runs = np.split(np.arange(len(A)), breaks)
-    classes = [keep[order[r]] for r in runs if len(r) >= min_size]
-    counts["classes"] = len(classes)
-    diag["class_sizes"] = tuple(len(c) for c in classes)
-    if len(classes) != k:
-        status = Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE
-        return run.result(status,
-                       f"found {len(classes)} classes of at least {min_size} samples with parallel "
-                       f"outputs, expected k = {k}: "
-                       + ("too few samples with a single active unit (Lemma 21 needs n of order "
-                          "d (k kappa)^(2k)); add samples. Noisy outputs also give no classes: "
-                          "Alg. 7 needs outputs that are exactly parallel" if len(classes) < k else
-                          "the columns of U are not pairwise independent or k is too small"))
-    V = np.empty((k, d))
-    class_res = []
-    for i, S in enumerate(classes):
-        u = Y[S[0]]
-        c = Y[S] @ u / (u @ u)
-        w = np.linalg.lstsq(X[S], c, rcond=None)[0]
-        res = float(np.linalg.norm(X[S] @ w - c) / np.linalg.norm(c))
-        class_res.append(res)
-        V[i] = w / np.linalg.norm(w)
-    diag["class_residuals"] = tuple(class_res)
-    if max(class_res) > 1e-9:
-        return run.result(Status.NON_IDENTIFIABLE,
-                       f"a class of parallel outputs is not produced by one unit (least-squares "
-                       f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
-                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (spec errata 7)")
-    U, residual = _fit_and_residual(X, Y, V)
-    exact = residual <= tol
-    if exact:
-        return run.result(Status.EXACT,
-                       f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
-                       f"residual {residual:.2e}", U=U, V=V, exact=True, residual=residual)
-    return run.result(Status.FAILED,
-                   f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
-                   U=U, V=V, residual=residual)

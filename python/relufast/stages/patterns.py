@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from ._native import core
-from ._progress import Progress as _Progress
+from .._native import core
+from .._progress import Progress as _Progress
 
 __all__ = ["unpack_patterns", "sign_patterns", "sign_patterns_reference", "cell_count",
            "PatternStream"]

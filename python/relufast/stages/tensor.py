@@ -1,7 +1,7 @@
 """Tensor decomposition stage: input span, Jennrich's algorithm, CP-ALS polish.
 
 These operate on small objects (k x k x k after projection), so they use NumPy/LAPACK
-directly. The pipeline (spec ``bjw19.md`` Sec. 2.5, "H2-Jennrich-ALS") is: the span of
+directly. The pipeline (``docs/bjw19.md``, "the tensor estimate") is: the span of
 the rows of V from the unfolded second-order moment, projection of the moment onto that
 span, simultaneous diagonalisation of two random contractions (Jennrich), and a CP-ALS
 polish started from Jennrich's factors.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["input_span", "project", "jennrich", "cp_als", "merge_symmetric_factors"]
+__all__ = ["input_span", "project", "jennrich", "cp_als", "merge_symmetric_factors", "draw_candidates"]
 
 
 def input_span(T, k):
@@ -121,3 +121,24 @@ def merge_symmetric_factors(B, C):
     s[s == 0] = 1.0
     Z = B + s * C
     return Z / np.maximum(np.linalg.norm(Z, axis=0), 1e-300)
+
+
+def draw_candidates(P, W, rng):
+    """One Jennrich draw and its CP-ALS polish.
+
+    Returns
+    -------
+    cand : ndarray of shape (2k, d)
+        Rows 0..k-1 from the polished factors, rows k..2k-1 from Jennrich alone (unit
+        norm, sign unknown).
+    gap : float
+        Jennrich's minimum relative eigen-gap.
+    fit : float
+        Relative error of the polished CP model of P (small: a good draw).
+    """
+    Z, gap = jennrich(P, rng)
+    A, Bf, Cf = cp_als(P, Z)
+    fit = float(np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, Bf, Cf)) / max(np.linalg.norm(P), 1e-300))
+    cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
+    cand /= np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
+    return cand, gap, fit

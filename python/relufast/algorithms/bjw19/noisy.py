@@ -1,0 +1,157 @@
+"""BJW19 Theorem 10, Algorithm 6: i.i.d. sub-Gaussian output noise.
+
+
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..._blas import single_threaded_blas
+from ..._native import BACKEND
+from ..._result import Run, Status, warn
+from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import outputs_below_hidden_message
+from ...stages.fit import fit_from_stats, polish, relu_stats, residual_from_stats
+from ...stages.moments import moment_span
+from ...stages.refine import output_basis
+from ...stages.tensor import draw_candidates
+
+__all__ = ["noisy", "sign_by_projection"]
+
+
+def sign_by_projection(X, Y, V):
+    """BJW19 Algorithm 6: choose the sign of each approximate row by projections.
+
+    For row i, ``S_{i,+}`` holds relu(+-X v_j) for j != i and relu(X v_i); ``S_{i,-}`` the
+    same with relu(-X v_i). The row keeps its sign when the outputs lie closer to
+    span(S_{i,+}) than to span(S_{i,-}) (paper's step 3 writes A for the first line and
+    drops a parenthesis: spec errata 6).
+
+    Parameters
+    ----------
+    X : ndarray of shape (l, d)
+    Y : ndarray of shape (l, m)
+    V : ndarray of shape (k, d)
+        Approximate rows, signs unknown.
+
+    Returns
+    -------
+    V_signed : ndarray of shape (k, d)
+    margins : ndarray of shape (k,)
+        ``(a_wrong - a_chosen) / max(a_+, a_-)`` with a_+- the squared projection
+        residuals: the confidence of each sign (<= 0 means a guess).
+    """
+    k = V.shape[0]
+    Z = X @ V.T
+    pos, neg = np.maximum(Z, 0.0), np.maximum(-Z, 0.0)
+    ny2 = float(np.sum(Y * Y))
+    V_out = V.copy()
+    margins = np.empty(k)
+    for i in range(k):
+        others = [pos[:, j] for j in range(k) if j != i] + [neg[:, j] for j in range(k) if j != i]
+        res = []
+        for extra in (pos[:, i], neg[:, i]):
+            Q = np.linalg.qr(np.column_stack(others + [extra]))[0]
+            res.append(ny2 - float(np.sum((Q.T @ Y) ** 2)))
+        a_plus, a_minus = res
+        if a_minus < a_plus:
+            V_out[i] = -V[i]
+        margins[i] = abs(a_minus - a_plus) / max(a_plus, a_minus, 1e-300) * (1.0 if a_plus != a_minus else 0.0)
+    return V_out, margins
+
+
+
+
+
+
+def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=None,
+          random_state=None, block_size=256):
+    """Approximate recovery under i.i.d. sub-Gaussian output noise (BJW19 Thm 10; Alg. 6).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Standard Gaussian inputs.
+    Y : array-like of shape (n_samples, n_outputs)
+        Outputs ``relu(X V^T) U^T + E`` with E i.i.d., mean zero; n_outputs >= n_hidden.
+    n_hidden : int
+    n_sign : int, default=20000
+        Samples used by the sign test (Alg. 6, step 1: l = min(n, n_sign)).
+    n_restarts : int, default=5
+        Jennrich draws; the one whose CP-ALS model fits the projected moment best is used.
+    polish_steps : int, default=0
+        Alternating least-squares steps on all samples after the paper's estimate (opt-in;
+        reaches the statistical optimum, beyond the paper).
+    n_jobs, random_state, block_size
+        As in :func:`gaussian`.
+
+    Returns
+    -------
+    RecoveryResult
+        Status ``approximate``. ``diagnostics['sign_margins']`` holds the per-row
+        confidence of Alg. 6 (a warning is issued when one is not positive).
+
+    Notes
+    -----
+    1. Tensor estimate of V up to signs (Alg. 4 with the spec's second-order moment; the
+       noise is mean zero and independent of X, so the moment is unbiased).
+    2. Signs by Algorithm 6 on ``min(n, n_sign)`` samples.
+    3. U by least squares on all samples (Lemma 20; the paper uses l samples).
+    The error of (U, V) falls like n^(-1/2) (measured in ``bench/``).
+    """
+    with single_threaded_blas():
+        run = Run("bjw19-noisy")
+        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+        n_sign = check_positive_int(n_sign, "n_sign")
+        n_restarts = check_positive_int(n_restarts, "n_restarts")
+        polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
+        threads = resolve_n_jobs(n_jobs)
+        rng = check_random_state(random_state)
+        if n < 2 * (d + 1):
+            raise ValueError(f"bjw19-noisy needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
+        seconds, counts, diag = run.seconds, run.counts, run.diag
+        counts.update(n_samples=n, n_hidden=k)
+        diag["backend"] = BACKEND
+        if m < k:
+            return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
+                "bjw19-noisy", m, k, "Thm 10 assumes U of rank k"))
+        ell = min(n, n_sign)
+        idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
+        Xs, Ys = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+        _, sv, Q = output_basis(Ys, k)
+        diag["output_singular_values"] = sv
+
+        t = time.perf_counter()
+        W, P, _ = moment_span(X, Y, k, None if m == k else Q, threads, block_size)
+        best = None
+        for _ in range(n_restarts):
+            cand, gap, fit = draw_candidates(P, W, rng)
+            if best is None or fit < best[2]:
+                best = (cand[:k], gap, fit)
+        Vhat, gap, fit = best
+        diag.update({"tensor_fit": fit, "jennrich_gap": gap})
+        seconds["tensor"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        V, margins = sign_by_projection(Xs, Ys, Vhat)
+        diag["sign_margins"] = margins
+        seconds["signs"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        U, _ = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads))
+        if polish_steps:
+            U, V = polish(X, Y, U, V, n_iter=polish_steps)
+        st = relu_stats(X, Y, V, U, n_jobs=threads)
+        residual = residual_from_stats(st)
+        seconds["fit"] = time.perf_counter() - t
+        counts.update({"n_sign": ell, "restarts": n_restarts, "polish_steps": polish_steps})
+        message = (f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
+                   f"smallest sign margin {margins.min():.3f}")
+        if margins.min() <= 0:
+            warn(f"a sign of Alg. 6 is a guess (margin {margins.min():.3g} <= 0): use more samples "
+                 "(n_sign) or less noise")
+        return run.result(Status.APPROXIMATE, message, U=U, V=V, residual=residual, warn_user=False)
+
+

@@ -1,0 +1,86 @@
+"""Diagnostics stage: what the data allow, measured once for every method.
+
+Gaussianity of the inputs, numerical rank of the outputs, whitening of N(0, Sigma) inputs
+(BJW19 Remark 3), the refinement subset, and the refusals shared by several methods.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._validation import check_positive_int
+
+__all__ = ["RANK_TOL", "GAUSS_ROWS", "gaussianity", "numerical_rank", "whitener",
+           "refinement_subset", "outputs_below_hidden_message"]
+
+
+#: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
+RANK_TOL = 1e-8
+
+
+#: Rows used for the Gaussianity diagnostic.
+GAUSS_ROWS = 20000
+
+
+def gaussianity(X, W=None):
+    """Cheap test of x ~ N(0, I) (of ``W x`` when a whitener W is given): second-moment
+    matrix and per-coordinate kurtosis on at most GAUSS_ROWS samples."""
+    Xs = X[: min(X.shape[0], GAUSS_ROWS)]
+    if W is not None:
+        Xs = Xs @ W
+    N, d = Xs.shape
+    C = Xs.T @ Xs / N
+    cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
+    cov_tol = 3.0 * (2.0 * np.sqrt(d / N) + d / N) + 0.05
+    # Standardised excess kurtosis per coordinate (sd sqrt(96/N) under N(0,1) with unit variance).
+    X2 = Xs * Xs  # (not Xs**4: np.power with exponent 4 calls pow() per element)
+    kurt = np.mean(X2 * X2, axis=0) - 3.0 * np.mean(X2, axis=0) ** 2
+    z = kurt / np.sqrt(96.0 / N)
+    kurt_stat = float(np.mean(z**2))
+    kurt_tol = 1.0 + 8.0 * np.sqrt(2.0 / d) + 2.0
+    ok = cov_dev <= cov_tol and kurt_stat <= kurt_tol
+    return {
+        "gaussian_ok": bool(ok),
+        "second_moment_deviation": cov_dev,
+        "second_moment_tolerance": float(cov_tol),
+        "kurtosis_statistic": kurt_stat,
+        "kurtosis_tolerance": float(kurt_tol),
+    }
+
+
+def refinement_subset(X, Y, k, n_refine, rng, minimum=1):
+    """The l samples used by the exact refinement (default ``min(n, max(1000, 25 d, 100 k))``),
+    drawn at random without replacement. Returns (X_l, Y_l)."""
+    n, d = X.shape
+    if n_refine is None:
+        ell = min(n, max(1000, 25 * d, 100 * k))
+    else:
+        ell = min(n, check_positive_int(n_refine, "n_refine", minimum=minimum))
+    idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
+    return np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+
+
+def numerical_rank(singular_values, tol=RANK_TOL):
+    """Number of singular values above ``tol`` times the largest (0 for a zero matrix)."""
+    sv = np.asarray(singular_values)
+    if sv.size == 0 or not sv[0] > 0:
+        return 0
+    return int(np.sum(sv > tol * sv[0]))
+
+
+def whitener(X):
+    """``E[x x^T]^{-1/2}`` estimated on all rows of X (BJW19 Remark 3), or None when the
+    second-moment matrix is singular (the inputs lie in a subspace).
+
+    Returns (W, condition): W symmetric (d, d), condition = sqrt(lambda_max / lambda_min).
+    """
+    ev, E = np.linalg.eigh(X.T @ X / X.shape[0])
+    if not ev.min() > 1e-12 * ev.max():
+        return None, float("inf")
+    return (E / np.sqrt(ev)) @ E.T, float(np.sqrt(ev.max() / ev.min()))
+
+
+def outputs_below_hidden_message(method, m, k, reason):
+    """The message of every method that needs at least as many outputs as hidden units."""
+    return (f"{method} needs at least as many outputs as hidden units (m >= k): {reason}; "
+            f"got m = {m} < k = {k}. For fewer outputs than hidden units use bjw19-fpt "
+            "(Alg. 7) or, with Gaussian inputs, atv21.")

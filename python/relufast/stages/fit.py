@@ -1,0 +1,153 @@
+"""Output layer and certificate stage.
+
+The one place that fits the output layer U (least squares given V), computes the residual
+certificate over all samples, and polishes (U, V) jointly by Gauss-Newton. Every method
+ends here, so "exact" means the same thing everywhere: the fitted network reproduces the
+outputs to the tolerance, measured over all samples.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from .._native import core
+from ..activations import RELU
+
+__all__ = ["fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
+           "polish"]
+
+
+def fit_output_layer(X, Y, V, activation=RELU):
+    """Least-squares output layer: ``U = argmin ||Y - f(X V^T) U^T||_F`` via QR.
+
+    Exact (to rounding) on noiseless data whenever f(X V^T) has rank k (BJW19 Lemma 4).
+    Returns U of shape (m, k) and the condition number of f(X V^T).
+    """
+    F = activation(X @ V.T)
+    Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
+    cond = float(np.inf) if rank < V.shape[0] else float(np.linalg.cond(F))
+    return np.ascontiguousarray(Ut.T), cond
+
+
+def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
+    """One threaded pass over all samples with F = f(X V^T) (C++ for relu^p).
+
+    Returns a dict: ``gram`` = F^T F, ``cross`` = F^T Y, and with U given ``sq_residual`` =
+    ||Y - F U^T||_F^2 and ``sq_norm`` = ||Y||_F^2.
+    """
+    Vc = np.ascontiguousarray(V, dtype=np.float64)
+    Uc = None if U is None else np.ascontiguousarray(U, dtype=np.float64)
+    if activation.homogeneous:
+        return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size, float(activation.degree))
+    F = activation(X @ Vc.T)
+    out = {"gram": F.T @ F, "cross": F.T @ Y, "count": float(X.shape[0])}
+    if Uc is not None:
+        out["sq_residual"] = float(np.sum((Y - F @ Uc.T) ** 2))
+        out["sq_norm"] = float(np.sum(Y * Y))
+    return out
+
+
+def relative_residual(X, Y, V, U, threads, activation):
+    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass)."""
+    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=activation)
+    return residual_from_stats(st)
+
+
+def residual_from_stats(stats):
+    """``sqrt(sq_residual / sq_norm)`` of a :func:`relu_stats` pass with U given; NaN when the
+    outputs are zero or a sum is not finite (never a certificate)."""
+    num, den = stats["sq_residual"], stats["sq_norm"]
+    if not (np.isfinite(num) and np.isfinite(den)) or den <= 0:
+        return float("nan")
+    return float(np.sqrt(num / den))
+
+
+def _masked_residual(X, Y, U, V, M):
+    R = Y - np.maximum(X @ V.T, 0.0) @ U.T
+    return R if M is None else M * R
+
+
+def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
+    """Gauss-Newton on ``||M o (Y - relu(X V^T) U^T)||_F^2`` jointly in (U, V) (beyond the paper).
+
+    With the activation pattern of X V^T fixed the model is bilinear; each step solves the
+    Gauss-Newton normal equations (minimum-norm, since positive rescaling of a unit is a
+    symmetry) with step halving when the residual would grow, then updates the pattern.
+    Quadratic convergence on noiseless data; the statistical optimum on noisy data.
+    ``mask`` (n, m) of 0/1 weights restricts the fit to trusted entries (the sparse-noise
+    pipeline passes the uncorrupted ones).
+
+    Returns (U, V) with unit-norm rows of V.
+    """
+    n, d = X.shape
+    k, m = V.shape[0], Y.shape[1]
+    M = None if mask is None else mask.astype(np.float64)
+    Mf = np.ones((n, m)) if M is None else M
+    U, V = np.array(U, dtype=np.float64), np.array(V, dtype=np.float64)
+    R = _masked_residual(X, Y, U, V, M)
+    cost = float(np.sum(R * R))
+    for _ in range(n_iter):
+        if cost <= tol * tol * max(float(np.sum(Y * Y)), 1e-300):
+            break
+        Z = X @ V.T
+        A = (Z > 0).astype(np.float64)
+        F = A * Z
+        nu, nv = m * k, k * d
+        H = np.zeros((nu + nv, nu + nv))
+        g = np.zeros(nu + nv)
+        for j in range(m):  # U block: rows of U are independent given V
+            Fj = F * Mf[:, j : j + 1]
+            H[j * k : (j + 1) * k, j * k : (j + 1) * k] = Fj.T @ F
+            g[j * k : (j + 1) * k] = Fj.T @ R[:, j]
+        for i in range(k):
+            Xi = X * A[:, i : i + 1]
+            g[nu + i * d : nu + (i + 1) * d] = Xi.T @ (R @ U[:, i])
+            for l in range(k):
+                # U(j, i) x v_l coupling: sum_s M_sj F_si U_jl A_sl x_s
+                C = (Mf * (F[:, i] * A[:, l])[:, None]).T @ X  # (m, d)
+                H[np.arange(m) * k + i, nu + l * d : nu + (l + 1) * d] = U[:, l][:, None] * C
+                if l >= i:
+                    w = (Mf * (U[:, i] * U[:, l])[None, :]).sum(axis=1) * A[:, l]
+                    blk = Xi.T @ (X * w[:, None])
+                    H[nu + i * d : nu + (i + 1) * d, nu + l * d : nu + (l + 1) * d] = blk
+                    H[nu + l * d : nu + (l + 1) * d, nu + i * d : nu + (i + 1) * d] = blk.T
+        H[nu:, :nu] = H[:nu, nu:].T
+        step = np.linalg.lstsq(H, g, rcond=1e-13)[0]
+        t = 1.0
+        for _ in range(30):
+            U_new = U + t * step[:nu].reshape(m, k)
+            V_new = V + t * step[nu:].reshape(k, d)
+            R_new = _masked_residual(X, Y, U_new, V_new, M)
+            c_new = float(np.sum(R_new * R_new))
+            if c_new < cost:
+                break
+            t *= 0.5
+        else:
+            break
+        U, V, R, cost = U_new, V_new, R_new, c_new
+    s = np.linalg.norm(V, axis=1)
+    return U * s[None, :], V / s[:, None]
+
+
+def fit_from_stats(stats):
+    """U from the normal equations of one :func:`relu_stats` pass (all samples).
+
+    Returns U of shape (m, k) and the condition number of f(X V^T) (square root of that of
+    its Gram matrix).
+    """
+    gram, cross = stats["gram"], stats["cross"]
+    U = np.linalg.lstsq(gram, cross, rcond=None)[0].T
+    return np.ascontiguousarray(U), float(np.sqrt(np.linalg.cond(gram)))
+
+
+def fit_and_certify(X, Y, V, *, subset=None, threads=0, activation=RELU):
+    """The output layer and its certificate, as every method ends.
+
+    U is fitted by QR least squares on ``subset`` (a pair (X_l, Y_l), default all samples),
+    then the relative residual is measured over all samples in one threaded pass.
+
+    Returns (U, residual, condition of f(X_l V^T)).
+    """
+    Xf, Yf = (X, Y) if subset is None else subset
+    U, cond = fit_output_layer(Xf, Yf, V, activation)
+    return U, relative_residual(X, Y, V, U, threads, activation), cond
