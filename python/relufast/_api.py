@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .algorithms import bjw19, gklw19
+from .algorithms import bjw19, gklw19, gp19
 
 __all__ = ["recover", "METHODS"]
 
@@ -17,6 +17,12 @@ METHODS = {
     "bjw19-ica": (bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
     "bjw19-independent-noise": (bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
     "gklw19": (gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
+    # GP19: f = P(u(W x - t)); X, Y may be None with f=callable (query mode).
+    "gp19": (gp19.lowest_layer, gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 "
+             "(Algorithms 1-2)."),
+    "gp19-halfspaces": (gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6."),
+    "gp19-support": (gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8."),
+    "gp19-even": (gp19.even_activation, gp19.CITATION + " Theorem 10."),
 }
 
 
