@@ -706,6 +706,7 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
             if np.any(ambiguous):
                 notes.append(f"SignAmbiguous: rows {np.flatnonzero(ambiguous).tolist()} have a third-order "
                              "sign margin below 0.25")
+        run.diag["V_step1"] = -Vh if _negate else Vh.copy()
         angle = np.full(k, np.nan)
         if activation in ("relu", "step"):
             if mode == "queries":
@@ -739,9 +740,13 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
         run.diag["angle_estimate"] = angle
     if _negate:
         Vh = -Vh
-    msg = (f"GP19 Step 1 ({landscape}) {'+ Step 2 (' + refine + ')' if refine and activation != 'sigmoid' else ''}"
-           f" on {data.N} {mode}; estimated angle per row in diagnostics['angle_estimate'] "
-           f"(max {np.nanmax(angle) if np.any(np.isfinite(angle)) else float('nan'):.3g} rad)")
+    steps = f"Step 1 ({landscape})"
+    if refine is not None and activation in ("relu", "step"):
+        steps += f" + Step 2 ({refine}, eps = {eps:g})"
+    finite = np.isfinite(angle)
+    msg = (f"GP19 {steps} on {data.N} {mode}: "
+           + (f"estimated angle per row in diagnostics['angle_estimate'], max {np.max(angle[finite]):.3g} rad"
+              if finite.any() else "no angle estimate (EstimateTanAlpha needs ReLU or step)"))
     if notes:
         msg += "; " + "; ".join(notes)
     run.diag["notes"] = notes

@@ -400,7 +400,7 @@ def hermite4_contraction_reference(X, f, directions, *, offset=0.0, active_tol=0
         out["GP"] = (fa[:, None] * Y * (Y2.sum(axis=1, keepdims=True) - Y2)).T @ Xa
     else:
         out["S11"] = out["S22"] = np.zeros((0, 0))
-        out["GP"] = np.zeros((0, n))
+        out["GP"] = np.zeros((0, 0))
     return out
 
 
