@@ -1,4 +1,4 @@
-"""General rectified activations (BJW19 Sec. 9.1) and Hermite coefficients (spec oracle 1)."""
+"""General rectified activations (BJW19 Sec. 9.1) and Hermite coefficients (test oracle 1 of docs/bjw19.md)."""
 import math
 import warnings
 

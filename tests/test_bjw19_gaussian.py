@@ -8,7 +8,7 @@ import relufast as rf
 
 from .conftest import EXACT_TOL, planted
 
-#: (m, k, d, n) from spec oracle 4 plus the issue's cases: m > k, m = k, k = d, k close to d.
+#: (m, k, d, n) from the BJW19 oracle sizes plus the issue's cases: m > k, m = k, k = d, k close to d.
 SHAPES = [
     (4, 3, 5, 5000),
     (6, 4, 8, 50000),

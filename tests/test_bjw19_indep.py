@@ -1,4 +1,4 @@
-"""BJW19 Algorithm 8 (Thm 13) and the halfspace primitive (Thm 12), spec oracle 12."""
+"""BJW19 Algorithm 8 (Thm 13) and the halfspace primitive (Thm 12), oracle 12."""
 import numpy as np
 import pytest
 
@@ -19,7 +19,7 @@ def test_halfspace_error_falls_with_n(eta):
         errs.append(np.sum((halfspace_estimate(X, y) - v) ** 2))
     assert errs[0] > errs[2]
     if eta == 1.0:
-        assert errs[2] <= 0.01  # spec oracle 12
+        assert errs[2] <= 0.01  # oracle 12: the halfspace error bound
     assert errs[2] <= 0.01 * (1 + eta)
 
 

@@ -87,7 +87,7 @@ def test_detector_kernel_matches_numpy_and_merges():
 
 
 def test_detector_population_value_for_orthonormal_W_gaussian_input():
-    # Lemma 19 closed form vs Monte Carlo (spec oracle; MC error ~ n^-1/2).
+    # Lemma 19 closed form vs Monte Carlo (MC error ~ n^-1/2).
     net = rf.planted.gklw19_network(4, random_state=5)
     X, Y = net.sample(1_000_000, random_state=6)
     T, _, _ = detector_matrix(X, Y)

@@ -181,7 +181,8 @@ def test_step1_and_stein_refinement_d10_t2():
     with pytest.warns(rf.RelufastWarning, match="estimated angle"):
         res = rf.recover(X, y, n_hidden=10, method="gp19", threshold=2.0, refine="stein", eps=0.03,
                          max_refine_iter=3, random_state=0)
-    assert res.status == "approximate" and res.U is None
+    assert res.status == "approximate" and res.U.shape == (1, 10)
+    np.testing.assert_allclose(res.b, -2.0)
     step1 = gp19.row_angles(res.diagnostics["V_step1"], T.W)  # signed: the sign step is checked too
     assert step1.max() <= STEP1_MAX_ANGLE
     final = gp19.row_angles(res.V, T.W)

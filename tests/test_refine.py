@@ -88,7 +88,7 @@ def test_refine_rejects_bad_shapes():
 
 
 def test_refinement_tolerates_angle_errors_of_03_rad():
-    # The README (after the spec) says the margin form tolerates ~0.3 rad: rotate every row
+    # The README says the margin form tolerates ~0.3 rad: rotate every row
     # by exactly 0.3 rad; measured 39 of 40 rows certified over 10 instances.
     certified = total = 0
     for seed in range(10):

@@ -31,7 +31,7 @@ def test_sparse_noise_pipeline_is_exact(seed):
     res = rf.recover(X, Y, n_hidden=3, method="bjw19-sparse-noise", random_state=0)
     err = rf.metrics.parameter_error(res, net)
     assert res.status == "exact" and res.exact
-    assert err.U < 1e-8 and err.V < 1e-8  # spec target; measured ~1e-16
+    assert err.U < 1e-8 and err.V < 1e-8  # target 1e-8; measured ~1e-16
     assert err.U < EXACT_TOL and err.V < EXACT_TOL
     np.testing.assert_array_equal(res.diagnostics["corrupted"], support)
 

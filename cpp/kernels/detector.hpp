@@ -1,5 +1,5 @@
 // The pure-neuron detector of GKLW19 (Ge, Kuditipudi, Li, Wang, ICLR 2019),
-// Algorithms 2-3, in the covariance form of spec gklw19.md Sec. 2.3:
+// Algorithms 2-3, in the covariance form of docs/gklw19.md:
 //
 //   T3 vec*(U) = Cov( phi(x), <U, Psi(x, y)> ),   T2 vec*(U) = E[ phi(x) <U, Psi(x, y)> ],
 //   phi(x) = vech(x x^T) with sqrt(2) weights off the diagonal (an isometry of

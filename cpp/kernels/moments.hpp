@@ -2,7 +2,7 @@
 //
 // BJW19 Alg. 4, step 3 builds E[y (x) S_3(x)]; for ReLU that tensor is zero
 // in expectation (E[relu(z) He_3(z)] = 0), so relufast uses the second-order
-// moment with the output mode kept (spec bjw19.md, Sec. 2.5):
+// moment with the output mode kept (docs/bjw19.md):
 //
 //   T[i] = (1/n) sum_s y_si (x_s x_s^T - I),   E T[i] = c2 sum_j U_ij v_j v_j^T.
 //

@@ -1,6 +1,6 @@
 // Exact refinement of approximate hidden-unit directions.
 //
-// BJW19 Alg. 5 (Thm 6), in the margin-based form of spec bjw19.md Sec. 2.6b:
+// BJW19 Alg. 5 (Thm 6), in the margin-based form of docs/bjw19.md:
 // for an approximate row v (unit norm, sign unknown) and each sign q = +-1,
 //   step 2-3: Z_q = { j : q (X v)_j < -gamma } are coordinates confidently off;
 //             the row-span vectors of the outputs that vanish on Z_q are the

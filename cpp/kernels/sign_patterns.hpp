@@ -1,6 +1,6 @@
 // Candidate sign patterns (positive sets) of vectors in the row span of the
 // outputs, for BJW19 Algorithms 1-2 (Lemma 1) and the extreme-ray shortcut of
-// spec bjw19.md Sec. 2.1 / 4.3.
+// (docs/bjw19.md).
 //
 // B is k x n with rows spanning the output span (samples are columns here).
 //  * Vertices (Lemma 1): for every k-subset J with B[:, J] nonsingular and every

@@ -2,27 +2,38 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable, NamedTuple
 
+from ._result import RecoveryResult
 from .algorithms import bjw19, gklw19, gp19
 
-__all__ = ["recover", "METHODS"]
+__all__ = ["recover", "METHODS", "Method"]
 
-#: name -> (function, citation). Each function takes (X, Y, n_hidden, **options).
+
+class Method(NamedTuple):
+    """A registry entry: the function (called as ``function(X, Y, n_hidden, **options)``)
+    and the citation of the paper, with the theorem and algorithms it implements."""
+
+    function: Callable
+    citation: str
+
+
+#: name -> Method(function, citation).
 METHODS = {
-    "bjw19-gaussian": (bjw19.gaussian, bjw19.CITATION),
-    "bjw19-enumeration": (bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
-    "bjw19-fpt": (bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
-    "bjw19-noisy": (bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
-    "bjw19-sparse-noise": (bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
-    "bjw19-ica": (bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
-    "bjw19-independent-noise": (bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
-    "gklw19": (gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
+    "bjw19-gaussian": Method(bjw19.gaussian, bjw19.CITATION),
+    "bjw19-enumeration": Method(bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
+    "bjw19-fpt": Method(bjw19.fpt, bjw19.CITATION + " Theorem 11, Algorithm 7."),
+    "bjw19-noisy": Method(bjw19.noisy, bjw19.CITATION + " Theorem 10, Algorithm 6."),
+    "bjw19-sparse-noise": Method(bjw19.sparse_noise, bjw19.CITATION + " Section 8, Theorem 14."),
+    "bjw19-ica": Method(bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
+    "bjw19-independent-noise": Method(bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
+    "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
     # GP19: f = P(u(W x - t)); X, Y may be None with f=callable (query mode).
-    "gp19": (gp19.lowest_layer, gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 "
-             "(Algorithms 1-2)."),
-    "gp19-halfspaces": (gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6."),
-    "gp19-support": (gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8."),
-    "gp19-even": (gp19.even_activation, gp19.CITATION + " Theorem 10."),
+    "gp19": Method(gp19.lowest_layer, gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 "
+                   "(Algorithms 1-2)."),
+    "gp19-halfspaces": Method(gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6."),
+    "gp19-support": Method(gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8."),
+    "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10."),
 }
 
 
@@ -58,7 +69,7 @@ def _choose(X, Y, n_hidden):
                               f"{rank}, k = {k}); running bjw19-gaussian, which reports why it fails")
 
 
-def recover(X, Y, *, n_hidden, method="auto", **options):
+def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:
     """Recover a planted two-layer network ``Y = relu(X V^T) U^T`` (+ noise).
 
     Parameters

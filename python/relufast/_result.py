@@ -10,6 +10,9 @@ from enum import Enum
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+from .network import Network
 
 __all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run"]
 
@@ -39,7 +42,7 @@ def _freeze(mapping):
 
 @dataclass(frozen=True)
 class RecoveryResult:
-    """Recovered two-layer network ``y = U relu(V x)`` with status and certificate.
+    """Recovered two-layer network ``y = U relu(V x + b) + c`` with status and certificate.
 
     Attributes
     ----------
@@ -48,17 +51,18 @@ class RecoveryResult:
     V : ndarray of shape (n_hidden, n_features) or None
         Hidden layer with unit-norm rows.
     status : Status
-        ``exact``, ``approximate``, ``failed``, ``rank_deficient``, ``insufficient_samples``
-        or ``unsupported``.
+        One of :class:`Status`: ``exact``, ``approximate``, ``failed``, ``rank_deficient``,
+        ``insufficient_samples``, ``unsupported``, ``non_identifiable``.
     message : str
         What happened, and what to try when it did not work.
     method : str
         Name of the method in the registry of :func:`relufast.recover`.
     exact : bool
-        True only when every row of V was certified by the exact refinement and the
-        relative residual of the fit is at most the tolerance.
+        True only when the network is identified by the data (every row certified by the
+        method's exact step) and the relative residual of the fit over all samples is at
+        most the tolerance. Never true for a result with non-finite parameters.
     residual : float
-        Relative residual ``||Y - relu(X V^T) U^T||_F / ||Y||_F`` over all samples.
+        Relative residual ``||Y - f(X V^T + b) U^T - c||_F / ||Y||_F`` over all samples.
     seconds : mapping
         Wall time per stage.
     counts : mapping
@@ -67,6 +71,10 @@ class RecoveryResult:
         Method-specific figures (per-row certificates, singular values, gaps, ...).
     activation : Activation or None
         The rectified activation of the model (None: ReLU).
+    b : ndarray of shape (n_hidden,) or None
+        Hidden biases (zeros for methods whose model has none).
+    c : ndarray of shape (n_outputs,) or None
+        Output offset (zeros for methods whose model has none).
     """
 
     U: Optional[np.ndarray]
@@ -80,53 +88,77 @@ class RecoveryResult:
     counts: Mapping[str, int] = field(default_factory=dict)
     diagnostics: Mapping[str, Any] = field(default_factory=dict)
     activation: Any = None  #: the rectified activation (None means ReLU)
+    b: Optional[np.ndarray] = None
+    c: Optional[np.ndarray] = None
 
     def __post_init__(self):
         object.__setattr__(self, "status", Status(self.status))
         object.__setattr__(self, "seconds", _freeze(self.seconds))
         object.__setattr__(self, "counts", _freeze(self.counts))
         object.__setattr__(self, "diagnostics", _freeze(self.diagnostics))
-        for name in ("U", "V"):
-            a = getattr(self, name)
-            if a is not None:
-                a = np.array(a, dtype=np.float64, copy=True)
-                a.setflags(write=False)
-                object.__setattr__(self, name, a)
+        if self.U is not None and self.V is not None:
+            net = Network(self.U, self.V, self.b, self.c)
+            for name in ("U", "V", "b", "c"):
+                object.__setattr__(self, name, getattr(net, name))
+        else:
+            for name in ("U", "V", "b", "c"):
+                a = getattr(self, name)
+                if a is not None:
+                    a = np.array(a, dtype=np.float64, copy=True)
+                    a.setflags(write=False)
+                    object.__setattr__(self, name, a)
+        if self.exact and not self.has_finite_parameters:
+            raise ValueError("an exact result must have finite parameters")
 
     @property
-    def success(self):
-        """True for ``exact`` and ``approximate`` results."""
-        return self.status in (Status.EXACT, Status.APPROXIMATE)
+    def has_finite_parameters(self) -> bool:
+        """True when U and V exist and every parameter is finite."""
+        return (self.U is not None and self.V is not None
+                and all(np.all(np.isfinite(getattr(self, a))) for a in ("U", "V", "b", "c")))
 
     @property
-    def n_hidden(self):
+    def network(self) -> Optional[Network]:
+        """The recovered :class:`relufast.network.Network` (None without parameters)."""
+        if self.U is None or self.V is None:
+            return None
+        return Network(self.U, self.V, self.b, self.c, self.activation)
+
+    @property
+    def success(self) -> bool:
+        """True for ``exact`` and ``approximate`` results with finite parameters."""
+        return self.status in (Status.EXACT, Status.APPROXIMATE) and self.has_finite_parameters
+
+    @property
+    def n_hidden(self) -> Optional[int]:
         return None if self.V is None else self.V.shape[0]
 
-    def predict(self, X):
-        """Network output ``f(X V^T) U^T`` for inputs X of shape (n_samples, n_features)."""
-        if self.U is None or self.V is None:
+    def predict(self, X: ArrayLike) -> np.ndarray:
+        """Network output ``f(X V^T + b) U^T + c`` for inputs X of shape (n_samples, n_features)."""
+        net = self.network
+        if net is None:
             raise ValueError(f"this result has no parameters (status {self.status.value})")
-        X = np.asarray(X, dtype=np.float64)
-        Z = X @ self.V.T
-        F = np.maximum(Z, 0.0) if self.activation is None else self.activation(Z)
-        return F @ self.U.T
+        return net.predict(X)
 
-    def __repr__(self):
-        shape = "" if self.V is None else f", U{self.U.shape}, V{self.V.shape}"
+    def __repr__(self) -> str:
+        net = self.network
+        shape = "" if net is None else f", U{net.U.shape}, V{net.V.shape}"
+        if net is not None and net.has_bias:
+            shape += ", with biases"
         return (
             f"RecoveryResult(method={self.method!r}, status={self.status.value!r}, "
             f"exact={self.exact}, residual={self.residual:.3g}{shape})"
         )
 
 
-def warn(message, stacklevel=None):
+def warn(message: str, stacklevel: Optional[int] = None) -> None:
     """Issue a RelufastWarning attributed to the first caller outside the relufast package."""
     if stacklevel is None:
         import os
         import sys
 
         pkg = os.path.dirname(os.path.abspath(__file__))
-        frame, stacklevel = sys._getframe(1), 2
+        frame: Optional[types.FrameType] = sys._getframe(1)
+        stacklevel = 2
         while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
             frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(message, RelufastWarning, stacklevel=stacklevel)
@@ -151,12 +183,23 @@ class Run:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
-    def result(self, status, message, *, U=None, V=None, exact=False, residual=float("nan"),
-               activation=None, warn_user=None):
-        """The final result; ``warn_user`` defaults to: warn unless the status is exact."""
+    def result(self, status, message, *, U=None, V=None, b=None, c=None, exact=False,
+               residual=float("nan"), activation=None, warn_user=None):
+        """The final result; ``warn_user`` defaults to: warn unless the status is exact.
+
+        A result whose parameters are not all finite is never exact or approximate: it is
+        turned into ``failed`` here, so no method can report NaN weights as a success.
+        """
         self.seconds["total"] = time.perf_counter() - self.t_start
-        res = RecoveryResult(U=U, V=V, status=status, message=message, method=self.method, exact=exact,
-                             residual=residual, seconds=self.seconds, counts=self.counts,
+        finite = U is not None and V is not None and all(
+            a is None or np.all(np.isfinite(a)) for a in (U, V, b, c))
+        if Status(status) in (Status.EXACT, Status.APPROXIMATE) and not finite:
+            status, exact = Status.FAILED, False
+            message = f"{message} [the parameters are not finite: no estimate could be formed]"
+        if exact and not (np.isfinite(residual)):
+            exact = False
+        res = RecoveryResult(U=U, V=V, b=b, c=c, status=status, message=message, method=self.method,
+                             exact=exact, residual=residual, seconds=self.seconds, counts=self.counts,
                              diagnostics=self.diag, activation=activation)
         if (Status(status) != Status.EXACT) if warn_user is None else warn_user:
             warn(message)

@@ -1,16 +1,21 @@
 """Errors up to the symmetries of a two-layer ReLU network.
 
-A network ``U relu(V x)`` is unchanged by permuting hidden units and by scaling row j of V
-by c > 0 while dividing column j of U by c. Errors are measured after normalising rows of
-V to unit norm and matching hidden units by the best permutation (Hungarian algorithm on
-the signed cosine: the sign of a row is identifiable for ReLU).
+A network ``U relu(V x + b) + c`` is unchanged by permuting hidden units and by scaling
+row j of V and b_j by s > 0 while dividing column j of U by s. Errors are measured after
+normalising rows of V to unit norm (b with them) and matching hidden units by the best
+permutation (Hungarian algorithm on the signed cosine of (v_j, b_j): the sign of a row is
+identifiable for ReLU).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import linear_sum_assignment
+
+from .network import as_network
 
 __all__ = ["ParameterError", "canonical", "match_hidden_units", "parameter_error", "function_error",
            "matched_squared_error"]
@@ -23,19 +28,21 @@ class ParameterError(NamedTuple):
     V: float  #: ||V - V*||_F / ||V*||_F (unit rows)
     max_angle: float  #: largest angle (radians) between matched rows of V
     permutation: np.ndarray  #: row j of the estimate matches row permutation[j] of the truth
+    b: float = 0.0  #: ||b - b*|| / ||b*|| (absolute when b* = 0), b scaled with the unit rows
+    c: float = 0.0  #: ||c - c*|| / ||c*|| (absolute when c* = 0)
 
 
 def _params(obj):
-    if isinstance(obj, tuple) and len(obj) == 2:
-        U, V = obj
-    else:
-        U, V = getattr(obj, "U", None), getattr(obj, "V", None)
-    if U is None or V is None:
-        raise ValueError("expected an object with U and V (a result or a network) or a (U, V) tuple")
-    return np.asarray(U, dtype=np.float64), np.asarray(V, dtype=np.float64)
+    net = as_network(obj)
+    return net.U, net.V
 
 
-def canonical(U, V, degree=1.0):
+def _relative(a, a0):
+    den = float(np.linalg.norm(a0))
+    return float(np.linalg.norm(a - a0) / (den if den > 0 else 1.0))
+
+
+def canonical(U: ArrayLike, V: ArrayLike, degree: Optional[float] = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Scale rows of V to unit norm and columns of U by ``norm^degree`` (network unchanged).
 
     ``degree`` is the homogeneity degree of the activation (1 for ReLU); None (a
@@ -55,7 +62,7 @@ def _degree(obj):
     return 1.0 if act is None else act.degree
 
 
-def match_hidden_units(V_est, V_true):
+def match_hidden_units(V_est: np.ndarray, V_true: np.ndarray) -> np.ndarray:
     """Permutation p maximising sum_j cos(V_est[j], V_true[p[j]]) (unit rows assumed)."""
     if V_est.shape != V_true.shape:
         raise ValueError(f"V shapes differ: estimate {V_est.shape}, truth {V_true.shape}")
@@ -65,27 +72,34 @@ def match_hidden_units(V_est, V_true):
     return perm
 
 
-def parameter_error(estimate, truth):
+def parameter_error(estimate: Any, truth: Any) -> ParameterError:
     """Relative errors of U and V after normalisation and the best permutation.
+
+    Units are matched on (v, b): the rows of ``[V, b]`` after V is scaled to unit rows.
 
     Parameters
     ----------
-    estimate, truth : RecoveryResult, PlantedNetwork or (U, V) tuple
+    estimate, truth : RecoveryResult, Network, PlantedNetwork or (U, V[, b[, c]]) tuple
 
     Returns
     -------
     ParameterError
     """
     degree = _degree(truth)
-    U, V = canonical(*_params(estimate), degree=degree)
-    U0, V0 = canonical(*_params(truth), degree=degree)
-    if U.shape != U0.shape:
-        raise ValueError(f"U shapes differ: estimate {U.shape}, truth {U0.shape}")
+    est, tru = as_network(estimate), as_network(truth)
+    if est.U.shape != tru.U.shape:
+        raise ValueError(f"U shapes differ: estimate {est.U.shape}, truth {tru.U.shape}")
+    if est.V.shape != tru.V.shape:
+        raise ValueError(f"V shapes differ: estimate {est.V.shape}, truth {tru.V.shape}")
+    U, V, b = _canonical_biased(est, degree)
+    U0, V0, b0 = _canonical_biased(tru, degree)
     if degree is None:  # match directions; the norms are compared in the error
-        perm = match_hidden_units(canonical(U, V)[1], canonical(U0, V0)[1])
+        _, Vd, bd = _canonical_biased(est, 1.0)
+        _, V0d, b0d = _canonical_biased(tru, 1.0)
+        perm = _match_rows(np.column_stack([Vd, bd]), np.column_stack([V0d, b0d]))
     else:
-        perm = match_hidden_units(V, V0)
-    Vm, Um = V0[perm], U0[:, perm]
+        perm = _match_rows(np.column_stack([V, b]), np.column_stack([V0, b0]))
+    Vm, Um, bm = V0[perm], U0[:, perm], b0[perm]
     # Angle from the chord between unit vectors (arccos of the cosine loses half the digits).
     Vu = V / np.linalg.norm(V, axis=1, keepdims=True)
     Vmu = Vm / np.linalg.norm(Vm, axis=1, keepdims=True)
@@ -95,22 +109,41 @@ def parameter_error(estimate, truth):
         V=float(np.linalg.norm(V - Vm) / np.linalg.norm(Vm)),
         max_angle=float(np.max(angles)),
         permutation=perm,
+        b=_relative(b, bm),
+        c=_relative(est.c, tru.c),
     )
 
 
-def function_error(estimate, truth, X):
+def _canonical_biased(net, degree):
+    """(U, V, b) with unit rows of V, b scaled with them and U compensating."""
+    U, V = canonical(net.U, net.V, degree=degree)
+    if degree is None:
+        return U, V, net.b.copy()
+    s = np.linalg.norm(net.V, axis=1)
+    s[s == 0] = 1.0
+    return U, V, net.b / s
+
+
+def _match_rows(A, B):
+    """Permutation p maximising sum_j <A[j], B[p[j]]> / (|A[j]| |B[p[j]]|)."""
+    An = A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-300)
+    Bn = B / np.maximum(np.linalg.norm(B, axis=1, keepdims=True), 1e-300)
+    rows, cols = linear_sum_assignment(-(An @ Bn.T))
+    perm = np.empty(A.shape[0], dtype=int)
+    perm[rows] = cols
+    return perm
+
+
+def function_error(estimate: Any, truth: Any, X: ArrayLike) -> float:
     """Relative output error ``||f(X) - f*(X)||_F / ||f*(X)||_F`` on inputs X (n, d)."""
-    U, V = _params(estimate)
-    U0, V0 = _params(truth)
-    X = np.asarray(X, dtype=np.float64)
-    act = getattr(truth, "activation", None)
-    f = (lambda Z: np.maximum(Z, 0.0)) if act is None else act
-    F = f(X @ V.T) @ U.T
-    F0 = f(X @ V0.T) @ U0.T
-    return float(np.linalg.norm(F - F0) / np.linalg.norm(F0))
+    est, tru = as_network(estimate), as_network(truth)
+    if est.activation is None and tru.activation is not None:  # a bare (U, V) tuple
+        est = dataclasses.replace(est, activation=tru.activation)
+    F0 = tru.predict(X)
+    return float(np.linalg.norm(est.predict(X) - F0) / np.linalg.norm(F0))
 
 
-def matched_squared_error(estimate, truth):
+def matched_squared_error(estimate: Any, truth: Any) -> tuple[float, float]:
     """GKLW19's error (Sec. 4.1): squared distance of normalised, matched parameters.
 
     Rows of W (= V) and columns of A (= U) are normalised to unit norm, units are matched

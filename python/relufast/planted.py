@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_positive_int, check_random_state
+from .network import Network
 
 __all__ = ["PlantedNetwork", "two_layer", "lemma16_pair", "relu_separability_instance",
            "sparse_corruption", "gklw19_network", "smoothed_perturbation", "q_lambda_perturbation",
@@ -36,35 +37,19 @@ def _draw_inputs(rng, n, d, law):
 
 
 @dataclass(frozen=True)
-class PlantedNetwork:
-    """A teacher network ``y = U relu(V x)``.
+class PlantedNetwork(Network):
+    """A teacher network ``y = U f(V x + b) + c`` with a sampler (f = ReLU by default).
 
     Attributes
     ----------
     U : ndarray of shape (n_outputs, n_hidden)
-    V : ndarray of shape (n_hidden, n_features), unit-norm rows
+    V : ndarray of shape (n_hidden, n_features), unit-norm rows unless ``row_norms``
+    b : ndarray of shape (n_hidden,)
+        Hidden biases (zeros for the bias-free models of BJW19 and GKLW19).
+    c : ndarray of shape (n_outputs,)
+        Output offset (zeros unless planted).
+    activation : Activation or None
     """
-
-    U: np.ndarray
-    V: np.ndarray
-    activation: object = None  #: rectified activation (None: ReLU)
-
-    @property
-    def n_features(self):
-        return self.V.shape[1]
-
-    @property
-    def n_hidden(self):
-        return self.V.shape[0]
-
-    @property
-    def n_outputs(self):
-        return self.U.shape[0]
-
-    def __call__(self, X):
-        """Outputs ``f(X V^T) U^T`` for X of shape (n_samples, n_features)."""
-        Z = np.asarray(X, dtype=np.float64) @ self.V.T
-        return (np.maximum(Z, 0.0) if self.activation is None else self.activation(Z)) @ self.U.T
 
     def sample(self, n, *, random_state=None, noise=0.0, input="gaussian", symmetrize=False):
         """Draw n samples.
@@ -99,6 +84,22 @@ class PlantedNetwork:
         return X, Y
 
 
+def _draw_param(spec, size, scale, rng, name):
+    """Biases/offsets: None (zeros), a number (repeated), "random" (N(0, scale^2)) or values."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        if spec != "random":
+            raise ValueError(f"{name} must be None, a number, 'random' or an array; got {spec!r}")
+        return scale * rng.standard_normal(size)
+    a = np.asarray(spec, dtype=np.float64)
+    if a.ndim == 0:
+        a = np.full(size, float(a))
+    if a.shape != (size,) or not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} must be finite with shape ({size},); got {a.shape}")
+    return a
+
+
 def _condition(A):
     s = np.linalg.svd(A, compute_uv=False)
     return float(s[0] / s[-1]) if s[-1] > 0 else float(np.inf)
@@ -106,8 +107,8 @@ def _condition(A):
 
 def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None, max_cos=None,
               max_output_condition=None, orthonormal_U=False, orthonormal_V=False, activation=None,
-              row_norms=None, max_tries=10000):
-    """Plant a random two-layer network with unit-norm hidden rows.
+              row_norms=None, bias=None, offset=None, max_tries=10000):
+    """Plant a random two-layer network ``y = U relu(V x + b) + c`` with unit-norm hidden rows.
 
     Parameters
     ----------
@@ -133,6 +134,12 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
         V with orthonormal rows (BJW19 Thm 4); overrides ``condition``.
     orthonormal_U : bool, default=False
         U with orthonormal columns (needs m >= k), as in BJW19 Thm 14.
+    bias : None, float, "random" or array-like of shape (k,), optional
+        Hidden biases b: None for none (b = 0), a float for the same bias on every unit,
+        "random" for i.i.d. N(0, 1/4) (mostly within the range ATV21 recovers), or the
+        values.
+    offset : None, "random" or array-like of shape (m,), optional
+        Output offset c: None for none, "random" for i.i.d. N(0, 1), or the values.
     max_tries : int, default=10000
 
     Returns
@@ -177,7 +184,8 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
             from .activations import get_activation
 
             act = get_activation(activation)
-        return PlantedNetwork(U=U, V=V, activation=act)
+        return PlantedNetwork(U=U, V=V, b=_draw_param(bias, k, 0.5, rng, "bias"),
+                              c=_draw_param(offset, m, 1.0, rng, "offset"), activation=act)
     raise ValueError(
         f"no network met the constraints (max_condition={max_condition}, max_cos={max_cos}, "
         f"max_output_condition={max_output_condition}) in {max_tries} draws; relax them"
@@ -207,7 +215,7 @@ def lemma16_pair(a=1e-3, *, m=1, random_state=None):
     """The two networks of BJW19 Lemma 16 (exact recovery needs n = Omega(kappa(V))).
 
     ``V1`` has rows ``(1, +-a) / sqrt(1 + a^2)`` and ``V2`` rows ``(1, +-2a) / sqrt(1 + 4a^2)``
-    (the paper's V2 has a typo, spec errata 10), both with kappa(V) about 1/a. For m = 1,
+    (the paper's V2 has a typo, docs/bjw19.md, erratum 10), both with kappa(V) about 1/a. For m = 1,
     ``U = [s/2, s/2]`` with s the row norm, so both networks output
     ``(relu(x1 + a_i x2) + relu(x1 - a_i x2)) / 2``; on a sample they agree whenever
     ``|x1| > 2a |x2|``, i.e. with probability ``1 - Theta(a)``. For m > 1 both networks

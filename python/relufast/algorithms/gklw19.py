@@ -15,7 +15,7 @@ Functions and the paper
     Algorithm 1: ``w = 2 E[x x^T]^{-1} E[y x]``.
 ``detector_matrix``
     The matrix T of the pure-neuron detector (Algorithms 2-3, steps 2-4), in the
-    covariance form of the spec (a streaming C++ accumulation; the k d^3 tensor is never
+    covariance form of docs/gklw19.md (a streaming C++ accumulation; the k d^3 tensor is never
     formed). ``centred=True`` is the noise-corrected detector of Algorithm 3 (eq. 11).
 ``recover``
     Algorithms 2-4: null space of T, simultaneous diagonalisation, sign fix, Algorithm 1
@@ -157,7 +157,7 @@ def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20
         then W is refit with A fixed by ``refit_steps`` steps of accelerated gradient descent.
     n_draws : int, default=20
         Random pairs for the simultaneous diagonalisation (steps 4-5). Without
-        ``practical`` the best-separated draw is kept (spec Sec. 2.7, "cheap middle ground").
+        ``practical`` the best-separated draw is kept (docs/gklw19.md).
     tol : float, default=1e-9
         Relative residual below which the result is reported exact (a symmetrised
         noiseless sample gives machine precision).
@@ -231,7 +231,7 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     if practical:
         ns = 10 * k if n_slices is None else check_positive_int(n_slices, "n_slices")
         G = rng.standard_normal((ns, k))
-        R = np.linalg.qr(G)[1]  # CP-ALS on G x slices equals CP-ALS on R x slices (spec 2.7)
+        R = np.linalg.qr(G)[1]  # CP-ALS on G x slices equals CP-ALS on R x slices
         Tc = np.einsum("rj,jab->rab", R, slices)
         als_res = []
         for _ in range(als_restarts):
@@ -253,7 +253,7 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     seconds["decomposition"] = time.perf_counter() - t
 
     # Steps 6-8: sign fix, Algorithm 1 for every unit, A = Z^{-1}. With several candidates
-    # (practical variant) keep the one whose network fits the data best (spec Sec. 2.7).
+    # (practical variant) keep the one whose network fits the data best.
     t = time.perf_counter()
     ybar = Yk.mean(axis=0)
     CiPt = np.linalg.solve(C, P.T).T  # P C^{-1}

@@ -9,8 +9,8 @@ Model (samples are rows): ``f(x) = P(u(W x - t))`` with ``x ~ N(0, I_n)``, hidde
 (d, n) with unit rows, one known threshold t, an activation u (ReLU, the 0/1 step the paper
 writes as sgn, sigmoid) and a polynomial P of the hidden units (multilinear in Sec. 2 of
 the paper) whose linear coefficients are positive. relufast returns W as ``V`` with unit
-rows (the result's ``U`` is None: P is not recovered; the estimated linear coefficients
-are in ``diagnostics["c_hat"]``).
+rows; the result's ``U``, ``b``, ``c`` give only the one-hidden-layer part ``f_lin`` of f
+(P's higher terms are not recovered).
 
 Functions and the paper
 -----------------------
@@ -67,6 +67,27 @@ _KAPPA_WARN = 10.0
 
 _STEP1_ACTIVATIONS = ("relu", "step", "sigmoid", "square")
 _EVEN = ("abs", "square")
+
+
+class _Unit:
+    """GP19's activation as the hidden map of a result's network (``u(V x + b)``)."""
+
+    def __init__(self, name, reflect=False):
+        self.name = name + ("(-a)" if reflect else "")
+        self._u = _activation(name)
+        self._reflect = reflect
+        self.degree = {"relu": 1.0, "step": 0.0}.get(name)
+
+    @property
+    def homogeneous(self):
+        return self.degree is not None
+
+    def __call__(self, Z):
+        Z = np.asarray(Z, dtype=np.float64)
+        return self._u(-Z if self._reflect else Z)
+
+    def __repr__(self):
+        return f"gp19 activation {self.name}"
 
 
 def _phi(t):
@@ -620,7 +641,10 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
     -------
     RecoveryResult
         ``V`` (n_hidden, n_features) unit rows with signs resolved (Step 1's sign is fixed by
-        ``sgn(u_3 E[ft He_3(w.x)])``, not in the paper); ``U`` None; status ``approximate``
+        ``sgn(u_3 E[ft He_3(w.x)])``, not in the paper); ``U`` (1, n_hidden) the estimated
+        linear coefficients c_i, ``b = -t``, ``c = [c_0]`` (the median), so ``predict`` is the
+        one-hidden-layer part ``f_lin = c_0 + sum_i c_i u(w_i . x - t)`` (P's higher terms are
+        not recovered; the c_i are biased by Step 1's scale, see the spec); status ``approximate``
         with ``diagnostics["angle_estimate"]`` (per row, from EstimateTanAlpha),
         ``c_hat``, ``sign_margin``, eigenvalues of M_2, ``kappa`` and the active fraction;
         ``unsupported`` (before any optimisation) when u_4 vanishes (ReLU t = 1, step
@@ -738,8 +762,14 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
         elif refine is not None:
             notes.append(f"Step 2 skipped: RefineEstimate needs a ReLU or step activation, not {activation}")
         run.diag["angle_estimate"] = angle
+    c_hat = np.asarray(run.diag["c_hat"], dtype=np.float64).reshape(1, k)
     if _negate:
+        # g = 1 - f ~ 1 - c0 - sum_i c_i step(-(w_i . x + t)), with w_i = -v_i.
         Vh = -Vh
+        net = dict(U=-c_hat, b=np.full(k, t), c=np.array([1.0 - data.c0]), activation=_Unit(activation, True))
+    else:
+        net = dict(U=c_hat, b=np.full(k, -t), c=np.array([data.c0]),
+                   activation=None if activation == "relu" else _Unit(activation))
     steps = f"Step 1 ({landscape})"
     if refine is not None and activation in ("relu", "step"):
         steps += f" + Step 2 ({refine}, eps = {eps:g})"
@@ -750,7 +780,7 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
     if notes:
         msg += "; " + "; ".join(notes)
     run.diag["notes"] = notes
-    return run.result(Status.APPROXIMATE, msg, V=Vh)
+    return run.result(Status.APPROXIMATE, msg, V=Vh, **net)
 
 
 def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
@@ -822,7 +852,8 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     Returns
     -------
     RecoveryResult
-        ``V`` rows ``1_T / sqrt(|T|)`` for each support T of size >= 2; status
+        ``V`` rows ``1_T / sqrt(|T|)`` for each support T of size >= 2 (``U`` zeros: P is not
+        estimated); status
         ``approximate``, or ``failed`` when a component is not a clique (GapViolation) or
         the count differs from ``n_hidden``. ``diagnostics``: ``supports``, ``tau``,
         ``gap_ratio``, ``alpha`` and ``singletons`` (a support of size 1 is invisible to
@@ -877,14 +908,16 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
         V[r, T] = 1.0 / math.sqrt(len(T))
     if not clique_ok:
         return run.result(Status.FAILED, "GapViolation: a component of the correlation graph is not a clique; "
-                          "the gap between within- and cross-support correlations is too small", V=V)
+                          "the gap between within- and cross-support correlations is too small", V=V,
+                          U=np.zeros((1, len(V))))
     if n_hidden is not None and len(supports) != check_positive_int(n_hidden, "n_hidden"):
         return run.result(Status.FAILED, f"found {len(supports)} supports of size >= 2, expected n_hidden = "
-                          f"{n_hidden} (singletons: {singletons}; gap ratio {gap_ratio:.3g})", V=V)
+                          f"{n_hidden} (singletons: {singletons}; gap ratio {gap_ratio:.3g})", V=V,
+                          U=np.zeros((1, len(V))))
     if np.isfinite(gap_ratio) and gap_ratio < 2.0:
         warn(f"GapViolation: largest-gap ratio {gap_ratio:.2f} < 2")
     return run.result(Status.APPROXIMATE, f"Algorithm 3: {len(supports)} supports, tau = {tau:.3g}, "
-                      f"gap ratio {gap_ratio:.3g}", V=V)
+                      f"gap ratio {gap_ratio:.3g}", V=V, U=np.zeros((1, len(V))))
 
 
 def even_activation(X, y, n_hidden, *, activation="abs", step=None, restarts=3, max_iter=500, tol=1e-12,
@@ -905,7 +938,8 @@ def even_activation(X, y, n_hidden, *, activation="abs", step=None, restarts=3, 
     Returns
     -------
     RecoveryResult
-        ``V`` unit rows up to sign (u is even, so the sign is not identifiable).
+        ``V`` unit rows up to sign (u is even, so the sign is not identifiable); ``U`` zeros
+        (P is not estimated).
 
     Notes
     -----
@@ -958,4 +992,5 @@ def even_activation(X, y, n_hidden, *, activation="abs", step=None, restarts=3, 
             found = np.vstack([found, Z[int(np.argmax(s4 * st["A4"]))]])
     run.counts.update(n_samples=len(X), passes=passes)
     return run.result(Status.APPROXIMATE, f"GP19 Thm 10: {k} rows by deflated projected ascent "
-                      f"(step {eta:.3g}); signs are not identifiable for an even activation", V=found)
+                      f"(step {eta:.3g}); signs are not identifiable for an even activation", V=found,
+                      U=np.zeros((1, k)), activation=_Unit(activation))

@@ -2,7 +2,7 @@
 
 Splits ``M = L + S`` with L low rank and S sparse by minimising ``||L||_* + lam ||S||_1``
 subject to ``L + S = M`` (Candes, Li, Ma, Wright 2011, with their ``lam = 1/sqrt(max(m, n))``;
-BJW19 Section 8 prints the objective without lam, spec errata 9). The solver is the inexact
+BJW19 Section 8 prints the objective without lam, docs/bjw19.md, erratum 9). The solver is the inexact
 ALM of Lin, Chen and Ma (2010): singular-value thresholding (a partial, randomised SVD of
 growing rank when the matrix is large) and soft thresholding, with mu growing by rho.
 

@@ -54,7 +54,7 @@ def _check_row(w, X, S, B, tol_sign=1e-9):
 
 
 def iterative_lp(X, S, B, found, *, rng, time_limit=None):
-    """BJW19 Algorithm 1 (Iterative LP), as an LP in w (d) and z (k) (spec Sec. 2.2).
+    """BJW19 Algorithm 1 (Iterative LP), as an LP in w (d) and z (k).
 
     Rows: (a) x_j.w >= 1 on S; (b) x_j.w <= 0 off S; (c) x_j.w = B_j.z on S;
     (d) B_j.z = 0 off S; (e) independence from the rows ``found`` (n,) by the two-LP
@@ -158,7 +158,7 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
     RecoveryResult
         ``exact`` when k independent rows were found and the fit is exact. The network
         found fits Y exactly but need not be the planted one (BJW19 Thm 1 promises *a*
-        factorization, spec errata 14). ``diagnostics['determined']`` says, per row,
+        factorization, docs/bjw19.md, erratum 14). ``diagnostics['determined']`` says, per row,
         whether its sign pattern fixes it (a single ray of the output span has that
         support, |S_i| >= d and X restricted to S_i has rank d); even then another set of
         rectified vectors in the span may fit, so uniqueness is not claimed.

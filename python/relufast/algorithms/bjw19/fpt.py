@@ -38,11 +38,11 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     RecoveryResult
         ``non_identifiable`` when a class is polluted (the paper's claim that
         antiparallel columns [u, -u] are allowed is false: samples with both units active
-        are parallel to +-u too; spec errata 7), ``unsupported`` for m = 1 with k >= 2.
+        are parallel to +-u too; docs/bjw19.md, erratum 7), ``unsupported`` for m = 1 with k >= 2.
 
     Notes
     -----
-    Algorithm 7 with the corrections of spec Sec. 2.10:
+    Algorithm 7 with the corrections of docs/bjw19.md (erratum 7):
 
     1. Drop samples with zero output; normalise the others.
     2. Group samples with identical output directions (positive multiples only): sort by
@@ -66,7 +66,7 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         return run.result(Status.UNSUPPORTED,
                        f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
                        f"parallel to the single column of U and the units cannot be told apart "
-                       f"(spec errata 7); got m = 1, k = {k}")
+                       f"(docs/bjw19.md, erratum 7); got m = 1, k = {k}")
     norms = np.linalg.norm(Y, axis=1)
     keep = np.flatnonzero(norms > 1e-12 * norms.max()) if norms.max() > 0 else np.array([], int)
     A = Y[keep] / norms[keep, None]
@@ -100,7 +100,7 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         return run.result(Status.NON_IDENTIFIABLE,
                        f"a class of parallel outputs is not produced by one unit (least-squares "
                        f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
-                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (spec errata 7)")
+                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)")
     U, residual, _ = fit_and_certify(X, Y, V)
     exact = residual <= tol
     if exact:

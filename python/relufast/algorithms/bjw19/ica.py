@@ -11,7 +11,7 @@ from ..._result import Run, Status
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message, refinement_subset
 from ...stages.fit import fit_and_certify
-from ...stages.refine import output_basis, refine_rows
+from ...stages.refine import RowPool, output_basis, refine_rows
 
 __all__ = ["fastica", "ica"]
 
@@ -26,7 +26,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
     contrast : {"skew", "logcosh"}, default="skew"
         "skew" uses G(u) = u^3 / 3 (g(u) = u^2): rectified-Gaussian sources have skewness
         1.64, and on 60 random mixtures of 3-5 such sources (n = 2e4) it separated all of
-        them in at most 7 iterations, while "logcosh" (the spec's suggestion) stalled at a
+        them in at most 7 iterations, while "logcosh" (the usual default) stalled at a
         saddle point on 20 of the 60 (``bench/test_bench_ica_blas.py``).
 
     Returns
@@ -97,7 +97,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
     2. FastICA (symmetric, skewness contrast) instead of the AGMS12 black box; the sign
        of each source is fixed by its skewness (+1.64 for a rectified Gaussian).
     3. Each source gives an approximate row: least squares of the source on its
-       confidently positive samples (spec Sec. 2.4).
+       confidently positive samples.
     4. Algorithm 5 (margin form, C++) certifies the rows exactly; U by least squares.
     FastICA is written here rather than taken from scikit-learn: the instance is tiny
     (k x k unmixing), noise-free, and needs no optional dependency.
@@ -117,7 +117,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                 "bjw19-ica", m, k, "Thm 4 assumes U of rank k"))
         Xr, Yr = refinement_subset(X, Y, k, n_refine, rng)
         B, _, _ = output_basis(Yr, k)
-        certified, approx, iters_all = [], None, []
+        pool, approx, iters_all = RowPool(k), None, []
         for restart in range(n_restarts):
             # Steps 1-3: a fresh sketch and FastICA start per restart; certified rows are pooled.
             with run.stage("ica"):
@@ -141,13 +141,12 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
             if approx is None:
                 approx = np.where(out["solved"][:, None], out["rows"],
                                   cand / np.linalg.norm(cand, axis=1, keepdims=True))
-            for i in np.flatnonzero(out["certified"]):
-                if all(abs(out["rows"][i] @ c) < 1 - 1e-6 for c in certified):
-                    certified.append(out["rows"][i])
-            if len(certified) >= k:
+            pool.add_certified(out)
+            if pool.full:
                 break
         run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
-        run.counts["certified_rows"] = len(certified)
+        run.counts["certified_rows"] = len(pool)
+        certified = pool.rows
         rows = np.array(certified) if len(certified) == k else approx
         with run.stage("fit"):
             U, residual, _ = fit_and_certify(X, Y, rows, subset=(Xr, Yr), threads=threads)

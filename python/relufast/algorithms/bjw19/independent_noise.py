@@ -69,8 +69,8 @@ def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, ma
 
     Notes
     -----
-    Step 1's sketch S is the identity here (m <= s, spec Sec. 2.11); step 2's grid has
-    signs and zero, which the paper omits (spec errata 8); step 3c is the closed-form
+    Step 1's sketch S is the identity here (m <= s); step 2's grid has
+    signs and zero, which the paper omits (docs/bjw19.md, erratum 8); step 3c is the closed-form
     :func:`halfspace_estimate`; step 4 picks the candidate with the smallest residual,
     the zero network included (step 0).
     """

@@ -27,7 +27,7 @@ def sign_by_projection(X, Y, V):
     For row i, ``S_{i,+}`` holds relu(+-X v_j) for j != i and relu(X v_i); ``S_{i,-}`` the
     same with relu(-X v_i). The row keeps its sign when the outputs lie closer to
     span(S_{i,+}) than to span(S_{i,-}) (paper's step 3 writes A for the first line and
-    drops a parenthesis: spec errata 6).
+    drops a parenthesis: docs/bjw19.md, erratum 6).
 
     Parameters
     ----------
@@ -95,7 +95,7 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
 
     Notes
     -----
-    1. Tensor estimate of V up to signs (Alg. 4 with the spec's second-order moment; the
+    1. Tensor estimate of V up to signs (Alg. 4 with the second-order moment of docs/bjw19.md; the
        noise is mean zero and independent of X, so the moment is unbiased).
     2. Signs by Algorithm 6 on ``min(n, n_sign)`` samples.
     3. U by least squares on all samples (Lemma 20; the paper uses l samples).
