@@ -42,6 +42,7 @@ corrects.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from scipy import integrate, optimize, special
@@ -66,6 +67,8 @@ _DEGENERATE_RATIO = 1e-3
 _KAPPA_WARN = 10.0
 
 _STEP1_ACTIVATIONS = ("relu", "step", "sigmoid", "square")
+#: The Stein update's background band sits this far below the band at (t_1 + t_2) / 2.
+_BACKGROUND_SHIFT = 1.25
 _EVEN = ("abs", "square")
 
 
@@ -156,8 +159,10 @@ def hermite_coeffs(activation, t, kmax=4):
         def integrand(g, k=k, norm=norm):
             return float(u(np.asarray(g - t))) * _he(k, g) / norm * _phi(g)
 
-        lo, hi = integrate.quad(integrand, -np.inf, t, epsabs=1e-14, epsrel=1e-12, limit=200)[0], \
-            integrate.quad(integrand, t, np.inf, epsabs=1e-14, epsrel=1e-12, limit=200)[0]
+        with warnings.catch_warnings():  # round-off notices near the requested 1e-12
+            warnings.simplefilter("ignore", integrate.IntegrationWarning)
+            lo = integrate.quad(integrand, -np.inf, t, epsabs=1e-14, epsrel=1e-12, limit=200)[0]
+            hi = integrate.quad(integrand, t, np.inf, epsabs=1e-14, epsrel=1e-12, limit=200)[0]
         out[k] = lo + hi
     return out
 
@@ -208,17 +213,19 @@ class _Samples:
 class _BandData:
     """EstimateTanAlpha and the Stein direction from a data set (Sec. 2.2, dataset mode)."""
 
-    def __init__(self, X, active, eps, min_band):
+    def __init__(self, X, active, eps, min_band, t):
         self.X, self.active, self.eps, self.min_band = X, active, eps, min_band
+        self.lo_cut = t - _BACKGROUND_SHIFT - 0.5  # no band below this is ever probed
         self.counts = []
 
     def prepare(self, z, rng):
         a = self.X @ z
-        order = np.argsort(a)
+        rows = np.flatnonzero(a >= self.lo_cut)
+        order = rows[np.argsort(a[rows])]
         self.a = a[order]
         self.cum = np.concatenate([[0], np.cumsum(self.active[order])])
         self.order = order
-        self.s_max = self.a[max(len(self.a) - self.min_band, 0)]
+        self.s_max = self.a[max(len(self.a) - self.min_band, 0)] if len(self.a) else -np.inf
 
     def p_hat(self, s):
         lo = np.searchsorted(self.a, s - self.eps, side="left")
@@ -237,9 +244,10 @@ class _BandData:
         return g - (g @ z) * z
 
     def stein(self, z, s, rng, width):
-        # Band mean minus a background band 1.5 below, where the nearest unit is off and
+        # Band mean minus a background band lower down, where the nearest unit is off and
         # the other units (nearly orthogonal to z) are active as often as at s.
-        return self._mean_perp(z, s - width, s + width) - self._mean_perp(z, s - 1.5 - 0.5, s - 1.5 + 0.5)
+        return (self._mean_perp(z, s - width, s + width)
+                - self._mean_perp(z, s - _BACKGROUND_SHIFT - 0.25, s - _BACKGROUND_SHIFT + 0.25))
 
 
 class _BandQueries:
@@ -265,9 +273,9 @@ class _BandQueries:
         return float(np.mean(self._active(self.base + s * self.z)))
 
     def stein(self, z, s, rng, width):
-        # Same draws at s and 1.5 below (common random numbers): the other units' share cancels.
+        # Same draws at s and lower down (common random numbers): the other units' share cancels.
         act = self._active(self.base + s * self.z).astype(np.float64)
-        low = self._active(self.base + (s - 1.5) * self.z).astype(np.float64)
+        low = self._active(self.base + (s - _BACKGROUND_SHIFT) * self.z).astype(np.float64)
         return (act - low) @ self.g / self.m
 
 
@@ -283,17 +291,18 @@ def _bisect(p, lo, hi, level, steps):
     return 0.5 * (lo + hi)
 
 
-def estimate_tan_alpha(oracle, z, t, rng, *, steps=30):
+def estimate_tan_alpha(oracle, z, t, rng, *, steps=24):
     """Algorithm 2 (EstimateTanAlpha), reconstructed as in ``docs/gp19.md``.
 
     With ``p(s) = Pr[f(x) > c0 | z.x in [s - eps, s]]`` and common random numbers, bisection
     finds ``t_1`` with ``p = 0.4`` and ``t_2`` with ``p = 0.6``; by Lemma 4 the estimate is
     ``(t_2 - t_1) / (Phi^{-1}(0.6) - Phi^{-1}(0.4))`` ~ tan(alpha), alpha the angle between z
-    and the nearest hidden row. Returns ``(tan_alpha, t_1, t_2)``; NaNs when the bracket
+    and the nearest hidden row. ``steps`` bisection steps on a bracket of width 8 resolve
+    s to 5e-7, i.e. tan(alpha) to about 1e-6. Returns ``(tan_alpha, t_1, t_2)``; NaNs when the bracket
     fails (``p(lo) >= 0.4`` or ``p(hi) <= 0.6``: z is near no unit, or t is too low).
     """
     oracle.prepare(z, rng)
-    lo = max(0.0, t - 2.0)
+    lo = t - 1.0  # below s_0.4 = (t - 0.25 sin(alpha)) / cos(alpha) for every alpha
     hi = t + 6.0 if oracle.s_max is None else min(t + 6.0, oracle.s_max)
     if hi <= lo or not (oracle.p_hat(lo) < 0.4) or not (oracle.p_hat(hi) > 0.6):
         return np.nan, np.nan, np.nan
@@ -323,10 +332,17 @@ def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper"
         iteration. "stein": NOT in the paper (relufast's extension): in the band at
         ``s = (t_1 + t_2) / 2`` (half width ``max(tan(alpha), stein_width)``),
         ``E[1{f > c0} (I - z z^T) x]`` points along the tangent part of the nearest row
-        (Stein's identity); the same mean 1.5 lower, where that row is off, is subtracted
+        (Stein's identity); the same mean 1.25 lower, where that row is off, is subtracted
         to cancel the other units; then ``z <- normalize(z + tan(alpha) g / |g|)``.
     callback : callable, optional
         Called as ``callback(iteration, z, tan_alpha)``.
+
+    Notes
+    -----
+    Besides ``alpha <= eps`` and ``max_iter``, the loop stops when the estimated angle has
+    not fallen by 10% for 3 steps (Stein) or 20 n iterations (paper), which happens at the
+    resolution floor of the estimates (about 0.4 band widths with samples); the z with the
+    smallest estimated angle is returned.
 
     Returns
     -------
@@ -336,6 +352,9 @@ def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper"
     z = z / np.linalg.norm(z)
     hist, accepted = [], 0
     ta, t1, t2 = estimate_tan_alpha(oracle, z, t, rng)
+    best = (ta if np.isfinite(ta) else np.inf, z)
+    since_best = 0
+    patience = 3 if method == "stein" else 20 * n
     for it in range(max_iter):
         if callback is not None:
             callback(it, z, ta)
@@ -343,7 +362,7 @@ def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper"
         if not np.isfinite(ta):
             break
         alpha = math.atan(max(ta, 0.0))
-        if alpha <= eps:
+        if alpha <= eps or since_best >= patience:
             break
         if method == "paper":
             delta = rng.standard_normal(n)
@@ -363,8 +382,14 @@ def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper"
             z /= np.linalg.norm(z)
             accepted += 1
             ta, t1, t2 = estimate_tan_alpha(oracle, z, t, rng)
+        if np.isfinite(ta) and ta < 0.9 * best[0]:
+            best, since_best = (ta, z), 0
+        else:
+            since_best += 1
     else:
         hist.append(ta)
+    if not (np.isfinite(ta) and ta <= best[0]):
+        ta, z = best
     return z, ta, {"iterations": len(hist) - 1, "accepted": accepted, "history": hist,
                    "t1": t1, "t2": t2}
 
@@ -739,7 +764,7 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
             else:
                 pf = _phi(t)
                 width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * pf), 1e-3, 0.25))
-                oracle = _BandData(data.X, data.f > data.c0 + label_tol, width, 200)
+                oracle = _BandData(data.X, data.f > data.c0 + label_tol, width, 200, t)
                 run.diag["band_width"] = width
             history = []
             with run.stage("step2"):
