@@ -17,7 +17,7 @@ from relufast.stages.moments import (Hermite4Accumulator, hermite4_contraction, 
 HERMITE_TOL = 1e-12
 #: Kernel vs NumPy reference: sums of 5e3 terms of size up to ~1e3, relative rounding.
 KERNEL_RTOL = 1e-11
-#: Step 1 at d = 10, t = 2, N = 1e6 (spec oracle 3: max angle <= 0.10, measured 0.047).
+#: Step 1 at d = 10, t = 2, N = 1e6 (bar: max angle <= 0.10; the design study measured 0.047).
 STEP1_MAX_ANGLE = 0.10
 #: After the Stein refinement on the same 1e6 samples: measured 0.017 (the band-width
 #: floor of dataset mode is ~0.02); margin 2x.
@@ -37,7 +37,7 @@ def _start(w, angle, seed):
     return math.cos(angle) * w + math.sin(angle) * e / np.linalg.norm(e)
 
 
-# ---- Hermite facts (spec oracle 1) -----------------------------------------------------------
+# ---- Hermite facts (closed forms) -----------------------------------------------------------
 
 
 def _quad_coeff(u, t, k):
@@ -57,7 +57,7 @@ def test_hermite_closed_forms_match_quadrature(t):
 
 
 def test_hermite_reference_values_and_roots():
-    # Spec Sec. 3.3 table (closed form), 6 significant digits.
+    # Reference values (closed form), 6 significant digits.
     assert gp19.hermite_coeffs("relu", 2.0, 4) == pytest.approx(
         [8.490703e-03, 2.275013e-02, 3.817738e-02, 4.408344e-02, 3.306258e-02], rel=1e-6)
     assert gp19.hermite_coeffs("step", 3.0, 4) == pytest.approx(
@@ -189,7 +189,7 @@ def test_deep_teacher_evaluates_its_polynomial():
         rf.planted.deep_teacher(3, 3, terms={(0, 0): 1.0})
 
 
-# ---- Step 1 and Step 2 (spec oracles 3, 9, 10) -----------------------------------------------------
+# ---- Step 1 and Step 2 (the oracles for Step 1, Algorithm 2 and Algorithm 1) -----------------------------------------------------
 
 
 def test_step1_and_stein_refinement_d10_t2():
@@ -226,7 +226,7 @@ def test_step1_landscapes(landscape, tol):
 
 
 def test_query_mode_step1_and_stein():
-    # Oracle mode: n = 4, a union of step halfspaces at t = 2 (spec oracle 8's setting).
+    # Oracle mode: n = 4, a union of step halfspaces at t = 2.
     T = rf.planted.deep_teacher(4, 4, threshold=2.0, activation="step", polynomial="or", random_state=0)
     res = rf.recover(None, None, n_hidden=4, method="gp19", f=T, n_features=4, threshold=2.0, activation="step",
                      refine="stein", n_queries=200_000, band_queries=20_000, eps=0.005, max_refine_iter=5,
@@ -237,7 +237,7 @@ def test_query_mode_step1_and_stein():
 
 
 def test_estimate_tan_alpha_oracle():
-    # Spec oracle 9 at m = 5e4 (spec: 1e6; relative s.d. ~1.5/sqrt(m) = 0.7%): ratio in [0.95, 1.12].
+    # EstimateTanAlpha at m = 5e4 (study size 1e6; relative s.d. ~1.5/sqrt(m) = 0.7%): ratio in [0.95, 1.12].
     T = rf.planted.deep_teacher(4, 4, threshold=2.0, activation="step", polynomial="or", random_state=0)
     alpha = 0.05
     z = _start(T.W[0], alpha, 1)
@@ -251,7 +251,7 @@ def test_estimate_tan_alpha_oracle():
 
 
 def test_refine_estimate_paper_halves_in_20n_iterations():
-    # Algorithm 1 (paper) at n = 2: ~20 n iterations per halving (spec Sec. 4.2); from 0.1,
+    # Algorithm 1 (paper) at n = 2: ~20 n iterations per halving (measured in the bench); from 0.1,
     # 40 iterations with m = 1e4 reached 0.046 (measured).
     T = rf.planted.deep_teacher(2, 2, threshold=2.0, activation="step", polynomial="or", random_state=0)
     w = T.W[0]
@@ -263,7 +263,7 @@ def test_refine_estimate_paper_halves_in_20n_iterations():
 
 @pytest.mark.slow
 def test_refine_estimate_paper_spec_sizes():
-    # Spec oracle 10: n = 4, t = 2, m = 2e5, start 0.1: <= 0.05 within 200, <= 0.025 within 350.
+    # Study size: n = 4, t = 2, m = 2e5, start 0.1: <= 0.05 within 200, <= 0.025 within 350.
     T = rf.planted.deep_teacher(4, 4, threshold=2.0, activation="step", polynomial="or", random_state=0)
     w = T.W[0]
     angles = []
@@ -276,7 +276,7 @@ def test_refine_estimate_paper_spec_sizes():
 
 
 def test_stein_refinement_oracle_factor_per_step():
-    # Spec: >= 5x per step at n = 10, m = 1e5 (measured ~10x); here m = 2e4. The oracle has 10 units.
+    # Bar: >= 5x per step at n = 10, m = 1e5 (measured ~10x); here m = 2e4. The oracle has 10 units.
     T = rf.planted.deep_teacher(10, 10, threshold=2.5, pair=0.5, random_state=0)
     w = T.W[0]
     z, _, _ = gp19.refine_estimate(gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), _start(w, 0.1, 1), 2.5,
@@ -284,7 +284,7 @@ def test_stein_refinement_oracle_factor_per_step():
     assert 0.1 / math.acos(min(1.0, z @ w)) >= 5.0
 
 
-# ---- refusals and warnings (spec oracle 7, Sec. 5) ----------------------------------------------
+# ---- refusals and warnings (degenerate inputs) ----------------------------------------------
 
 
 @pytest.mark.parametrize("activation, t", [("relu", 1.0), ("step", math.sqrt(3.0)), ("square", 0.5)])
@@ -331,11 +331,11 @@ def test_validation_errors():
         rf.recover(X, y, n_hidden=4, method="gp19-even", activation="relu")
 
 
-# ---- Section 2.3, Algorithm 3, Theorem 10 (spec oracles 8, 12) -------------------------------------
+# ---- Section 2.3, Algorithm 3, Theorem 10 (Thm 6, Thm 8, Thm 10) -------------------------------------
 
 
 def test_halfspace_intersection_far_from_origin():
-    # Spec oracle 8 at d = 5, N = 3e5 (d = 10, N = 1e6 in the slow test): measured 0.076.
+    # Halfspace intersection at d = 5, N = 3e5 (d = 10, N = 1e6 in the slow test): measured 0.076.
     rng = np.random.default_rng(0)
     W = np.linalg.qr(rng.standard_normal((5, 5)))[0]
     X = rng.standard_normal((300_000, 5))
@@ -378,7 +378,7 @@ def test_algorithm3_correlation_graph_supports():
 
 
 def test_theorem10_even_activation():
-    # Spec oracle 12: u = |a|, t = 0, d = n = 5, N = 5e5: max angle <= 0.06 (measured 0.025).
+    # u = |a|, t = 0, d = n = 5, N = 5e5: max angle <= 0.06 (measured 0.025).
     T = rf.planted.deep_teacher(5, 5, threshold=0.0, activation="abs", pair=0.2, random_state=3)
     X, y = T.sample(500_000, random_state=4)
     res = rf.recover(X, y, n_hidden=5, method="gp19-even", restarts=2, tol=1e-9, random_state=0)
@@ -391,7 +391,7 @@ def test_theorem10_even_activation():
 
 @pytest.mark.slow
 def test_step1_n_to_the_minus_half_scaling():
-    # Spec oracle 4: linear-only, median angle ratio N = 1e6 / 1e7 in [2.0, 4.5] (measured 2.67).
+    # Linear-only, median angle ratio N = 1e6 / 1e7 in [2.0, 4.5] (measured 2.67).
     T = rf.planted.deep_teacher(10, 10, threshold=2.0, random_state=0)
     med = []
     for N in (1_000_000, 10_000_000):

@@ -63,7 +63,7 @@ _QUANTILE_SPREAD = float(special.ndtri(0.6) - special.ndtri(0.4))
 #: |u_4| below this fraction of |u_2| counts as a vanishing fourth Hermite coefficient.
 _DEGENERATE_RATIO = 1e-3
 #: Condition number of W (estimated from the top block of M_2) from which Step 1 warns:
-#: a kappa = 11 teacher failed in the spec's measurements, kappa = 1.6 worked.
+#: a kappa = 11 teacher failed in our measurements (max angle > 1 rad), kappa = 1.6 worked.
 _KAPPA_WARN = 10.0
 
 _STEP1_ACTIVATIONS = ("relu", "step", "sigmoid", "square")
@@ -653,7 +653,7 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
     restarts, max_iter, tol, shift
         Step 1 restarts per row, iterations, convergence tolerance and SS-HOPM shift.
     kappa_lambda : float, default=4.0
-        lambda / (|u_4| / u_2^2) of the landscapes (the spec's normalised form; > 2 / c_min).
+        lambda / (|u_4| / u_2^2) of the landscapes (normalised form; must exceed 2 / c_min).
     gamma : float, default=0.01
         gamma of the simultaneous landscape (Thm 11: a small constant).
     label_tol : float, default=0.0
@@ -669,7 +669,7 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
         ``sgn(u_3 E[ft He_3(w.x)])``, not in the paper); ``U`` (1, n_hidden) the estimated
         linear coefficients c_i, ``b = -t``, ``c = [c_0]`` (the median), so ``predict`` is the
         one-hidden-layer part ``f_lin = c_0 + sum_i c_i u(w_i . x - t)`` (P's higher terms are
-        not recovered; the c_i are biased by Step 1's scale, see the spec); status ``approximate``
+        not recovered; the c_i carry Step 1's scale bias, see docs/gp19.md); status ``approximate``
         with ``diagnostics["angle_estimate"]`` (per row, from EstimateTanAlpha),
         ``c_hat``, ``sign_margin``, eigenvalues of M_2, ``kappa`` and the active fraction;
         ``unsupported`` (before any optimisation) when u_4 vanishes (ReLU t = 1, step
