@@ -7,7 +7,6 @@ Thread counts: the kernel runs with n_jobs threads (recorded); NumPy is single-t
 inside the pipelines.
 """
 import math
-import warnings
 
 import numpy as np
 import pytest

@@ -189,7 +189,7 @@ def test_deep_teacher_evaluates_its_polynomial():
         rf.planted.deep_teacher(3, 3, terms={(0, 0): 1.0})
 
 
-# ---- Step 1 and Step 2 (the oracles for Step 1, Algorithm 2 and Algorithm 1) -----------------------------------------------------
+# ---- Step 1 and Step 2 (Algorithms 1 and 2) -------------------------------------------------------------
 
 
 def test_step1_and_stein_refinement_d10_t2():

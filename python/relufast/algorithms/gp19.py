@@ -462,7 +462,7 @@ def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, t
         gv = U.T @ gz + kappa_lambda * 2.0 * (a2 / u2 - 1.0) * (2.0 * Mk @ v) / u2
         return val, B.T @ gv
 
-    for j in range(k):
+    for _ in range(k):
         if found:
             C = np.array(found) @ Mk  # constraints C v = 0 (M_2-orthogonality)
             B = np.linalg.svd(C)[2][len(found):].T

@@ -383,7 +383,6 @@ def hermite4_contraction_reference(X, f, directions, *, offset=0.0, active_tol=0
     keep = np.abs(ft) > active_tol if active_tol >= 0 else np.ones(len(ft), dtype=bool)
     Xa, fa = X[keep], ft[keep]
     Y = Xa @ Z.T
-    n = X.shape[1]
     out = {
         "count": float(len(ft)),
         "n_active": float(keep.sum()),
