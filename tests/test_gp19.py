@@ -345,6 +345,20 @@ def test_halfspace_intersection_far_from_origin():
     assert gp19.row_angles(res.V, W).max() <= 0.15  # signed: w_i, not -w_i
 
 
+def test_halfspace_union_and_band_floor():
+    # A union of halfspaces is the model itself. With 3e5 samples the bands of Algorithm 2 are
+    # 0.25 wide, so Step 2 must stop at the band floor and leave Step 1's rows (measured 0.047).
+    rng = np.random.default_rng(0)
+    W = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    X = rng.standard_normal((300_000, 4))
+    g = np.any(X @ W.T >= 2.5, axis=1).astype(float)
+    with pytest.warns(rf.RelufastWarning, match="Step 2 stops at"):
+        res = rf.recover(X, g, n_hidden=4, method="gp19-halfspaces", threshold=2.5, union=True, refine="stein",
+                         random_state=0)
+    assert gp19.row_angles(res.V, W).max() <= 0.10
+    assert np.mean((res.predict(X)[:, 0] > 0.5) == (g > 0.5)) >= 0.99
+
+
 @pytest.mark.slow
 def test_halfspace_intersection_spec_size():
     rng = np.random.default_rng(0)

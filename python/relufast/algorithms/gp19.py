@@ -648,8 +648,9 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
         Queries per EstimateTanAlpha call (query mode).
     band_width : float, optional
         Width epsilon of the bands of Algorithm 2. Default: 1e-3 in query mode; with samples,
-        wide enough for about 2000 rows per band (angles below ~0.4 band_width are not
-        resolved; the count is in ``diagnostics["band_rows"]``).
+        wide enough for about 2000 rows per band (at most 0.25). Angles below ~0.4 band_width
+        are not resolved, so with samples Step 2 stops at ``max(eps, band_width / 2)`` (the
+        row count per band is in ``diagnostics["band_rows"]``).
     restarts, max_iter, tol, shift
         Step 1 restarts per row, iterations, convergence tolerance and SS-HOPM shift.
     kappa_lambda : float, default=4.0
@@ -766,6 +767,13 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
                 width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * pf), 1e-3, 0.25))
                 oracle = _BandData(data.X, data.f > data.c0 + label_tol, width, 200, t)
                 run.diag["band_width"] = width
+                # Band-averaged estimates do not resolve angles below ~0.4 band widths; steps
+                # driven by them below that floor make rows worse, so Step 2 stops there.
+                if 0.5 * width > eps:
+                    notes.append(f"Step 2 stops at {0.5 * width:.3g} rad, not eps = {eps:g}: the bands of "
+                                 f"EstimateTanAlpha are {width:.3g} wide with {data.N} samples (more samples or "
+                                 "query mode resolve smaller angles)")
+                    eps = 0.5 * width
             history = []
             with run.stage("step2"):
                 for i in range(k):
