@@ -149,6 +149,22 @@ def test_contraction_accumulator_merges_and_restores_state():
         Hermite4Accumulator(np.ones(5))
 
 
+def test_contraction_accumulator_concurrent_updates():
+    # Updates from several Python threads run without a Python lock; none may be lost.
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((8000, 6))
+    f = np.maximum(X[:, 2] - 1.0, 0.0)
+    Z = rng.standard_normal((3, 6))
+    acc = Hermite4Accumulator(Z, second=True, n_jobs=2, block_size=64)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: acc.update(X[i::8], f[i::8]), range(8)))
+    ref = hermite4_contraction_reference(X, f, Z, second=True)
+    for key, value in ref.items():
+        np.testing.assert_allclose(acc.sums()[key], value, rtol=KERNEL_RTOL, atol=1e-9, err_msg=key)
+
+
 def test_statistics_gradient_matches_finite_difference():
     rng = np.random.default_rng(3)
     X = rng.standard_normal((4000, 4))

@@ -1,6 +1,7 @@
 #include "contracted4.hpp"
 
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -14,6 +15,7 @@ struct Sums {
   double n_active = 0.0, s0 = 0.0;
   RowMatrixXd S, G1, G3, M, S11, S22, GP;
   void zero(Index R, Index n, bool second, bool pairs) {
+    n_active = s0 = 0.0;
     S.setZero(R, 4);
     G1.setZero(R, n);
     G3.setZero(R, n);
@@ -60,15 +62,17 @@ void Hermite4Contraction::update(const ConstRowRef& X, const Eigen::Ref<const Ei
     Eigen::VectorXd fa;
   };
   const RowMatrixXd Zt = Z_.transpose();
+  Sums total;  // this call's sums, reduced in a fixed block order, added under the lock
+  total.zero(R, n, second_, pairs_);
   accumulate_blocks<Local>(
       N, block, n_jobs,
       [&] {
         Local L;
-        L.s.zero(R, n, second_, pairs_);
         L.Xa.resize(block, n);
         L.fa.resize(block);
         return L;
       },
+      [&](Local& L) { L.s.zero(R, n, second_, pairs_); },
       [&](Local& L, Index s0, Index len) {
         Index na = 0;
         for (Index s = s0; s < s0 + len; ++s) {
@@ -110,22 +114,34 @@ void Hermite4Contraction::update(const ConstRowRef& X, const Eigen::Ref<const Ei
         }
       },
       [&](const Local& L) {
-        n_active_ += L.s.n_active;
-        s0_ += L.s.s0;
-        S_ += L.s.S;
-        G1_ += L.s.G1;
-        G3_ += L.s.G3;
-        if (second_) M_ += L.s.M;
+        total.n_active += L.s.n_active;
+        total.s0 += L.s.s0;
+        total.S += L.s.S;
+        total.G1 += L.s.G1;
+        total.G3 += L.s.G3;
+        if (second_) total.M += L.s.M;
         if (pairs_) {
-          S11_ += L.s.S11;
-          S22_ += L.s.S22;
-          GP_ += L.s.GP;
+          total.S11 += L.s.S11;
+          total.S22 += L.s.S22;
+          total.GP += L.s.GP;
         }
       });
+  std::lock_guard<std::mutex> lock(mu_);
+  n_active_ += total.n_active;
+  s0_ += total.s0;
+  S_ += total.S;
+  G1_ += total.G1;
+  G3_ += total.G3;
+  M_ += total.M;
+  S11_ += total.S11;
+  S22_ += total.S22;
+  GP_ += total.GP;
   count_ += static_cast<double>(N);
 }
 
 void Hermite4Contraction::merge(const Hermite4Contraction& other) {
+  if (&other == this) throw std::invalid_argument("Hermite4Contraction.merge: cannot merge an accumulator into itself");
+  std::scoped_lock lock(mu_, other.mu_);
   if (other.n_ != n_ || other.Z_.rows() != Z_.rows() || other.second_ != second_ || other.pairs_ != pairs_ ||
       other.offset_ != offset_ || other.active_tol_ != active_tol_ || !(other.Z_.array() == Z_.array()).all())
     throw std::invalid_argument(
@@ -151,6 +167,7 @@ void Hermite4Contraction::set_state(double count, double n_active, double s0, co
     throw std::invalid_argument("Hermite4Contraction.set_state: state shapes do not match the accumulator");
   if (!(count >= 0.0) || !(n_active >= 0.0) || n_active > count)
     throw std::invalid_argument("Hermite4Contraction.set_state: need 0 <= n_active <= count");
+  std::lock_guard<std::mutex> lock(mu_);
   count_ = count;
   n_active_ = n_active;
   s0_ = s0;

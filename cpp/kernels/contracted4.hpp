@@ -19,8 +19,11 @@
 // has ft = 0 and contributes nothing to any sum, so rows with |ft| <= active_tol
 // are skipped before any arithmetic (they still count in N). active_tol < 0
 // turns the filter off. Rows are gathered per block of samples into a compact
-// buffer; one accumulator per thread, merged in thread order (parallel.hpp).
+// buffer; partial sums are reduced in a fixed group order (parallel.hpp), so the
+// result does not depend on the thread count.
 #pragma once
+
+#include <mutex>
 
 #include "types.hpp"
 
@@ -38,18 +41,19 @@ class Hermite4Contraction {
                  const RowMatrixXd& G3, const RowMatrixXd& M, const RowMatrixXd& S11, const RowMatrixXd& S22,
                  const RowMatrixXd& GP);
 
+  // Every read takes the lock and returns a copy, so a concurrent update is never half seen.
   Index n() const { return n_; }
   Index r() const { return Z_.rows(); }
-  double count() const { return count_; }
-  double n_active() const { return n_active_; }
-  double s0() const { return s0_; }
-  const RowMatrixXd& S() const { return S_; }     // R x 4: sum ft y^p, p = 1..4
-  const RowMatrixXd& G1() const { return G1_; }   // R x n
-  const RowMatrixXd& G3() const { return G3_; }   // R x n
-  const RowMatrixXd& M() const { return M_; }     // n x n (0 x 0 unless second)
-  const RowMatrixXd& S11() const { return S11_; } // R x R (0 x 0 unless pairs)
-  const RowMatrixXd& S22() const { return S22_; } // R x R
-  const RowMatrixXd& GP() const { return GP_; }   // R x n
+  double count() const { return locked(count_); }
+  double n_active() const { return locked(n_active_); }
+  double s0() const { return locked(s0_); }
+  RowMatrixXd S() const { return locked(S_); }     // R x 4: sum ft y^p, p = 1..4
+  RowMatrixXd G1() const { return locked(G1_); }   // R x n
+  RowMatrixXd G3() const { return locked(G3_); }   // R x n
+  RowMatrixXd M() const { return locked(M_); }     // n x n (0 x 0 unless second)
+  RowMatrixXd S11() const { return locked(S11_); } // R x R (0 x 0 unless pairs)
+  RowMatrixXd S22() const { return locked(S22_); } // R x R
+  RowMatrixXd GP() const { return locked(GP_); }   // R x n (0 x 0 unless pairs)
 
  private:
   RowMatrixXd Z_;
@@ -58,6 +62,14 @@ class Hermite4Contraction {
   Index n_;
   double count_ = 0.0, n_active_ = 0.0, s0_ = 0.0;
   RowMatrixXd S_, G1_, G3_, M_, S11_, S22_, GP_;
+  // Guards the sums: an update computes its own sums without it and adds them under it,
+  // so concurrent updates of one accumulator run in parallel and none is lost.
+  mutable std::mutex mu_;
+  template <class T>
+  T locked(const T& v) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return v;
+  }
 };
 
 }  // namespace relufast
