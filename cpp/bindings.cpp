@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/certify.hpp"
+#include "kernels/contracted4.hpp"
 #include "kernels/detector.hpp"
 #include "kernels/hermite.hpp"
 #include "kernels/moments.hpp"
@@ -317,6 +318,47 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         py::arg("min_zeros") = 0, py::arg("n_jobs") = 0, py::arg("power") = 1.0,
         "BJW19 Alg. 5 (margin form): certify and solve hidden rows from approximate directions.");
 
+  // ---- GP19 (Goel and Panigrahy 2019), Step 1: contractions of the fourth-order
+  // Hermite statistic with directions, with active-row filtering (kernels/contracted4).
+  py::class_<Hermite4Contraction>(m, "Hermite4Contraction", py::module_local(),
+                                  "GP19 Sec. 2.1: mergeable sums sum ft y^p, sum ft y^p x (p = 1, 3) "
+                                  "for y = Z x, ft = f - offset, over active rows.")
+      .def(py::init<const RowMatrixXd&, double, double, bool, bool>(), py::arg("Z"), py::arg("offset"),
+           py::arg("active_tol") = 0.0, py::arg("second") = false, py::arg("pairs") = false)
+      .def("update", &Hermite4Contraction::update, py::arg("X").noconvert(), py::arg("f").noconvert(),
+           py::arg("n_jobs") = 0, py::arg("block") = 1024, py::call_guard<py::gil_scoped_release>())
+      .def("merge", &Hermite4Contraction::merge, py::arg("other"))
+      .def("set_state", &Hermite4Contraction::set_state, py::arg("count"), py::arg("n_active"), py::arg("s0"),
+           py::arg("S"), py::arg("G1"), py::arg("G3"), py::arg("M"), py::arg("S11"), py::arg("S22"), py::arg("GP"))
+      .def("state",
+           [](const Hermite4Contraction& h) {
+             py::dict st;
+             st["count"] = h.count();
+             st["n_active"] = h.n_active();
+             st["s0"] = h.s0();
+             st["S"] = RowMatrixXd(h.S());
+             st["G1"] = RowMatrixXd(h.G1());
+             st["G3"] = RowMatrixXd(h.G3());
+             st["M"] = RowMatrixXd(h.M());
+             st["S11"] = RowMatrixXd(h.S11());
+             st["S22"] = RowMatrixXd(h.S22());
+             st["GP"] = RowMatrixXd(h.GP());
+             return st;
+           },
+           "The raw sums: count, n_active, s0, S (R, 4), G1, G3 (R, n), M (n, n), S11, S22 (R, R), GP (R, n).")
+      .def_property_readonly("n", &Hermite4Contraction::n)
+      .def_property_readonly("r", &Hermite4Contraction::r)
+      .def_property_readonly("count", &Hermite4Contraction::count)
+      .def_property_readonly("n_active", &Hermite4Contraction::n_active)
+      .def_property_readonly("s0", &Hermite4Contraction::s0)
+      .def_property_readonly("S", [](const Hermite4Contraction& h) { return RowMatrixXd(h.S()); })
+      .def_property_readonly("G1", [](const Hermite4Contraction& h) { return RowMatrixXd(h.G1()); })
+      .def_property_readonly("G3", [](const Hermite4Contraction& h) { return RowMatrixXd(h.G3()); })
+      .def_property_readonly("M", [](const Hermite4Contraction& h) { return RowMatrixXd(h.M()); })
+      .def_property_readonly("S11", [](const Hermite4Contraction& h) { return RowMatrixXd(h.S11()); })
+      .def_property_readonly("S22", [](const Hermite4Contraction& h) { return RowMatrixXd(h.S22()); })
+      .def_property_readonly("GP", [](const Hermite4Contraction& h) { return RowMatrixXd(h.GP()); });
+  // ---- end GP19
   // ---- ATV21 (Awasthi, Tang, Vijayaraghavan, NeurIPS 2021): projected Hermite sums of
   // order 0..4, and relufast's activation-region refinement for biased networks. ----
   py::class_<HermiteSums>(m, "HermiteSums", py::module_local(),

@@ -7,7 +7,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ._result import RecoveryResult, RelufastWarning
-from .algorithms import atv21, bjw19, gklw19
+from .algorithms import atv21, bjw19, gklw19, gp19
 
 __all__ = ["recover", "METHODS", "Method"]
 
@@ -30,6 +30,12 @@ METHODS = {
     "bjw19-ica": Method(bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
     "bjw19-independent-noise": Method(bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
     "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
+    # GP19: f = P(u(W x - t)); X, Y may be None with f=callable (query mode).
+    "gp19": Method(gp19.lowest_layer, gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 "
+                   "(Algorithms 1-2)."),
+    "gp19-halfspaces": Method(gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6."),
+    "gp19-support": Method(gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8."),
+    "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10."),
     "atv21": Method(atv21.atv21, atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), "
                     "then activation-region refinement (relufast)."),
     "atv21-general": Method(atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 "

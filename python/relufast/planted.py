@@ -474,3 +474,202 @@ def relu_dictionary(n, d, k, *, bias=None, max_abs=None, random_state=None):
     M = C @ A.T
     b = _draw_bias(rng, bias, (d,))
     return PlantedDictionary(Y=np.maximum(M + b, 0.0), A=A, C=C, b=b, M=M)
+
+
+# ---- GP19: deep teachers f(x) = P(u(W x - t)) (Goel and Panigrahy 2019) ------------------
+
+def _sigmoid(a):
+    return 0.5 * (1.0 + np.tanh(0.5 * a))
+
+
+#: Activations u of GP19's model, applied to ``a = w.x - t`` (``rho`` scales "exp").
+#: "step" is the 0/1 step GP19 writes as sgn (its erratum 14); "abs" and "square" are the
+#: even activations of its Theorem 10; "exp" is ``e^{rho a}`` of Theorem 8.
+GP19_ACTIVATIONS = {
+    "relu": lambda a, rho=1.0: np.maximum(a, 0.0),
+    "step": lambda a, rho=1.0: (a >= 0.0).astype(np.float64),
+    "sigmoid": lambda a, rho=1.0: _sigmoid(a),
+    "abs": lambda a, rho=1.0: np.abs(a),
+    "square": lambda a, rho=1.0: a * a,
+    "exp": lambda a, rho=1.0: np.exp(rho * a),
+}
+
+
+@dataclass(frozen=True)
+class DeepTeacher:
+    """A deep teacher ``f(x) = P(u(W x - t))`` with a multilinear polynomial P (GP19, Sec. 1).
+
+    ``P(X) = c_0 + sum_i linear[i] X_i + sum_{i<j} pairs[i, j] X_i X_j + sum_S terms[S] prod_{j in S} X_j``,
+    or, with ``polynomial="or"``, ``P(X) = 1 - prod_i (1 - X_i)`` (an OR of 0/1 units: a
+    union of halfspaces for the step activation).
+
+    Attributes
+    ----------
+    W : ndarray of shape (n_hidden, n_features)
+        Hidden weights (unit rows unless built with ``normalize=False``).
+    t : float
+        The common threshold.
+    activation : str
+        A key of :data:`GP19_ACTIVATIONS`.
+    """
+
+    W: np.ndarray
+    t: float
+    activation: str = "relu"
+    constant: float = 0.0
+    linear: np.ndarray = None
+    pairs: np.ndarray = None
+    terms: tuple = ()
+    polynomial: str = "multilinear"
+    rho: float = 1.0
+
+    @property
+    def n_features(self):
+        return self.W.shape[1]
+
+    @property
+    def n_hidden(self):
+        return self.W.shape[0]
+
+    @property
+    def V(self):
+        """Unit-norm rows of W (relufast's convention for hidden weights)."""
+        return self.W / np.linalg.norm(self.W, axis=1, keepdims=True)
+
+    def hidden(self, X):
+        """Hidden units ``u(X W^T - t)`` of shape (n_samples, n_hidden)."""
+        Z = np.asarray(X, dtype=np.float64) @ self.W.T - self.t
+        return GP19_ACTIVATIONS[self.activation](Z, self.rho)
+
+    def __call__(self, X):
+        """Outputs f(X) of shape (n_samples,)."""
+        H = self.hidden(X)
+        if self.polynomial == "or":
+            return 1.0 - np.prod(1.0 - H, axis=1)
+        out = self.constant + H @ self.linear
+        if self.pairs is not None:
+            out += 0.5 * np.einsum("ij,ij->i", H, H @ (self.pairs + self.pairs.T))
+        for S, c in self.terms:
+            out += c * np.prod(H[:, list(S)], axis=1)
+        return out
+
+    def sample(self, n, *, random_state=None, noise=0.0):
+        """Draw n Gaussian inputs X (n, n_features) and outputs y = f(X) (+ noise), shape (n,)."""
+        n = check_positive_int(n, "n")
+        rng = check_random_state(random_state)
+        X = rng.standard_normal((n, self.n_features))
+        y = self(X)
+        if noise:
+            y = y + noise * rng.standard_normal(n)
+        return X, y
+
+    def coefficient(self, S):
+        """The coefficient c_S of the monomial prod_{j in S} X_j (multilinear P only)."""
+        if self.polynomial == "or":
+            return (-1.0) ** (len(S) + 1) if S else 0.0
+        S = tuple(sorted(S))
+        if len(S) == 0:
+            return self.constant
+        if len(S) == 1:
+            return float(self.linear[S[0]])
+        c = float(self.pairs[S[0], S[1]]) if (len(S) == 2 and self.pairs is not None) else 0.0
+        return c + sum(v for T, v in self.terms if tuple(sorted(T)) == S)
+
+    def implicit_coefficient(self, S, mu):
+        """``C(S, mu) = sum_{S' >= S} c_{S'} mu^{|S'|}`` (GP19 Cor. 1, Thm 8), by enumerating supersets."""
+        from itertools import combinations
+
+        S = set(S)
+        rest = [j for j in range(self.n_hidden) if j not in S]
+        max_extra = self.n_hidden if self.polynomial == "or" else max(
+            [2] + [len(T) for T, _ in self.terms])
+        total = 0.0
+        for r in range(0, max(0, max_extra - len(S)) + 1):
+            for extra in combinations(rest, r):
+                T = tuple(sorted(S | set(extra)))
+                total += self.coefficient(T) * mu ** len(T)
+        return total
+
+
+def deep_teacher(n_features=None, n_hidden=None, *, W=None, threshold=2.0, activation="relu", linear=1.0,
+                 pair=0.0, terms=None, constant=0.0, polynomial="multilinear", condition=None, rho=1.0,
+                 normalize=True, random_state=None):
+    """A GP19 deep teacher ``f(x) = P(u(W x - t))`` with multilinear P.
+
+    Parameters
+    ----------
+    n_features, n_hidden : int, optional
+        Input dimension n and hidden width d (GP19's notation); not needed when W is given.
+    W : array-like of shape (n_hidden, n_features), optional
+        Hidden weights. Default: orthonormal rows (``condition=None``) or rows of a matrix
+        with singular values from 1 to ``condition``, rows then normalised.
+    threshold : float, default=2.0
+        The common threshold t.
+    activation : {"relu", "step", "sigmoid", "abs", "square", "exp"}, default="relu"
+    linear : float or array-like of shape (n_hidden,), default=1.0
+        Linear coefficients c_i.
+    pair : float or array-like of shape (n_hidden, n_hidden), default=0.0
+        Pair coefficients c_ij (a scalar: the same for every pair i < j; an array: its
+        strict upper triangle).
+    terms : dict, optional
+        Higher monomials ``{(i, j, k, ...): c_S}``.
+    constant : float, default=0.0
+        c_0.
+    polynomial : {"multilinear", "or"}, default="multilinear"
+        "or": ``P = 1 - prod(1 - X_i)`` (ignores linear, pair, terms, constant).
+    condition : float, optional
+        Target condition number of W (default W: orthonormal rows).
+    rho : float, default=1.0
+        Slope of the "exp" activation ``e^{rho a}`` (GP19 Thm 8).
+    normalize : bool, default=True
+        Scale the rows of W to unit norm.
+    random_state : None, int or numpy Generator
+
+    Returns
+    -------
+    DeepTeacher
+    """
+    if activation not in GP19_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(GP19_ACTIVATIONS)}; got {activation!r}")
+    if polynomial not in ("multilinear", "or"):
+        raise ValueError(f"polynomial must be 'multilinear' or 'or'; got {polynomial!r}")
+    t = float(threshold)
+    if not np.isfinite(t):
+        raise ValueError(f"threshold must be finite; got {threshold!r}")
+    rng = check_random_state(random_state)
+    if W is None:
+        n = check_positive_int(n_features, "n_features")
+        k = check_positive_int(n_hidden, "n_hidden")
+        if k > n:
+            raise ValueError(f"n_hidden must be <= n_features; got n_hidden={k}, n_features={n}")
+        Q1 = np.linalg.qr(rng.standard_normal((n, n)))[0][:k]
+        if condition is None:
+            W = Q1
+        else:
+            if not (np.isfinite(condition) and condition >= 1):
+                raise ValueError(f"condition must be a number >= 1; got {condition!r}")
+            Q0 = np.linalg.qr(rng.standard_normal((k, k)))[0]
+            W = Q0 @ np.diag(np.linspace(1.0, float(condition), k)) @ Q1
+    W = np.array(W, dtype=np.float64)
+    if W.ndim != 2 or not np.isfinite(W).all():
+        raise ValueError(f"W must be a finite 2-D array (n_hidden, n_features); got shape {W.shape}")
+    if normalize:
+        norms = np.linalg.norm(W, axis=1, keepdims=True)
+        if np.any(norms == 0):
+            raise ValueError("W has a zero row")
+        W = W / norms
+    k = W.shape[0]
+    lin = np.broadcast_to(np.asarray(linear, dtype=np.float64), (k,)).copy()
+    P = np.asarray(pair, dtype=np.float64)
+    pairs = np.triu(np.full((k, k), float(P)) if P.ndim == 0 else np.broadcast_to(P, (k, k)), 1)
+    pairs = pairs if np.any(pairs) else None
+    extra = tuple((tuple(int(j) for j in S), float(c)) for S, c in (terms or {}).items())
+    for S, _ in extra:
+        if len(set(S)) != len(S) or any(not 0 <= j < k for j in S):
+            raise ValueError(f"terms keys must be tuples of distinct hidden-unit indices in [0, {k}); got {S}")
+    return DeepTeacher(W=W, t=t, activation=activation, constant=float(constant), linear=lin, pairs=pairs,
+                       terms=extra, polynomial=polynomial, rho=float(rho))
+
+
+__all__ += ["GP19_ACTIVATIONS", "DeepTeacher", "deep_teacher"]
+# ---- end GP19

@@ -27,6 +27,8 @@ from .tensor import input_span, project
 
 __all__ = ["C2_RELU", "Accumulator", "SecondMomentAccumulator", "DetectorAccumulator", "hermite_moment",
            "hermite_moment_reference", "moment_span", "detector_matrix", "detector_matrix_reference",
+           "Hermite4Accumulator", "hermite4_contraction", "hermite4_contraction_reference",
+           "hermite4_statistics",
            "HermiteAccumulator", "projected_hermite_moments", "hermite_from_raw",
            "projected_hermite_reference"]
 
@@ -312,6 +314,164 @@ def detector_matrix_reference(X, Y, *, centred=True):
     if centred:
         T -= np.outer(Phi.mean(axis=0), Psi.mean(axis=0))
     return T, C, P
+
+
+# ---- GP19: contractions of the fourth-order Hermite statistic -------------------------
+
+
+class Hermite4Accumulator(Accumulator):
+    """Streaming, mergeable sums that contract the 4th-order Hermite statistic with directions.
+
+    For outputs ``f``, an offset ``c0`` (GP19's preprocessing P0: the median of f) and
+    directions ``z_r`` (rows of ``directions``), with ``y = z . x`` and ``ft = f - c0``,
+    keeps ``S_p = sum ft y^p`` (p = 1..4), ``G_p = sum ft y^p x`` (p = 1, 3), ``sum ft``,
+    the count of all rows and of active rows, and optionally ``M = sum ft x x^T`` and the
+    pair sums of GP19's simultaneous landscape (App. B.4). :func:`hermite4_statistics`
+    turns them into ``E[ft H_4(z.x)]``, its gradient in z, ``E[ft H_3(z.x)]`` and ``M_2``.
+    No d^4 (or n^4) tensor is formed.
+
+    Parameters
+    ----------
+    directions : array-like of shape (n_directions, n_features)
+        The z_r (need not be unit; may have 0 rows when only ``M`` is wanted).
+    offset : float, default=0.0
+        The constant c0 subtracted from f.
+    active_tol : float, default=0.0
+        Rows with ``|f - c0| <= active_tol`` carry only the constant term and are skipped
+        inside the kernel (GP19 preprocessing P1; exact for ``active_tol = 0``). A negative
+        value turns the filter off.
+    second : bool, default=False
+        Also keep ``M = sum ft x x^T``.
+    pairs : bool, default=False
+        Also keep ``S11 = sum ft y_j y_k``, ``S22 = sum ft y_j^2 y_k^2`` and
+        ``GP_j = sum ft y_j (sum_{k != j} y_k^2) x``.
+    n_jobs : int or None, default=None
+        Threads (None or -1: all cores).
+    block_size : int, default=1024
+        Samples per block; each thread gathers the active rows of a block into a buffer.
+
+    Notes
+    -----
+    Cost per update: a pass over f, plus about ``6 N_act n R`` flops on the active rows
+    (``2 N_act n^2`` more with ``second``), where ``N_act`` is the number of active rows.
+    Updates take f of shape (n,) or (n, 1); partial sums merge by addition.
+    """
+
+    def __init__(self, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False, n_jobs=None,
+                 block_size=1024):
+        Z = np.ascontiguousarray(np.asarray(directions, dtype=np.float64))
+        if Z.ndim != 2 or Z.shape[1] < 1:
+            raise ValueError(f"directions must be a 2-D array (n_directions, n_features); got shape {Z.shape}")
+        if not np.isfinite(Z).all():
+            raise ValueError("directions must be finite")
+        super().__init__(core.Hermite4Contraction(Z, float(offset), float(active_tol), bool(second), bool(pairs)),
+                         n_jobs=n_jobs, block_size=block_size)
+        self.directions = Z
+
+    def _kernel_update(self, X, Y):
+        if Y.shape[1] != 1:
+            raise ValueError(f"f must have one output column; got shape {Y.shape}")
+        self._acc.update(X, np.ascontiguousarray(Y[:, 0]), self._n_jobs, self._block)
+
+    def sums(self):
+        """The raw sums as a dict (keys ``count``, ``n_active``, ``s0``, ``S``, ``G1``, ``G3``, ``M``,
+        ``S11``, ``S22``, ``GP``)."""
+        return self.state()
+
+    def result(self):
+        """:func:`hermite4_statistics` of the sums so far."""
+        self._require_samples()
+        return hermite4_statistics(self.sums(), self.directions)
+
+
+def hermite4_contraction(X, f, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False,
+                         n_jobs=None, block_size=1024):
+    """Raw sums of :class:`Hermite4Accumulator` over samples (X, f) in one call (C++ kernel).
+
+    X and f are used as given when already float64 C-contiguous (the pipelines' path);
+    anything else is validated and converted first.
+    """
+    acc = Hermite4Accumulator(directions, offset=offset, active_tol=active_tol, second=second, pairs=pairs,
+                              n_jobs=n_jobs, block_size=block_size)
+    X_ok = isinstance(X, np.ndarray) and X.dtype == np.float64 and X.flags.c_contiguous and X.ndim == 2
+    f_ok = isinstance(f, np.ndarray) and f.dtype == np.float64 and f.ndim == 1 and f.flags.c_contiguous
+    if X_ok and f_ok and len(X) == len(f):
+        with single_threaded_blas():
+            acc._acc.update(X, f, acc._n_jobs, acc._block)
+    else:
+        acc.update(X, f)
+    return acc.sums()
+
+
+def hermite4_contraction_reference(X, f, directions, *, offset=0.0, active_tol=0.0, second=False,
+                                   pairs=False):
+    """Plain NumPy reference of :func:`hermite4_contraction` (for tests and benchmarks)."""
+    X = np.asarray(X, dtype=np.float64)
+    Z = np.asarray(directions, dtype=np.float64)
+    ft = np.asarray(f, dtype=np.float64).reshape(-1) - offset
+    keep = np.abs(ft) > active_tol if active_tol >= 0 else np.ones(len(ft), dtype=bool)
+    Xa, fa = X[keep], ft[keep]
+    Y = Xa @ Z.T
+    out = {
+        "count": float(len(ft)),
+        "n_active": float(keep.sum()),
+        "s0": float(fa.sum()),
+        "S": np.stack([(fa[:, None] * Y**p).sum(axis=0) for p in (1, 2, 3, 4)], axis=1).reshape(len(Z), 4),
+        "G1": (fa[:, None] * Y).T @ Xa,
+        "G3": (fa[:, None] * Y**3).T @ Xa,
+        "M": (Xa.T * fa) @ Xa if second else np.zeros((0, 0)),
+    }
+    if pairs:
+        Y2 = Y * Y
+        out["S11"] = (Y.T * fa) @ Y
+        out["S22"] = (Y2.T * fa) @ Y2
+        out["GP"] = (fa[:, None] * Y * (Y2.sum(axis=1, keepdims=True) - Y2)).T @ Xa
+    else:
+        out["S11"] = out["S22"] = np.zeros((0, 0))
+        out["GP"] = np.zeros((0, 0))
+    return out
+
+
+def hermite4_statistics(sums, directions):
+    """Normalised Hermite statistics from the raw sums of :class:`Hermite4Accumulator`.
+
+    Parameters
+    ----------
+    sums : dict
+        From :meth:`Hermite4Accumulator.sums` (or the reference).
+    directions : ndarray of shape (R, n)
+        The directions the sums were taken with.
+
+    Returns
+    -------
+    dict
+        ``A4`` (R,): ``E[ft H_4(z.x)]`` with GP19's scaled Hermite polynomial
+        ``H_k(z.x) = |z|^k h_k(z.x / |z|)``, ``h_k = He_k / sqrt(k!)``; ``grad4`` (R, n): its
+        gradient in z; ``A3`` (R,): ``E[ft H_3(z.x)]``; ``A2`` (R,): ``E[ft H_2(z.x)]``;
+        ``M2`` (n, n): ``E[ft (x x^T - I)] / sqrt(2)`` when M was kept (GP19 P2, so
+        ``A2 = z^T M2 z``); ``n_active_fraction``.
+    """
+    Z = np.asarray(directions, dtype=np.float64)
+    N = float(sums["count"])
+    if N <= 0:
+        raise ValueError("no samples accumulated yet: call update(X, f) first")
+    s0 = float(sums["s0"])
+    S = np.asarray(sums["S"]).reshape(len(Z), 4)
+    r = np.einsum("ij,ij->i", Z, Z)
+    s1, s2, s3, s4 = S.T
+    out = {
+        "A4": (s4 - 6.0 * r * s2 + 3.0 * r**2 * s0) / (math.sqrt(24.0) * N),
+        "grad4": (4.0 * np.asarray(sums["G3"]) - 12.0 * r[:, None] * np.asarray(sums["G1"])
+                  - 12.0 * s2[:, None] * Z + 12.0 * (r * s0)[:, None] * Z) / (math.sqrt(24.0) * N),
+        "A3": (s3 - 3.0 * r * s1) / (math.sqrt(6.0) * N),
+        "A2": (s2 - r * s0) / (math.sqrt(2.0) * N),
+        "n_active_fraction": float(sums["n_active"]) / N,
+    }
+    M = np.asarray(sums["M"])
+    if M.size:
+        out["M2"] = (0.5 * (M + M.T) / N - (s0 / N) * np.eye(M.shape[0])) / math.sqrt(2.0)
+    return out
+# ---- end GP19
 
 
 class HermiteAccumulator(Accumulator):
