@@ -95,8 +95,8 @@ def _choose(X, Y, n_hidden):
 def _explain(res, X, Y, n_hidden, options):
     """Add what the data cannot show to a result that is not exact: units invisible in the
     outputs (dead or pruned) and near-duplicate recovered rows (:mod:`relufast.units`)."""
-    if res.exact or hasattr(X, "chunks") or hasattr(Y, "chunks"):
-        return res
+    if res.exact or X is None or Y is None or hasattr(X, "chunks") or hasattr(Y, "chunks"):
+        return res  # query mode (the method drew its own samples) or lazy arrays
     from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
 
     try:

@@ -306,6 +306,17 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         if not pool.full and adaptive and n_est < n:
             n_est, doublings = min(n, 2 * n_est), doublings + 1
             continue
+        if (not pool.full and noise_ratio <= noise_tol and ell < n
+                and escalations < MAX_CERTIFY_PASSES):
+            # Noiseless but rows missing with the estimate at full size: Alg. 5's null-space
+            # test needs more confidently-off samples (e.g. nearly parallel rows), so the
+            # refinement sample doubles (the moment estimate is kept).
+            escalations += 1
+            ell = min(n, 2 * ell)
+            Xp, Yp = data.extend(stream, max(ell, len(Xp)), (Xp, Yp))
+            Xr, Yr = Xp[:ell], Yp[:ell]
+            B = output_basis(Yr, k)[0]
+            continue
         # Step 5: the output layer and the certificate over all samples (one fused pass).
         with run.stage("fit"):
             U, V, residual, passes = _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag)
