@@ -198,7 +198,7 @@ def fire():
 threading.Timer(0.5, fire).start()
 t0 = time.perf_counter()
 try:
-    acc.update(X, Y, 0, 256, Q)  # 2 n m d^2 = 2e11 flops: several seconds
+    acc.update(X, Y, 0, 64, Q)  # 2 n m d^2 = 2e11 flops: several seconds
     print("FINISHED", time.perf_counter() - t0)
 except KeyboardInterrupt:
     print("INTERRUPTED", time.perf_counter() - sent[0])
