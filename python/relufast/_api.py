@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
-from ._result import RecoveryResult
-from .algorithms import bjw19, gklw19
+from ._result import RecoveryResult, RelufastWarning
+from .algorithms import atv21, bjw19, gklw19
 
 __all__ = ["recover", "METHODS", "Method"]
 
@@ -28,6 +28,10 @@ METHODS = {
     "bjw19-ica": Method(bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
     "bjw19-independent-noise": Method(bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
     "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
+    "atv21": Method(atv21.atv21, atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), "
+                    "then activation-region refinement (relufast)."),
+    "atv21-general": Method(atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 "
+                            "(fit=True: Algorithm 5)."),
 }
 
 
@@ -48,10 +52,27 @@ def _choose(X, Y, n_hidden):
     sv = np.linalg.svd(sub, compute_uv=False)
     rank = int(np.sum(sv > 1e-8 * sv[0])) if sv.size and sv[0] > 0 else 0
     gaussian = _gaussianity(X)["gaussian_ok"]
+    Wh = None
     if not gaussian:  # Gaussian with another covariance? (bjw19-gaussian whitens those)
         ev, E = np.linalg.eigh(X.T @ X / len(X))
         if ev.min() > 1e-12 * ev.max():
-            gaussian = _gaussianity(X, (E / np.sqrt(ev)) @ E.T)["gaussian_ok"]
+            Wh = (E / np.sqrt(ev)) @ E.T
+            gaussian = _gaussianity(X, Wh)["gaussian_ok"]
+    if gaussian and k <= X.shape[1]:
+        from .stages.diagnostics import bias_evidence
+
+        bias = bias_evidence(X, Y, Wh)
+        if bias["biased"] and Wh is None:
+            return "atv21", (f"X looks standard Gaussian and the outputs have an offset or hidden biases "
+                             f"(bias statistic |z| = {np.max(np.abs(bias['z'])):.1f} > 6): ATV21's model")
+        if Y.shape[1] == 1 and k > 1 and Wh is None:
+            return "atv21", (f"X looks standard Gaussian and m = 1 < k = {k}: ATV21 handles any number "
+                             "of outputs")
+        if Y.shape[1] < k and Wh is None:
+            # Alg. 7 is exact from few samples when it applies; ATV21 needs ~1e5 samples.
+            return ("bjw19-fpt", "atv21"), (f"X looks standard Gaussian and m = {Y.shape[1]} < k = {k}, no "
+                                            "sign of biases: bjw19-fpt (Alg. 7), then atv21 if that is "
+                                            "not exact")
     if gaussian and rank >= k:
         return "bjw19-gaussian", f"X looks standard Gaussian and rank(Y) = {rank} >= k = {k}"
     if gaussian and Y.shape[1] >= 2:
@@ -75,8 +96,10 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
     method : str, default="auto"
         A key of :data:`METHODS`, or "auto" to choose from what the data allow (the
         choice and its reason are recorded in ``result.diagnostics["auto"]``):
-        Gaussian-looking X with rank(Y) >= k -> "bjw19-gaussian"; Gaussian X with
-        rank(Y) < k -> "bjw19-fpt"; other X with rank(Y) = k -> "bjw19-enumeration".
+        standard Gaussian X with an output offset or hidden biases, or with fewer outputs
+        than hidden units (m < k) -> "atv21"; Gaussian-looking X with rank(Y) >= k ->
+        "bjw19-gaussian"; Gaussian X with rank(Y) < k -> "bjw19-fpt"; other X with
+        rank(Y) = k -> "bjw19-enumeration".
     **options
         Passed to the method's function (see its docstring).
 
@@ -85,8 +108,21 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
     RecoveryResult
     """
     if method == "auto":
-        name, reason = _choose(X, Y, n_hidden)
-        res = METHODS[name][0](X, Y, n_hidden, **options)
+        names, reason = _choose(X, Y, n_hidden)
+        names = (names,) if isinstance(names, str) else names
+        for i, name in enumerate(names):
+            last = i == len(names) - 1
+            if last:
+                res = METHODS[name][0](X, Y, n_hidden, **options)
+            else:
+                import warnings
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RelufastWarning)
+                    res = METHODS[name][0](X, Y, n_hidden, **options)
+                if res.exact:
+                    break
+                reason += f"; {name} ended {res.status.value}"
         diag = dict(res.diagnostics)
         diag["auto"] = f"chose {name}: {reason}"
         return dataclasses.replace(res, diagnostics=diag)
