@@ -37,3 +37,9 @@ def machine():
         "numpy_gemm_gflops_default_threads": gemm_gflops(None),
         "numpy_gemm_gflops_1_thread": gemm_gflops(1),
     }
+
+
+def pytest_addoption(parser):
+    parser.addoption("--adaptive-large", action="store_true", default=False,
+                     help="bench/test_bench_adaptive.py and test_bench_scale.py: add n = 1e7 "
+                          "(a memmap of several GB written once under the temporary folder)")

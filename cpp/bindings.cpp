@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "kernels/certify.hpp"
 #include "kernels/detector.hpp"
 #include "kernels/hermite.hpp"
 #include "kernels/moments.hpp"
@@ -226,6 +227,35 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def_property_readonly("count", &DetectorMoment::count)
       .def_property_readonly("d", &DetectorMoment::d)
       .def_property_readonly("k", &DetectorMoment::k);
+
+  // ---- Certificate (relufast issue 12): one fused pass ending every exact method ----
+  m.def(
+      "certify",
+      [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
+         int n_jobs, Index block, double power, bool normal_equations) {
+        Certificate c = interruptible(
+            [&] { return certify(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, normal_equations); });
+        py::dict out;
+        out["count"] = c.count;
+        out["gram"] = c.gram;
+        out["cross"] = c.cross;
+        out["sq_residual"] = c.sq_residual;
+        out["sq_norm"] = c.sq_norm;
+        out["nonfinite"] = c.nonfinite;
+        return out;
+      },
+      py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
+      py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0,
+      py::arg("normal_equations") = true,
+      "One pass: F = relu(X V^T)^power; F^T F, F^T Y (skipped when U is given and normal_equations "
+      "is false), non-finite entries of X and Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+  m.def(
+      "count_nonfinite",
+      [](const ConstRowRef& A, int n_jobs, Index block) {
+        return interruptible([&] { return count_nonfinite(A, n_jobs, block); });
+      },
+      py::arg("A").noconvert(), py::arg("n_jobs") = 0, py::arg("block") = 8192,
+      "Number of NaN or infinite entries of A (row blocks, threads).");
 
   m.def(
       "relu_stats",

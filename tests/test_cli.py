@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 import numpy as np
-
+import pytest
 import relufast as rf
 from relufast.__main__ import main
 
@@ -36,3 +36,61 @@ def test_recover_reports_bad_input(tmp_path, capsys):
 def test_python_dash_m():
     r = subprocess.run([sys.executable, "-m", "relufast", "info"], capture_output=True, text=True, check=True)
     assert "bjw19-gaussian" in r.stdout
+
+
+def _planted_files(tmp_path, n=20000):
+    import relufast as rf
+
+    net = rf.planted.two_layer(d=8, k=3, m=5, random_state=0, max_cos=0.7)
+    X, Y = net.sample(n, random_state=1)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "Y.npy", Y)
+    return net, X, Y
+
+
+def test_recover_memmapped_npy_pair_writes_network_and_json(tmp_path, capsys):
+    import json
+
+    import relufast as rf
+
+    net, X, Y = _planted_files(tmp_path)
+    out, diag = tmp_path / "net.npz", tmp_path / "diag.json"
+    code = main(["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3",
+                 "--method", "bjw19-gaussian", "--out", str(out), "--diagnostics", str(diag)])
+    assert code == 0
+    assert "memory-mapped" in capsys.readouterr().err
+    got = np.load(out)
+    assert str(got["status"]) == "exact"
+    err = rf.metrics.parameter_error(rf.network.Network(got["U"], got["V"]), net)
+    assert err.U < 1e-10 and err.V < 1e-10
+    report = json.loads(diag.read_text())
+    assert report["status"] == "exact" and report["counts"]["n_certify"] == 20000
+    assert "fit" in report["seconds"]
+
+
+def test_recover_auto_refuses_memmaps(tmp_path, capsys):
+    _planted_files(tmp_path, n=2000)
+    code = main(["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3"])
+    assert code == 2
+    assert "name the method" in capsys.readouterr().err
+
+
+def test_recover_from_zarr_store(tmp_path, capsys):
+    da = pytest.importorskip("dask.array")
+    pytest.importorskip("zarr")
+    _, X, Y = _planted_files(tmp_path)
+    store = str(tmp_path / "data.zarr")
+    da.to_zarr(da.from_array(X, chunks=(5000, 8)), store, component="X")
+    da.to_zarr(da.from_array(Y, chunks=(5000, 5)), store, component="Y")
+    code = main(["recover", store, "--n-hidden", "3", "--method", "bjw19-gaussian", "--quiet"])
+    assert code == 0
+    assert "status='exact'" in capsys.readouterr().out
+
+
+def test_recover_mpi_flag_without_mpiexec_is_one_rank(tmp_path, capsys):
+    pytest.importorskip("mpi4py")
+    _planted_files(tmp_path, n=5000)
+    code = main(["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3",
+                 "--method", "bjw19-gaussian", "--mpi", "--n-estimate", "all"])
+    assert code == 0
+    assert "status='exact'" in capsys.readouterr().out

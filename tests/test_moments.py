@@ -42,13 +42,20 @@ def test_chunked_and_merged_equal_one_shot():
 
 
 class _FakeComm:
-    """Two 'ranks' in one process: allreduce adds the other rank's value (state order)."""
+    """Two 'ranks' in one process (this one is rank 0): allgather returns this rank's value
+    and the other rank's state."""
 
     def __init__(self, other_state):
-        self._values = iter(other_state.values())
+        self._other = other_state
 
-    def allreduce(self, value):
-        return value + next(self._values)
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 2
+
+    def allgather(self, value):
+        return [value, self._other]
 
 
 def test_allreduce_sums_rank_states():

@@ -108,6 +108,11 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
     RecoveryResult
     """
     if method == "auto":
+        from .stages.reduce import is_dask
+
+        if options.get("comm") is not None or is_dask(X) or is_dask(Y):
+            raise ValueError("method='auto' looks at the data in memory on one process; with comm= or "
+                             "dask arrays name the method (e.g. method='bjw19-gaussian')")
         names, reason = _choose(X, Y, n_hidden)
         names = (names,) if isinstance(names, str) else names
         for i, name in enumerate(names):

@@ -1,5 +1,5 @@
 """Type stub for relufast._core (and relufast._core_avx2, the same API built for AVX2/FMA)."""
-from typing import Any, TypedDict
+from typing import Any, Optional, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -127,6 +127,21 @@ def refine_rows(
     n_jobs: int = 0,
     power: float = 1.0,
 ) -> _RefineOut: ...
+
+class _Certificate(TypedDict):
+    count: float
+    gram: NDArray[np.float64]
+    cross: NDArray[np.float64]
+    sq_residual: float
+    sq_norm: float
+    nonfinite: float
+
+def certify(
+    X: NDArray[np.float64], Y: NDArray[np.float64], V: NDArray[np.float64],
+    U: Optional[NDArray[np.float64]] = None, n_jobs: int = 0, block: int = 4096, power: float = 1.0,
+    normal_equations: bool = True,
+) -> _Certificate: ...
+def count_nonfinite(A: NDArray[np.float64], n_jobs: int = 0, block: int = 8192) -> float: ...
 
 # ---- ATV21: projected Hermite sums and activation-region refinement ----
 

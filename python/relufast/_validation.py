@@ -17,18 +17,32 @@ __all__ = [
 ]
 
 
-def as_float_matrix(a, name, *, allow_1d=False):
+#: Rows per block of the finiteness check (bounded temporaries: no n x d mask).
+FINITE_BLOCK_ROWS = 1 << 15
+
+
+def count_nonfinite(arr):
+    """NaN or infinite entries of a 2-D array, counted one row block at a time."""
+    bad = 0
+    for s in range(0, arr.shape[0], FINITE_BLOCK_ROWS):
+        blk = arr[s : s + FINITE_BLOCK_ROWS]
+        bad += int(blk.size - np.count_nonzero(np.isfinite(blk)))
+    return bad
+
+
+def as_float_matrix(a, name, *, allow_1d=False, check_finite=True):
     """Return ``a`` as a float64 C-contiguous 2-D array (1-D becomes one column if allowed).
 
     Integer and boolean arrays are converted; non-numeric input raises TypeError, NaN/inf
     and wrong dimensionality raise ValueError. A float64 C-contiguous array (or memmap) is
-    returned without a copy.
+    returned without a copy. Finiteness is checked block by block (no mask of the size of
+    the data, so a memmap is read in place); ``check_finite=False`` leaves it to the caller.
     """
     if hasattr(a, "compute") and hasattr(a, "chunks") and not isinstance(a, np.ndarray):
         raise TypeError(
             f"{name} is a lazy array ({type(a).__name__}); this entry point needs an in-memory "
-            "array: call .compute() first, or use relufast.moments.hermite_moment, which "
-            "reduces dask arrays block by block"
+            "array: call .compute() first, or use a method that reduces dask arrays block by "
+            "block (bjw19-gaussian, bjw19-noisy, bjw19-ica, bjw19-fpt, gklw19)"
         )
     arr = np.asarray(a)
     if arr.dtype == object or not (
@@ -43,8 +57,8 @@ def as_float_matrix(a, name, *, allow_1d=False):
         expected = "a 1-D or 2-D array" if allow_1d else "a 2-D array of shape (n_samples, n_features)"
         raise ValueError(f"{name} must be {expected}; got an array with shape {arr.shape}")
     arr = np.ascontiguousarray(arr, dtype=np.float64)
-    if not np.isfinite(arr).all():
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+    bad = count_nonfinite(arr) if check_finite else 0
+    if bad:
         raise ValueError(f"{name} must contain only finite values; found {bad} NaN or infinite entries")
     return arr
 

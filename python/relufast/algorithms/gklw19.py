@@ -34,11 +34,10 @@ import numpy as np
 
 from .._blas import single_threaded_blas
 from .._result import Run, Status, warn
-from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
-from ..activations import RELU
-from ..stages.diagnostics import refinement_subset
-from ..stages.fit import relative_residual
-from ..stages.moments import detector_matrix, detector_matrix_reference
+from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
+from ..stages.fit import certify, residual_from_stats
+from ..stages.moments import detector_matrix, detector_matrix_reference  # noqa: F401 (re-exported for tests)
+from ..stages.reduce import Samples, SampleStream
 from ..stages.refine import output_basis, refine_rows
 from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
@@ -111,7 +110,11 @@ def population_detector(W, A, *, centred=True):
     return np.array(cols).T
 
 
-def symmetry_statistic(X, rows=20000):
+#: Random samples (the same on every rank) used by the cheap checks and the choice of candidate.
+PROBE_ROWS = 20000
+
+
+def symmetry_statistic(X, rows=PROBE_ROWS):
     """Largest standardised odd moment (mean and third moment along the axes): about 1 for
     symmetric data, large when x and -x are not equally likely."""
     Xs = X[: min(len(X), rows)]
@@ -138,7 +141,8 @@ def _refit_W(X, Y, A, V, steps):
 
 
 def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20, n_slices=None,
-            als_restarts=10, als_iter=300, refit_steps=200, tol=1e-9, n_jobs=None, random_state=None):
+            als_restarts=10, als_iter=300, refit_steps=200, tol=1e-9, n_jobs=None, random_state=None,
+            comm=None):
     """Recover ``y = A relu(W x) (+ noise)`` for symmetric inputs (GKLW19 Algorithms 1-4).
 
     Parameters
@@ -178,17 +182,24 @@ def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20
         return _recover(X, Y, n_hidden, noise_corrected=noise_corrected, practical=practical,
                         n_draws=n_draws, n_slices=n_slices, als_restarts=als_restarts,
                         als_iter=als_iter, refit_steps=refit_steps, tol=tol, n_jobs=n_jobs,
-                        random_state=random_state)
+                        random_state=random_state, comm=comm)
 
 
 def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, als_restarts, als_iter,
-             refit_steps, tol, n_jobs, random_state):
+             refit_steps, tol, n_jobs, random_state, comm):
     run = Run("gklw19")
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    threads = resolve_n_jobs(n_jobs)
+    data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads)
+    n, d, m = data.n, data.d, data.m
+    k = check_n_hidden(n_hidden, d)
     n_draws = check_positive_int(n_draws, "n_draws")
     als_restarts = check_positive_int(als_restarts, "als_restarts")
     refit_steps = check_positive_int(refit_steps, "refit_steps", minimum=0)
     rng = check_random_state(random_state)
+    if practical and refit_steps and (data.distributed or data.lazy):
+        raise ValueError("practical=True with refit_steps > 0 needs the samples in memory on one "
+                         "process; got " + ("an MPI communicator" if data.distributed else "dask arrays")
+                         + ": use refit_steps=0")
     k2 = k * (k - 1) // 2
     if n < (d * (d + 1)) // 2 + 1:
         raise ValueError(f"gklw19 needs more samples than d (d + 1) / 2 = {d * (d + 1) // 2} for d = {d}; got n = {n}")
@@ -198,7 +209,10 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
 
     if m < k:
         return stop(Status.UNSUPPORTED, f"gklw19 needs A of full column rank, so m >= k; got m = {m} < k = {k}")
-    sym = symmetry_statistic(X)
+    # A random probe sample (the same on every rank) for the cheap checks and the choice
+    # among candidates; the detector and the residual read every sample.
+    Xs, Ys = data.extend(SampleStream(n, rng), min(n, PROBE_ROWS))
+    sym = symmetry_statistic(Xs)
     diag["symmetry_statistic"] = sym
     if sym > 6.0:
         warn(f"X does not look symmetric (largest standardised odd moment {sym:.1f}); GKLW19 assumes "
@@ -207,12 +221,11 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     # Algorithm 4: project non-square outputs on the top-k left singular vectors of E[y x^T].
     t = time.perf_counter()
     Pl = None
-    Yk = Y
     if m > k:
-        Pfull = Y.T @ X / n
+        st = data.map_reduce(lambda Xb, Yb: {"count": float(len(Xb)), "yx": Yb.T @ Xb})
+        Pfull = st["yx"] / st["count"]
         Pl = np.linalg.svd(Pfull, full_matrices=False)[0][:, :k]
-        Yk = np.ascontiguousarray(Y @ Pl)
-    T, C, P = detector_matrix(X, Yk, centred=noise_corrected, n_jobs=n_jobs)
+    T, C, P = detector_matrix(data, Pl, centred=noise_corrected, n_jobs=n_jobs)
     seconds["detector"] = time.perf_counter() - t
 
     # Step 3: the k least right singular vectors of T span {vec*(z_i z_i^T)}.
@@ -259,9 +272,11 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     # Steps 6-8: sign fix, Algorithm 1 for every unit, A = Z^{-1}. With several candidates
     # (practical variant) keep the one whose network fits the data best.
     t = time.perf_counter()
-    ybar = Yk.mean(axis=0)
+    ybar = data.map_reduce(lambda Xb, Yb: {"count": float(len(Yb)), "y": Yb.sum(axis=0)})
+    ybar = ybar["y"] / ybar["count"]
+    if Pl is not None:
+        ybar = ybar @ Pl
     CiPt = np.linalg.solve(C, P.T).T  # P C^{-1}
-    sub = slice(0, min(n, 20000))
     best = None
     for Zc in cands:
         Z = Zc.T.copy()  # rows z_i
@@ -272,7 +287,7 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
             continue
         Vc = 2.0 * Z @ CiPt
         Ac = Ainv if Pl is None else Pl @ Ainv
-        fit = float(np.linalg.norm(Y[sub] - np.maximum(X[sub] @ Vc.T, 0.0) @ Ac.T))
+        fit = float(np.linalg.norm(Ys - np.maximum(Xs @ Vc.T, 0.0) @ Ac.T))
         if best is None or fit < best[0]:
             best = (fit, Vc, Ac)
     if best is None:
@@ -280,17 +295,19 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     _, V, A = best
     counts["candidates"] = len(cands)
     if practical and refit_steps:
-        V = _refit_W(X, Y, A, V, refit_steps)
+        V = _refit_W(data.X, data.Y, A, V, refit_steps)
     s_norm = np.linalg.norm(V, axis=1)
     V, A = V / s_norm[:, None], A * s_norm[None, :]
-    residual = relative_residual(X, Y, V, A, resolve_n_jobs(n_jobs), RELU)
-    diag["mse"] = residual**2 * float(np.mean(Y * Y))
+    cert = certify(data, V, A)
+    residual = residual_from_stats(cert)
+    diag["mse"] = float(cert["sq_residual"] / (n * m))
     # "exact" means identified: the fit reproduces the data and every row is certified by
     # the exact refinement (BJW19 Alg. 5 on the output span), as for every other method.
     certified = 0
     if residual <= tol:
-        Xr, Yr = refinement_subset(X, Y, k, None, np.random.default_rng(0))
-        certified = int(np.sum(refine_rows(output_basis(Yr, k)[0], Xr, V, n_jobs=resolve_n_jobs(n_jobs))["certified"]))
+        ell = min(len(Xs), max(1000, 25 * d, 100 * k))
+        Xr, Yr = Xs[:ell], Ys[:ell]
+        certified = int(np.sum(refine_rows(output_basis(Yr, k)[0], Xr, V, n_jobs=threads)["certified"]))
     counts["certified_rows"] = certified
     seconds["fit"] = time.perf_counter() - t
     exact = residual <= tol and certified == k

@@ -72,26 +72,37 @@ def numerical_rank(singular_values, tol=RANK_TOL):
 
 def whitener(X):
     """``E[x x^T]^{-1/2}`` estimated on all rows of X (BJW19 Remark 3), or None when the
-    second-moment matrix is singular (the inputs lie in a subspace).
+    second-moment matrix is singular (the inputs lie in a subspace). X may be a
+    :class:`relufast.stages.reduce.Samples` (summed over its blocks and ranks).
 
     Returns (W, condition): W symmetric (d, d), condition = sqrt(lambda_max / lambda_min).
     """
-    ev, E = np.linalg.eigh(X.T @ X / X.shape[0])
+    from .reduce import Samples
+
+    if isinstance(X, Samples):
+        st = X.map_reduce(lambda Xb, Yb: {"count": float(Xb.shape[0]), "xx": Xb.T @ Xb})
+        C = st["xx"] / st["count"]
+    else:
+        C = X.T @ X / X.shape[0]
+    ev, E = np.linalg.eigh(C)
     if not ev.min() > 1e-12 * ev.max():
         return None, float("inf")
     return (E / np.sqrt(ev)) @ E.T, float(np.sqrt(ev.max() / ev.min()))
 
 
-def input_whitening(X, whiten, diag):
+def input_whitening(X, whiten, diag, probe=None):
     """The whitening decision of the Gaussian pipelines (BJW19 Remark 3).
 
     Records the Gaussianity diagnostics in ``diag`` and returns the whitener (d, d), None
     (inputs already look like N(0, I), or ``whiten=False``), or False when whitening is
-    needed but the second-moment matrix of X is singular.
+    needed but the second-moment matrix of X is singular. The whitener is estimated on X
+    (an array or a :class:`relufast.stages.reduce.Samples`), the Gaussianity checks on
+    ``probe`` (default X), an in-memory sample.
     """
     if whiten not in ("auto", True, False):
         raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
-    diag.update(gaussianity(X))
+    probe = X if probe is None else probe
+    diag.update(gaussianity(probe))
     W = None
     if whiten is True or (whiten == "auto" and
                           diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
@@ -99,7 +110,7 @@ def input_whitening(X, whiten, diag):
         if W is None:
             diag["whitened"] = False
             return False
-        diag.update(gaussianity(X, W))
+        diag.update(gaussianity(probe, W))
     diag["whitened"] = W is not None
     return W
 

@@ -16,7 +16,7 @@ from .._native import core
 from ..activations import RELU
 
 __all__ = ["fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "fit_network", "Fit",
+           "fit_network", "Fit", "certify",
            "polish"]
 
 
@@ -59,12 +59,60 @@ def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU, b
     return out
 
 
+def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4096, normal_equations=None):
+    """The certificate pass: one fused read of every sample, on every rank.
+
+    For F = f(X V^T + b) (with a constant column when the offset ``c`` is given), returns the
+    sums ``gram`` = F^T F, ``cross`` = F^T Y (the normal equations of the output layer over
+    all samples), ``count`` and, with U given, ``sq_residual`` = ||Y - F U^T - c||_F^2 and
+    ``sq_norm`` = ||Y||_F^2, reduced over the blocks and ranks of ``samples`` (a
+    :class:`relufast.stages.reduce.Samples`). Non-finite entries of X and Y are counted as
+    the samples are read (in the fused C++ kernel for relu^p without biases): any raises
+    ValueError on every rank, so a deferred finiteness check costs no extra pass.
+    ``normal_equations`` (default: only when U is None) keeps ``gram`` and ``cross``; the
+    fused kernel skips them otherwise, so a certificate costs what a plain check costs.
+    """
+    normal_equations = U is None if normal_equations is None else bool(normal_equations)
+    Vc = np.ascontiguousarray(V, dtype=np.float64)
+    intercept = c is not None
+    Uc = None if U is None else np.ascontiguousarray(U if c is None else np.column_stack([U, c]),
+                                                    dtype=np.float64)
+    bc = None if b is None else np.ascontiguousarray(b, dtype=np.float64)
+    fused = activation.homogeneous and bc is None and not intercept
+
+    def nonfinite(Xb, Yb):
+        return float(core.count_nonfinite(np.ascontiguousarray(Xb), samples.n_jobs)
+                     + core.count_nonfinite(np.ascontiguousarray(Yb), samples.n_jobs))
+
+    def one_block(Xb, Yb):
+        if fused:
+            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree),
+                                normal_equations)
+        out = dict(relu_stats(Xb, Yb, Vc, Uc, n_jobs=samples.n_jobs, block_size=block_size,
+                              activation=activation, b=bc, intercept=intercept))
+        out.setdefault("sq_residual", 0.0)
+        out.setdefault("sq_norm", 0.0)
+        out["count"] = float(Xb.shape[0])
+        out["nonfinite"] = nonfinite(Xb, Yb)
+        return out
+
+    st = samples.map_reduce(one_block, bounded=not fused)
+    if st["nonfinite"] > 0:
+        raise ValueError(f"X and Y must contain only finite values; found {int(st['nonfinite'])} NaN or "
+                         "infinite entries")
+    return st
+
+
+def _as_samples(X, Y, threads):
+    from .reduce import Samples
+
+    return X if isinstance(X, Samples) else Samples(X, Y, n_jobs=threads)
+
+
 def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
-    """``||Y - f(X V^T + b) U^T - c||_F / ||Y||_F`` over all samples (one threaded pass)."""
-    if c is not None:
-        U = np.column_stack([U, c])
-    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=activation, b=b, intercept=c is not None)
-    return residual_from_stats(st)
+    """``||Y - f(X V^T + b) U^T - c||_F / ||Y||_F`` over all samples (one fused pass); X may
+    be a :class:`relufast.stages.reduce.Samples` (Y is then ignored)."""
+    return residual_from_stats(certify(_as_samples(X, Y, threads), V, U, activation=activation, b=b, c=c))
 
 
 def residual_from_stats(stats):
@@ -168,7 +216,8 @@ def fit_network(X, Y, V, b=None, *, intercept=False, subset=None, threads=0, act
 
     U (and c when ``intercept``) are fitted by QR least squares on ``subset`` (a pair
     (X_l, Y_l), default all samples); the relative residual is then measured over all
-    samples in one threaded pass.
+    samples in one fused pass (:func:`certify`). X may be a
+    :class:`relufast.stages.reduce.Samples` (Y is then ignored and ``subset`` required).
 
     Returns
     -------

@@ -221,8 +221,12 @@ def hermite_moment_reference(X, Y):
     return T
 
 
-def moment_span(X, Y, k, Q, threads, block_size, whitener=None):
+def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None):
     """Moment of ``Y Q`` (Q None: Y itself), span W (d, k), projected tensor P (k, k, k).
+
+    X may be a :class:`relufast.stages.reduce.Samples` (Y is then ignored): the moment
+    is then accumulated over all its blocks and ranks. With ``acc`` (an accumulator that
+    already holds the sums, e.g. of a growing sample) X and Y are not read.
 
     With ``whitener`` (d, d symmetric, E[x x^T]^{-1/2}) the moment is that of the whitened
     inputs ``x_w = whitener x`` (BJW19 Remark 3), obtained from the raw sums without a
@@ -230,8 +234,16 @@ def moment_span(X, Y, k, Q, threads, block_size, whitener=None):
 
     Returns (W, P, eigenvalues of sum_i T[i]^2 in descending order).
     """
-    d = X.shape[1]
-    acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size, compress=Q).add(X, Y)
+    from .reduce import Samples
+
+    if acc is None:
+        d = X.d if isinstance(X, Samples) else X.shape[1]
+        acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size, compress=Q)
+        if isinstance(X, Samples):
+            X.accumulate(acc)
+        else:
+            acc.add(X, Y)
+    d = acc._acc.d
     T = acc.tensor()
     if whitener is not None:
         st = acc.state()
@@ -247,7 +259,8 @@ def detector_matrix(X, Y, *, centred=True, n_jobs=None, block_size=256):
 
     Parameters
     ----------
-    X : ndarray of shape (n, d)
+    X : ndarray of shape (n, d), or a :class:`relufast.stages.reduce.Samples`
+        (summed over its blocks and ranks; Y is then None or an output compression (m, k))
     Y : ndarray of shape (n, k)
     centred : bool, default=True
         True: the noise-corrected detector of Algorithm 3 (eq. 11), exact under any output
@@ -262,11 +275,23 @@ def detector_matrix(X, Y, *, centred=True, n_jobs=None, block_size=256):
     P : ndarray (k, d)
         E[y x^T].
     """
-    n = X.shape[0]
-    C = X.T @ X / n
-    P = Y.T @ X / n
+    from .reduce import Samples
+
+    if isinstance(X, Samples):  # Y is then the output compression (m, k) or None
+        data, Pl = X, Y
+        st = data.map_reduce(lambda Xb, Yb: {"count": float(len(Xb)), "xx": Xb.T @ Xb,
+                                             "yx": (Yb if Pl is None else Yb @ Pl).T @ Xb})
+        C, P = st["xx"] / st["count"], st["yx"] / st["count"]
+    else:
+        n = X.shape[0]
+        C = X.T @ X / n
+        P = Y.T @ X / n
     M = np.linalg.solve(C, P.T).T  # P C^{-1}
-    acc = DetectorAccumulator(M, n_jobs=n_jobs, block_size=block_size).add(X, Y)
+    acc = DetectorAccumulator(M, n_jobs=n_jobs, block_size=block_size)
+    if isinstance(X, Samples):
+        data.accumulate(acc, compress=Pl)
+    else:
+        acc.add(X, Y)
     return acc.matrix(centred), C, P
 
 

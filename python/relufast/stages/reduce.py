@@ -1,14 +1,39 @@
-"""Reductions: the one place that knows how partial sums meet (local, MPI, dask).
+"""Reductions: the one place that knows where samples live and how partial sums meet.
 
-Every relufast moment keeps raw sums (a dict of arrays and scalars), so partial results
-from sample blocks, threads, MPI ranks and dask blocks combine by addition. Pipelines
-call :func:`allreduce_state` and :func:`row_blocks` and never branch on the engine.
+A pipeline's samples may be in-memory NumPy arrays, NumPy memmaps (``np.load(...,
+mmap_mode="r")``), dask arrays, and may be spread over the ranks of an MPI communicator
+(mpi4py), each rank holding its own rows. :class:`Samples` hides all of that behind four
+operations that the pipelines use and never branch around:
+
+- :meth:`Samples.blocks`: the local samples as aligned float64 row blocks (a NumPy or
+  memmap array is one block, read in place by the C++ kernels, which block internally;
+  a dask array yields its computed row blocks one at a time);
+- :meth:`Samples.accumulate`: add every block to a mergeable accumulator and sum its
+  state over the ranks;
+- :meth:`Samples.reduce`: sum a state dict over the ranks;
+- :meth:`Samples.take`: rows at global indices (the concatenation of the ranks' rows in
+  rank order), gathered on every rank in the order asked.
+
+Sums over ranks are computed by an ``allgather`` followed by a sum in rank order on
+every rank, so every rank holds the same bits and takes the same decisions afterwards.
+Validation (:meth:`Samples.from_arrays`) is agreed on by every rank before anything else
+is communicated, so bad input raises the same ``ValueError`` on every rank instead of
+leaving the others waiting in a collective.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["is_dask", "row_blocks", "allreduce_state"]
+from .._native import core
+
+__all__ = ["is_dask", "row_blocks", "allreduce_state", "check_comm", "Samples", "SampleStream",
+           "count_nonfinite"]
+
+#: Rows per block when a NumPy-side check walks a large array (bounded temporaries).
+CHECK_ROWS = 1 << 15
+
+#: Rows per block of NumPy-side work on local arrays (temporaries stay O(block), not O(n)).
+BLOCK_ROWS = 1 << 16
 
 
 def is_dask(a):
@@ -29,15 +54,290 @@ def row_blocks(X, Y):
     X = X.rechunk({1: -1})
     Y = Y.rechunk({0: X.chunks[0], 1: -1})
     for i in range(X.numblocks[0]):
-        yield np.asarray(X.blocks[i, 0].compute()), np.asarray(Y.blocks[i, 0].compute())
+        Xb = np.ascontiguousarray(X.blocks[i, 0].compute(), dtype=np.float64)
+        Yb = np.ascontiguousarray(Y.blocks[i, 0].compute(), dtype=np.float64)
+        yield Xb, Yb
+
+
+def check_comm(comm):
+    """None or an mpi4py communicator (or an object with its ``allgather``, ``Get_rank`` and
+    ``Get_size``); raises a clear error otherwise (naming the ``mpi`` extra when mpi4py is
+    missing)."""
+    if comm is None:
+        return None
+    if all(hasattr(comm, name) for name in ("allgather", "Get_rank", "Get_size")):
+        return comm
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            f"comm= needs an mpi4py communicator, and mpi4py is not installed (got a "
+            f"{type(comm).__name__}); install it with pip install 'relufast[mpi]'") from None
+    raise TypeError(f"comm must be None or an mpi4py communicator (e.g. MPI.COMM_WORLD); got "
+                    f"{type(comm).__name__}")
+
+
+def _sum_in_order(parts):
+    out = {}
+    for key in parts[0]:
+        acc = parts[0][key]
+        acc = np.array(acc, dtype=np.float64, copy=True) if np.ndim(acc) else float(acc)
+        for p in parts[1:]:
+            acc = acc + p[key]
+        out[key] = acc
+    return out
 
 
 def allreduce_state(state, comm):
     """Sum every entry of a state dict over the ranks of an mpi4py communicator.
 
-    Entries are summed in rank order by ``comm.allreduce``, so every rank receives the same
-    bits. ``comm=None`` returns the state unchanged.
+    The states are gathered on every rank and summed in rank order there, so every rank
+    receives the same bits. ``comm=None`` returns a copy of the state.
     """
     if comm is None:
         return dict(state)
-    return {key: comm.allreduce(value) for key, value in state.items()}
+    return _sum_in_order(comm.allgather(dict(state)))
+
+
+def count_nonfinite(A, n_jobs=0):
+    """Number of NaN or infinite entries of a float64 array (C++ row blocks; no n x d mask)."""
+    if A.flags.c_contiguous and A.dtype == np.float64 and A.ndim == 2:
+        return int(core.count_nonfinite(A, n_jobs))
+    bad = 0
+    for s in range(0, A.shape[0], CHECK_ROWS):
+        blk = A[s : s + CHECK_ROWS]
+        bad += int(blk.size - np.count_nonzero(np.isfinite(blk)))
+    return bad
+
+
+def _local_array(a, name, allow_1d):
+    """Dtype and shape checks of one local input; no copy of a float64 C-contiguous array
+    or memmap, and no full-size temporary."""
+    if is_dask(a):
+        if a.ndim == 1 and allow_1d:
+            a = a[:, None]
+        if a.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D array of shape (n_samples, n_features); got a "
+                             f"dask array with shape {a.shape}")
+        if not (np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.bool_)) or \
+                np.issubdtype(a.dtype, np.complexfloating):
+            raise TypeError(f"{name} must be a real numeric array; got dtype {a.dtype}")
+        return a
+    from .._validation import as_float_matrix
+
+    return as_float_matrix(a, name, allow_1d=allow_1d, check_finite=False)
+
+
+class Samples:
+    """The samples of one pipeline run, wherever they live (see the module docstring).
+
+    Build with :meth:`from_arrays` (validated on every rank) or directly from validated
+    float64 arrays (one process, no checks).
+
+    Attributes
+    ----------
+    X, Y : local inputs (n_local, d) and outputs (n_local, m): NumPy, memmap or dask
+    n : int
+        Number of samples over all ranks.
+    n_local, offset : int
+        This rank's rows are the global rows ``offset .. offset + n_local - 1``.
+    d, m : int
+    comm : mpi4py communicator or None
+    n_jobs : int
+        Threads of the C++ kernels (0: all cores).
+    """
+
+    def __init__(self, X, Y, *, comm=None, n_jobs=0, counts=None):
+        self.X, self.Y = X, Y
+        self.comm = comm
+        self.n_jobs = n_jobs
+        self.n_local = int(X.shape[0])
+        self.d, self.m = int(X.shape[1]), int(Y.shape[1])
+        counts = [self.n_local] if counts is None else list(counts)
+        self.rank = 0 if comm is None else int(comm.Get_rank())
+        self.n = int(sum(counts))
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.offset = int(self.offsets[self.rank])
+        self.finite_checked = False
+
+    @property
+    def distributed(self):
+        return self.comm is not None
+
+    @property
+    def lazy(self):
+        return is_dask(self.X) or is_dask(self.Y)
+
+    @classmethod
+    def from_arrays(cls, X, Y, *, comm=None, n_jobs=0, check_finite=True):
+        """Validate the local X (n_local, d) and Y (n_local, m) or (n_local,) on every rank
+        and agree on the outcome.
+
+        Each rank checks its own rows (dtype, shape, and, with ``check_finite``, NaN or
+        infinite entries counted block by block); the ranks then exchange one small
+        summary, and every rank raises the same error when any rank's data are bad or the
+        ranks disagree on d or m. ``check_finite=False`` leaves the finiteness check to
+        the certificate pass (:func:`relufast.stages.fit.certify`), which counts non-finite
+        entries while it reads the samples anyway.
+        """
+        comm = check_comm(comm)
+        error, shape, bad = None, None, 0
+        try:
+            Xl = _local_array(X, "X", allow_1d=False)
+            Yl = _local_array(Y, "Y", allow_1d=True)
+            if Xl.shape[0] != Yl.shape[0]:
+                raise ValueError(
+                    f"X and Y must have the same number of samples (rows); got X with "
+                    f"{Xl.shape[0]} rows and Y with {Yl.shape[0]}")
+            if Xl.shape[1] == 0 or Yl.shape[1] == 0:
+                raise ValueError(f"X and Y must have at least one column; got shapes {Xl.shape} and {Yl.shape}")
+            shape = (int(Xl.shape[0]), int(Xl.shape[1]), int(Yl.shape[1]))
+            if check_finite and not (is_dask(Xl) or is_dask(Yl)):
+                bad = count_nonfinite(Xl, n_jobs) + count_nonfinite(Yl, n_jobs)
+        except (TypeError, ValueError, ImportError) as exc:
+            error = exc
+        summaries = [(None if error is None else (type(error).__name__, str(error)), shape, bad)]
+        if comm is not None:
+            summaries = comm.allgather(summaries[0])
+        for rank, (err, _, _) in enumerate(summaries):
+            if err is not None:
+                kind = {"TypeError": TypeError, "ImportError": ImportError}.get(err[0], ValueError)
+                where = f" (on rank {rank})" if comm is not None else ""
+                raise kind(err[1] + where)
+        dims = {(s[1], s[2]) for _, s, _ in summaries}
+        if len(dims) > 1:
+            got = ", ".join(f"rank {r}: d = {s[1]}, m = {s[2]}" for r, (_, s, _) in enumerate(summaries))
+            raise ValueError(f"every rank must pass samples with the same number of features d and "
+                             f"outputs m; got {got}")
+        bad_total = sum(b for _, _, b in summaries)
+        if bad_total:
+            where = "" if comm is None else " over all ranks"
+            raise ValueError(f"X and Y must contain only finite values; found {bad_total} NaN or "
+                             f"infinite entries{where}")
+        out = cls(Xl, Yl, comm=comm, n_jobs=n_jobs, counts=[s[0] for _, s, _ in summaries])
+        out.finite_checked = check_finite and not out.lazy
+        return out
+
+    def blocks(self, bounded=False):
+        """The local samples as aligned (X_b, Y_b) float64 blocks (see the module docstring).
+
+        ``bounded``: NumPy or memmap arrays in slices of BLOCK_ROWS rows (for NumPy work
+        whose temporaries would otherwise be O(n)); else as one block (the C++ kernels
+        block and thread internally). Dask arrays always come in their own row blocks.
+        """
+        if self.lazy:
+            yield from row_blocks(self.X, self.Y)
+        elif bounded and self.n_local > BLOCK_ROWS:
+            for s in range(0, self.n_local, BLOCK_ROWS):
+                yield self.X[s : s + BLOCK_ROWS], self.Y[s : s + BLOCK_ROWS]
+        else:
+            yield self.X, self.Y
+
+    def reduce(self, state):
+        """Sum a state dict over the ranks (every rank gets the same bits)."""
+        return allreduce_state(state, self.comm)
+
+    def allgather(self, value):
+        """A small Python value from every rank, in rank order."""
+        return [value] if self.comm is None else list(self.comm.allgather(value))
+
+    def accumulate(self, acc, compress=None):
+        """Add every local block to ``acc`` (an :class:`relufast.stages.moments.Accumulator`)
+        and sum its state over the ranks; returns acc. ``compress`` (m, p): outputs are
+        added as ``Y_b @ compress``, one block at a time."""
+        for Xb, Yb in self.blocks(bounded=compress is not None):
+            if compress is not None:
+                Yb = np.ascontiguousarray(Yb @ compress)
+            acc.add(Xb, Yb)
+        if self.comm is not None:
+            acc.set_state(self.reduce(acc.state()))
+        return acc
+
+    def map_reduce(self, fn, bounded=True):
+        """``sum over blocks and ranks of fn(X_b, Y_b)`` for fn returning a dict of sums
+        (``bounded``: see :meth:`blocks`; False for a C++ kernel that blocks itself)."""
+        total = None
+        for Xb, Yb in self.blocks(bounded=bounded):
+            part = fn(Xb, Yb)
+            total = part if total is None else _sum_in_order([total, part])
+        if total is None:
+            total = fn(np.empty((0, self.d)), np.empty((0, self.m)))
+        return self.reduce(total)
+
+    def take(self, idx):
+        """Rows ``idx`` (global indices, any order, no repeats needed) as in-memory float64
+        arrays (len(idx), d) and (len(idx), m), identical on every rank."""
+        idx = np.asarray(idx, dtype=np.int64)
+        order = np.argsort(idx, kind="stable")
+        sidx = idx[order]
+        lo, hi = np.searchsorted(sidx, [self.offset, self.offset + self.n_local])
+        local = sidx[lo:hi] - self.offset
+        Xl, Yl = self.X[local], self.Y[local]
+        if self.lazy:
+            Xl, Yl = np.asarray(Xl.compute()), np.asarray(Yl.compute())
+        Xl = np.ascontiguousarray(Xl, dtype=np.float64)
+        Yl = np.ascontiguousarray(Yl, dtype=np.float64).reshape(len(local), self.m)
+        if self.comm is not None:
+            parts = self.comm.allgather((Xl, Yl))
+            Xl = np.concatenate([p[0] for p in parts])
+            Yl = np.concatenate([p[1] for p in parts])
+        Xs = np.empty_like(Xl)
+        Ys = np.empty_like(Yl)
+        Xs[order], Ys[order] = Xl, Yl
+        return Xs, Ys
+
+    def extend(self, stream, size, have=None):
+        """Grow ``stream`` (a :class:`SampleStream` over the global rows) to ``size`` and
+        return the rows drawn so far, in draw order, appending to ``have`` = (X_s, Y_s)."""
+        Xn, Yn = self.take(stream.grow(size))
+        if have is None or len(have[0]) == 0:
+            return Xn, Yn
+        return np.concatenate([have[0], Xn]), np.concatenate([have[1], Yn])
+
+    def gather_all(self):
+        """Every sample on every rank (only for methods that need the whole data in memory)."""
+        return self.take(np.arange(self.n))
+
+
+class SampleStream:
+    """A growing random sample of ``range(n)`` without repeats: its prefixes are nested,
+    so statistics of a prefix are extended by the new indices only.
+
+    Memory is O(size drawn), never O(n); draws depend only on the generator and n, so
+    every MPI rank (same ``random_state``, same global n) draws the same indices.
+    """
+
+    def __init__(self, n, rng):
+        self.n = int(n)
+        self.rng = rng
+        self.indices = np.empty(0, dtype=np.int64)
+        self._sorted = self.indices
+
+    def grow(self, size):
+        """Extend the sample to ``min(size, n)`` indices; returns the new ones (draw order)."""
+        size = min(int(size), self.n)
+        need = size - len(self.indices)
+        if need <= 0:
+            return np.empty(0, dtype=np.int64)
+        if 2 * size > self.n:  # dense: permute what is left (O(n) only when the sample is)
+            rest = np.ones(self.n, dtype=bool)
+            rest[self.indices] = False
+            new = self.rng.permutation(np.flatnonzero(rest))[:need].astype(np.int64)
+        else:
+            new = np.empty(0, dtype=np.int64)
+            while len(new) < need:
+                cand = self.rng.integers(0, self.n, size=2 * (need - len(new)) + 16)
+                _, first = np.unique(cand, return_index=True)
+                cand = cand[np.sort(first)]
+                taken = np.concatenate([self._sorted, np.sort(new)])
+                taken.sort()
+                if len(taken):
+                    pos = np.minimum(np.searchsorted(taken, cand), len(taken) - 1)
+                    seen = taken[pos] == cand
+                else:
+                    seen = np.zeros(len(cand), dtype=bool)
+                new = np.concatenate([new, cand[~seen][: need - len(new)]])
+        self.indices = np.concatenate([self.indices, new])
+        self._sorted = np.sort(self.indices)
+        return new
+

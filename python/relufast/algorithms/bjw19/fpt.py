@@ -7,13 +7,28 @@ from __future__ import annotations
 import numpy as np
 
 from ..._result import Run, Status
-from ..._validation import check_positive_int, check_problem, check_random_state
-from ...stages.fit import fit_and_certify
+from ..._validation import check_n_hidden, check_positive_int, check_random_state
+from ...stages.fit import certify, fit_and_certify
+from ...stages.reduce import Samples, SampleStream
+from .gaussian import check_n_estimate
 
 __all__ = ["fpt"]
 
 
-def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None):
+def _classes(Y, m, min_size, class_tol, rng):
+    """Alg. 7 steps 1-2: indices of the samples grouped by identical output direction."""
+    norms = np.linalg.norm(Y, axis=1)
+    keep = np.flatnonzero(norms > 1e-12 * norms.max()) if len(norms) and norms.max() > 0 else np.array([], int)
+    A = Y[keep] / norms[keep, None]
+    order = np.argsort(A @ rng.standard_normal(m), kind="stable")
+    A = A[order]
+    breaks = np.flatnonzero(np.linalg.norm(np.diff(A, axis=0), axis=1) >= class_tol) + 1
+    runs = np.split(np.arange(len(A)), breaks)
+    return [keep[order[r]] for r in runs if len(r) >= min_size]
+
+
+def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None,
+        n_estimate=None, comm=None):
     """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
 
     Parameters
@@ -32,6 +47,13 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     min_class_size : int, optional
         Smallest class kept (default d: the row is then determined, Lemma 21).
     random_state : None, int or numpy Generator
+    n_estimate : None, int or "all", default=None
+        Samples grouped into classes (steps 1-4): None starts from
+        ``max(2000, 4 min_class_size 2^k)`` random samples and doubles until k classes are
+        found; "all" groups every sample. The samples grouped are held in memory; the
+        certificate (step 5) reads every sample in one pass.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; every rank returns the same result.
 
     Returns
     -------
@@ -57,27 +79,45 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     O(n m log n + k n d^2).
     """
     run = Run("bjw19-fpt")
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    data = Samples.from_arrays(X, Y, comm=comm,
+                               check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+    n, d, m = data.n, data.d, data.m
+    k = check_n_hidden(n_hidden, d)
     rng = check_random_state(random_state)
     min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
+    n_estimate = check_n_estimate(n_estimate, 1)
     counts, diag = run.counts, run.diag
     counts.update(n_samples=n, n_hidden=k)
     if m == 1 and k >= 2:
+        if not data.finite_checked:
+            certify(data, np.zeros((1, d)))
         return run.result(Status.UNSUPPORTED,
                        f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
                        f"parallel to the single column of U and the units cannot be told apart "
                        f"(docs/bjw19.md, erratum 7); got m = 1, k = {k}")
-    norms = np.linalg.norm(Y, axis=1)
-    keep = np.flatnonzero(norms > 1e-12 * norms.max()) if norms.max() > 0 else np.array([], int)
-    A = Y[keep] / norms[keep, None]
-    order = np.argsort(A @ rng.standard_normal(m), kind="stable")
-    A = A[order]
-    breaks = np.flatnonzero(np.linalg.norm(np.diff(A, axis=0), axis=1) >= class_tol) + 1
-    runs = np.split(np.arange(len(A)), breaks)
-    classes = [keep[order[r]] for r in runs if len(r) >= min_size]
-    counts["classes"] = len(classes)
+    # Adaptive: classes from a growing random sample (about k 2^-k of the samples have a
+    # single active unit); only the certificate reads every sample.
+    if n_estimate == "all":
+        n_est = n
+    else:
+        n_est = min(n, n_estimate or max(2000, 4 * min_size * 2 ** min(k, 20)))
+    stream = SampleStream(n, rng)
+    whole = n_est >= n and not (data.distributed or data.lazy)
+    Xe, Ye = (data.X, data.Y) if whole else data.extend(stream, n_est)
+    if not whole and not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
+        raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
+    doublings = 0
+    while True:
+        classes = _classes(Ye, m, min_size, class_tol, rng)
+        if len(classes) >= k or len(Xe) >= n:
+            break
+        n_est, doublings = min(n, 2 * n_est), doublings + 1
+        Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
+    counts.update(classes=len(classes), n_estimate=len(Xe), doublings=doublings, n_certify=n)
     diag["class_sizes"] = tuple(len(c) for c in classes)
     if len(classes) != k:
+        if not data.finite_checked:
+            certify(data, np.zeros((1, d)))
         status = Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE
         return run.result(status,
                        f"found {len(classes)} classes of at least {min_size} samples with parallel "
@@ -89,19 +129,22 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     V = np.empty((k, d))
     class_res = []
     for i, S in enumerate(classes):
-        u = Y[S[0]]
-        c = Y[S] @ u / (u @ u)
-        w = np.linalg.lstsq(X[S], c, rcond=None)[0]
-        res = float(np.linalg.norm(X[S] @ w - c) / np.linalg.norm(c))
+        u = Ye[S[0]]
+        c = Ye[S] @ u / (u @ u)
+        w = np.linalg.lstsq(Xe[S], c, rcond=None)[0]
+        res = float(np.linalg.norm(Xe[S] @ w - c) / np.linalg.norm(c))
         class_res.append(res)
         V[i] = w / np.linalg.norm(w)
     diag["class_residuals"] = tuple(class_res)
     if max(class_res) > 1e-9:
+        if not data.finite_checked:
+            certify(data, np.zeros((1, d)))
         return run.result(Status.NON_IDENTIFIABLE,
                        f"a class of parallel outputs is not produced by one unit (least-squares "
                        f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
                        "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)")
-    U, residual, _ = fit_and_certify(X, Y, V)
+    U, residual, _ = fit_and_certify(data, None, V, subset=(Xe, Ye))
+    counts["certify_passes"] = 1
     exact = residual <= tol
     if exact:
         return run.result(Status.EXACT,

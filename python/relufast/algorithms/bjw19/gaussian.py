@@ -13,18 +13,19 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status
-from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...activations import RELU, get_activation, hermite_coefficient
 from ...stages.diagnostics import (
+    GAUSS_ROWS,
     bias_evidence,
     input_whitening,
     numerical_rank,
     outputs_below_hidden_message,
-    refinement_subset,
     warn_if_not_gaussian,
 )
-from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
-from ...stages.moments import moment_span
+from ...stages.fit import certify, fit_and_certify, fit_from_stats, relative_residual
+from ...stages.moments import SecondMomentAccumulator, moment_span
+from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
@@ -35,11 +36,11 @@ __all__ = ["gaussian"]
 
 
 
-def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
-    """Spec Sec. 2.5 step 9: on samples where every known unit is off, Y is rank one."""
-    Xs, Ys = X[: min(X.shape[0], max_rows)], Y[: min(X.shape[0], max_rows)]
+def _deflate_missing(Xs, Ys, V_known, B, Xr, threads):
+    """Spec Sec. 2.5 step 9: on samples where every known unit is off, Y is rank one
+    (on the in-memory probe sample Xs, Ys)."""
     off = np.all(Xs @ V_known.T <= 0.0, axis=1)
-    d = X.shape[1]
+    d = Xs.shape[1]
     if off.sum() < 2 * d:
         return None
     Uy, s, _ = np.linalg.svd(Ys[off], full_matrices=False)
@@ -52,8 +53,34 @@ def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
     return out["rows"][0] if out["certified"][0] else None
 
 
+def start_size(d, k):
+    """First size of the adaptive estimation sample: ``max(2000, 10 d k)`` (5,000 at d = 50,
+    k = 10, where about 5,000-10,000 samples give estimates within the ~0.3 rad that the
+    exact refinement tolerates)."""
+    return max(2000, 10 * d * k)
+
+
+#: Certificate passes over all samples before giving up (each failure doubles the sample).
+MAX_CERTIFY_PASSES = 3
+
+
+#: The adaptive sample is gathered in memory only up to this fraction of n; beyond it the
+#: moment is a reduction over all samples instead (no copy of the data).
+GATHER_FRACTION = 0.25
+
+
+def check_n_estimate(n_estimate, n_min):
+    """None (adaptive), "all", or an int >= n_min."""
+    if n_estimate is None or (isinstance(n_estimate, str) and n_estimate == "all"):
+        return n_estimate
+    if isinstance(n_estimate, str):
+        raise ValueError(f"n_estimate must be None, 'all' or an integer >= {n_min}; got {n_estimate!r}")
+    return check_positive_int(n_estimate, "n_estimate", minimum=n_min)
+
+
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
-             random_state=None, block_size=256, activation="relu", whiten="auto"):
+             random_state=None, block_size=256, activation="relu", whiten="auto", n_estimate=None,
+             comm=None):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -87,6 +114,19 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
         For x ~ N(0, Sigma) (BJW19 Remark 3): whiten with E[x x^T]^{-1/2}, estimated on all
         samples, in the moment and the refinement, and map the rows back. "auto" whitens
         when the second-moment matrix of X is not the identity within sampling error.
+        In adaptive mode the whitener comes from the probe sample (any invertible
+        whitener keeps certified rows exact).
+    n_estimate : None, int or "all", default=None
+        Samples used by the moment estimate (steps 2-4). None: adaptive, starting from
+        :func:`start_size` random samples and doubling until k rows are certified (or all
+        samples are used); an int forces that size (still escalated when it fails);
+        "all": the moment over every sample. The certificate (step 5) always reads every
+        sample, so no setting can call a wrong network exact.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; every rank returns the same result, that of
+        one process on the concatenated samples (``docs/scale.md``).
+
+    X and Y may be NumPy memmaps (read in place) or dask arrays (row blocks).
 
     Returns
     -------
@@ -108,29 +148,46 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     4. Alg. 5 on every candidate (C++): certified rows are exact.
     5. U by least squares (Thm 1 proof, "Gaussian elimination"), residual over all samples.
 
-    Cost: 2 n k d^2 flops for the moment, O(n (d k + m k)) for the residual, the rest
-    depends only on the refinement sample size.
+    Adaptive estimation (relufast, beyond the paper): steps 2-4 run on a growing prefix of
+    a random sample (``counts["n_estimate"]``, ``counts["doublings"]``); only step 5 and
+    the finiteness check of the inputs read every sample, in one fused C++ pass
+    (``counts["certify_passes"]``). A certificate that fails on all samples doubles the
+    estimation and refinement samples and tries again (``counts["escalations"]``). Noisy
+    outputs (not certifiable at any size) put the moment over every sample.
+
+    Cost: one pass over the data, O(n (d k + m k)) flops, plus 2 n_e k d^2 for the moment
+    on n_e estimation samples (n_e = n with ``n_estimate="all"``).
     """
     with single_threaded_blas():
         return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
                          n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                         activation=activation, whiten=whiten)
+                         activation=activation, whiten=whiten, n_estimate=n_estimate, comm=comm)
 
 
 def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
-              activation, whiten):
+              activation, whiten, n_estimate, comm):
     run = Run("bjw19-gaussian")
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    threads = resolve_n_jobs(n_jobs)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     block_size = check_positive_int(block_size, "block_size")
     if not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
+    if whiten not in ("auto", True, False):
+        raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
+    if not (n_estimate is None or isinstance(n_estimate, str) or np.ndim(n_estimate) == 0):
+        raise TypeError(f"n_estimate must be None, 'all' or an integer; got {type(n_estimate).__name__}")
+    # Finiteness: checked now when every sample is read anyway by the moment, else by the
+    # certificate pass (one read of the data instead of two).
+    data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads,
+                               check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+    n, d, m = data.n, data.d, data.m
+    k = check_n_hidden(n_hidden, d)
     n_min = 2 * (d + 1)
     if n < n_min:
         raise ValueError(
             f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}"
         )
-    threads = resolve_n_jobs(n_jobs)
+    n_estimate = check_n_estimate(n_estimate, n_min)
     rng = check_random_state(random_state)
     act = get_activation(activation)
     act_out = None if act is RELU else act
@@ -139,70 +196,127 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     run.diag.update(backend=BACKEND, activation=act.name)
     diag = run.diag
 
-    if m < k and act is RELU and whiten is not True:
-        return _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads)
+    def early(status, message):
+        if not data.finite_checked:  # a status on data that holds NaN would hide the error
+            certify(data, np.zeros((1, d)))
+        return run.result(status, message, activation=act_out)
+
+    in_memory = not (data.distributed or data.lazy)
+    if m < k and act is RELU and whiten is not True and in_memory:
+        if not data.finite_checked:
+            certify(data, np.zeros((1, d)))
+        return _fewer_outputs(run, data.X, data.Y, k, tol, n_jobs, rng, block_size, threads)
     if m < k:
-        return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
+        return early(Status.UNSUPPORTED, outputs_below_hidden_message(
             "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
-            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"),
-            activation=act_out)
+            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"))
     if act is not RELU:
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
         diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return run.result(Status.UNSUPPORTED, f"the second Hermite coefficient of {act.name} vanishes "
-                              f"(c2 = {c[2]:.2e}): the second-order moment carries no information",
-                              activation=act_out)
+            return early(Status.UNSUPPORTED, f"the second Hermite coefficient of {act.name} vanishes "
+                         f"(c2 = {c[2]:.2e}): the second-order moment carries no information")
 
-    # Step 1: refinement samples, rank of the outputs, output basis and compression.
+    # Step 1: one random sample, gathered once (on every rank): its prefixes are the probe
+    # of the diagnostics, the refinement sample and the adaptive estimation sample.
     with run.stage("prepare"):
-        Xr, Yr = refinement_subset(X, Y, k, n_refine, rng, minimum=n_min)
-        run.counts["n_refine"] = len(Xr)
+        ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else \
+            min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
+        n_probe = min(n, GAUSS_ROWS)
+        adaptive = n_estimate != "all"
+        n_est = min(n, max(ell, start_size(d, k) if n_estimate is None else n_estimate)) if adaptive else n
+        stream = SampleStream(n, rng)
+        Xp, Yp = data.extend(stream, max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0))
+        bad = int(Xp.size + Yp.size - np.count_nonzero(np.isfinite(Xp)) - np.count_nonzero(np.isfinite(Yp)))
+        if bad:
+            raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries "
+                             "in a random sample of the rows")
+        Xr, Yr = Xp[:ell], Yp[:ell]
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
         rank = numerical_rank(sv)
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
-        Wh = input_whitening(X, whiten, diag)
+        Wh = input_whitening(Xp[:n_probe] if adaptive else data, whiten, diag, probe=Xp[:n_probe])
         if Wh is False:
-            return run.result(Status.NON_IDENTIFIABLE,
-                              "the second-moment matrix of X is singular: the inputs lie in a "
-                              "subspace, so V is not identifiable along its complement",
-                              activation=act_out)
+            return early(Status.NON_IDENTIFIABLE,
+                         "the second-moment matrix of X is singular: the inputs lie in a "
+                         "subspace, so V is not identifiable along its complement")
         # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
-        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
         to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
     if rank < k:
-        return run.result(
+        return early(
             Status.RANK_DEFICIENT,
             f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
             f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
-            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
-            activation=act_out)
+            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.")
     warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
+    # Noisy outputs cannot be certified at any size: their estimate uses every sample.
+    if adaptive and noise_ratio > 1e-9:
+        adaptive, n_est = False, n
+        diag["adaptive_stopped"] = "noisy outputs: the moment uses every sample"
 
-    # Step 2: the moment tensor on the compressed outputs; step 3: span and projection.
-    with run.stage("moments"):
-        W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size, whitener=Wh)
-    diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-    # Step 4: candidates pooled over restarts and certified.
-    pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
-                                                      threads, act, whitened=Wh is not None)
-    if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
-        with run.stage("refine"):
-            row = _deflate_missing(X, Y, np.array(pool.rows), B, Xr, threads)
-        if row is not None and pool.add(row, {"deflation": True}):
-            diag["deflation_used"] = True
-    run.counts["certified_rows"] = len(pool)
+    acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size,
+                                  compress=None if m == k else Q)
+    n_in_acc = 0
+    full_moment = None
+    doublings = escalations = certify_passes = restarts = candidates = 0
+    gaps = []
+    while True:
+        # Step 2: the moment tensor on the compressed outputs (a growing random sample,
+        # or every sample); step 3: span and projection.
+        with run.stage("moments"):
+            if adaptive and n_est <= GATHER_FRACTION * n:
+                if n_est > len(Xp):
+                    Xp, Yp = data.extend(stream, n_est, (Xp, Yp))
+                acc.add(Xp[n_in_acc:n_est], Yp[n_in_acc:n_est])
+                n_in_acc = n_est
+                W, P, evals = moment_span(None, None, k, None, threads, block_size, whitener=Wh, acc=acc)
+            else:
+                n_est = n
+                if full_moment is None:
+                    full_moment = moment_span(data, None, k, None if m == k else Q, threads, block_size,
+                                              whitener=Wh)
+                W, P, evals = full_moment
+        diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
+        # Step 4: candidates pooled over restarts and certified.
+        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
+        pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
+                                                          threads, act, whitened=Wh is not None)
+        restarts += run.counts["restarts"]
+        candidates += run.counts["candidates"]
+        gaps.extend(run.diag["jennrich_gaps"])
+        if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+            with run.stage("refine"):
+                row = _deflate_missing(Xp[:n_probe], Yp[:n_probe], np.array(pool.rows), B, Xr, threads)
+            if row is not None and pool.add(row, {"deflation": True}):
+                diag["deflation_used"] = True
+        if not pool.full and adaptive and n_est < n:
+            n_est, doublings = min(n, 2 * n_est), doublings + 1
+            continue
+        # Step 5: the output layer and the certificate over all samples (one fused pass).
+        with run.stage("fit"):
+            U, V, residual, passes = _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag)
+        certify_passes += passes
+        if pool.full and not residual <= tol and certify_passes < MAX_CERTIFY_PASSES and ell < n:
+            # Escalate: rows certified on the refinement sample but not on all samples.
+            escalations += 1
+            ell = min(n, 2 * ell)
+            n_est = min(n, 2 * n_est) if adaptive else n
+            Xp, Yp = data.extend(stream, max(ell, len(Xp)), (Xp, Yp))
+            Xr, Yr = Xp[:ell], Yp[:ell]
+            B = output_basis(Yr, k)[0]
+            continue
+        break
+    run.counts.update(candidates=candidates, restarts=restarts, certified_rows=len(pool), n_refine=ell,
+                      n_estimate=n_est, doublings=doublings, escalations=escalations,
+                      certify_passes=certify_passes, n_certify=n)
+    diag["jennrich_gaps"] = np.array(gaps)
     diag["row_certificates"] = tuple(pool.certificates)
-    # Step 5: the output layer and the certificate over all samples.
-    with run.stage("fit"):
-        U, V, residual = _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag)
-    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null,
-                               run.counts["restarts"])
+    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null, restarts)
     exact = status == Status.EXACT
     if not exact and act is RELU:
-        message += _bias_note(X, Y, Wh)
+        message += _bias_note(data.X, data.Y, Wh) if in_memory else _bias_note(Xp[:n_probe], Yp[:n_probe], Wh)
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
                       warn_user=not exact)
 
@@ -251,24 +365,28 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
     return pool, approx_rows, min_null
 
 
-def _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag):
-    """Step 5: U by least squares and the residual over all samples; with fewer than k
-    certified rows the approximate rows fill in (U then from all samples)."""
+def _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag):
+    """Step 5: U by least squares and the residual over all samples (``data``, a
+    :class:`relufast.stages.reduce.Samples`); with fewer than k certified rows the
+    approximate rows fill in (U then from all samples). Returns (U, V, residual, passes
+    over the data)."""
     k = pool.k
     if pool.full:
         V = np.array(pool.rows)
-        U, residual, cond = fit_and_certify(X, Y, V, subset=(Xr, Yr), threads=threads, activation=act)
+        U, residual, cond = fit_and_certify(data, None, V, subset=(Xr, Yr), threads=threads, activation=act)
+        passes = 1
     else:
         fill = [r / np.linalg.norm(r) for r in approx_rows
                 if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in pool.rows)]
         V = np.array(pool.rows + fill[: k - len(pool)])
         if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
             V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-        U, cond = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads, activation=act))
-        residual = relative_residual(X, Y, V, U, threads, act)
+        U, cond = fit_from_stats(certify(data, V, activation=act))
+        residual = relative_residual(data, None, V, U, threads, act)
+        passes = 2
     diag["fit_condition"] = cond
     order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
-    return U[:, order], V[order], residual
+    return U[:, order], V[order], residual, passes
 
 
 def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts):

@@ -8,10 +8,12 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._result import Run, Status
-from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import outputs_below_hidden_message, refinement_subset
-from ...stages.fit import fit_and_certify
+from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
+from ...stages.diagnostics import outputs_below_hidden_message
+from ...stages.fit import certify, fit_and_certify
+from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import RowPool, output_basis, refine_rows
+from .gaussian import check_n_estimate, start_size
 
 __all__ = ["fastica", "ica"]
 
@@ -66,7 +68,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
 
 
 def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12, max_iter=1000,
-        n_jobs=None, random_state=None):
+        n_jobs=None, random_state=None, n_estimate=None, comm=None):
     """Exact recovery for orthonormal V by ICA (BJW19 Theorem 4, Algorithm 3).
 
     Parameters
@@ -85,6 +87,12 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
         Largest relative residual accepted as exact.
     ica_tol, max_iter
         FastICA convergence (relufast's own implementation, :func:`fastica`).
+    n_estimate : None, int or "all", default=None
+        Samples seen by FastICA (steps 1-3): None starts from ``max(2000, 10 d k)`` random
+        samples and doubles until k rows are certified; "all" uses every sample (gathered
+        in memory). The certificate always reads every sample in one pass.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; every rank returns the same result.
 
     Returns
     -------
@@ -104,52 +112,77 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
     """
     with single_threaded_blas():
         run = Run("bjw19-ica")
-        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+        threads = resolve_n_jobs(n_jobs)
+        data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads,
+                                   check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+        n, d, m = data.n, data.d, data.m
+        k = check_n_hidden(n_hidden, d)
         max_iter = check_positive_int(max_iter, "max_iter")
         n_restarts = check_positive_int(n_restarts, "n_restarts")
-        threads = resolve_n_jobs(n_jobs)
         rng = check_random_state(random_state)
         if n < 2 * (d + 1):
             raise ValueError(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
+        n_estimate = check_n_estimate(n_estimate, 2 * (d + 1))
         run.counts.update(n_samples=n, n_hidden=k)
         if m < k:
+            if not data.finite_checked:
+                certify(data, np.zeros((1, d)))
             return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
                 "bjw19-ica", m, k, "Thm 4 assumes U of rank k"))
-        Xr, Yr = refinement_subset(X, Y, k, n_refine, rng)
+        ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else \
+            min(n, check_positive_int(n_refine, "n_refine"))
+        n_est = n if n_estimate == "all" else min(n, max(ell, n_estimate or start_size(d, k)))
+        stream = SampleStream(n, rng)
+        Xe, Ye = data.extend(stream, n_est)
+        if not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
+            raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
+        Xr, Yr = Xe[:ell], Ye[:ell]
         B, _, _ = output_basis(Yr, k)
         pool, approx, iters_all = RowPool(k), None, []
-        for restart in range(n_restarts):
-            # Steps 1-3: a fresh sketch and FastICA start per restart; certified rows are pooled.
-            with run.stage("ica"):
-                T = rng.standard_normal((k, m))
-                Zs = Y @ T.T
-                try:
-                    unmix, iters, conv = fastica(Zs, rng, tol=ica_tol, max_iter=max_iter)
-                except np.linalg.LinAlgError:
-                    return run.result(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
-                iters_all.append(iters)
-                S = Zs @ unmix
-                Sc = S - S.mean(axis=0)
-                skew = np.mean(Sc**3, axis=0) / np.mean(Sc**2, axis=0) ** 1.5
-                S *= np.where(skew < 0, -1.0, 1.0)
-                cand = np.empty((k, d))
-                for i in range(k):
-                    pos = S[:, i] > 0.2 * S[:, i].max()
-                    cand[i] = np.linalg.lstsq(X[pos], S[pos, i], rcond=None)[0]
-            with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
-                out = refine_rows(B, Xr, cand, n_jobs=threads)
-            if approx is None:
-                approx = np.where(out["solved"][:, None], out["rows"],
-                                  cand / np.linalg.norm(cand, axis=1, keepdims=True))
-            pool.add_certified(out)
-            if pool.full:
+        doublings = 0
+        restart = 0
+        while True:
+            for restart in range(n_restarts):
+                # Steps 1-3: a fresh sketch and FastICA start per restart; certified rows are pooled.
+                with run.stage("ica"):
+                    T = rng.standard_normal((k, m))
+                    Zs = Ye @ T.T
+                    try:
+                        unmix, iters, conv = fastica(Zs, rng, tol=ica_tol, max_iter=max_iter)
+                    except np.linalg.LinAlgError:
+                        if not data.finite_checked:
+                            certify(data, np.zeros((1, d)))
+                        return run.result(Status.RANK_DEFICIENT,
+                                          "the sketched outputs have rank < k: U is not of rank k")
+                    iters_all.append(iters)
+                    S = Zs @ unmix
+                    Sc = S - S.mean(axis=0)
+                    skew = np.mean(Sc**3, axis=0) / np.mean(Sc**2, axis=0) ** 1.5
+                    S *= np.where(skew < 0, -1.0, 1.0)
+                    cand = np.empty((k, d))
+                    for i in range(k):
+                        pos = S[:, i] > 0.2 * S[:, i].max()
+                        cand[i] = np.linalg.lstsq(Xe[pos], S[pos, i], rcond=None)[0]
+                with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
+                    out = refine_rows(B, Xr, cand, n_jobs=threads)
+                if approx is None:
+                    approx = np.where(out["solved"][:, None], out["rows"],
+                                      cand / np.linalg.norm(cand, axis=1, keepdims=True))
+                pool.add_certified(out)
+                if pool.full:
+                    break
+            if pool.full or len(Xe) >= n:
                 break
+            n_est, doublings = min(n, 2 * n_est), doublings + 1
+            Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
+        run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n,
+                          certify_passes=1)
         run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
         run.counts["certified_rows"] = len(pool)
         certified = pool.rows
         rows = np.array(certified) if len(certified) == k else approx
         with run.stage("fit"):
-            U, residual, _ = fit_and_certify(X, Y, rows, subset=(Xr, Yr), threads=threads)
+            U, residual, _ = fit_and_certify(data, None, rows, subset=(Xr, Yr), threads=threads)
         if len(certified) == k and residual <= tol:
             return run.result(Status.EXACT, f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
                               U=U, V=rows, exact=True, residual=residual)

@@ -11,10 +11,11 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status, warn
-from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message
-from ...stages.fit import fit_from_stats, polish, relu_stats, residual_from_stats
+from ...stages.fit import certify, fit_from_stats, polish, residual_from_stats
 from ...stages.moments import moment_span
+from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import output_basis
 from ...stages.tensor import draw_candidates
 
@@ -67,7 +68,7 @@ def sign_by_projection(X, Y, V):
 
 
 def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=None,
-          random_state=None, block_size=256):
+          random_state=None, block_size=256, comm=None):
     """Approximate recovery under i.i.d. sub-Gaussian output noise (BJW19 Thm 10; Alg. 6).
 
     Parameters
@@ -87,6 +88,12 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
         paper).
     n_jobs, random_state, block_size
         As in :func:`gaussian`.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; every rank returns the same result.
+
+    No stage is adaptive here: the noise averages out only over every sample, so the
+    moment and the fit of U read all of them (the sign test reads ``n_sign``). X and Y may
+    be memmaps or dask arrays; ``polish_steps`` needs the samples in memory on one process.
 
     Returns
     -------
@@ -104,11 +111,17 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
     """
     with single_threaded_blas():
         run = Run("bjw19-noisy")
-        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+        threads = resolve_n_jobs(n_jobs)
+        data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads)
+        n, d, m = data.n, data.d, data.m
+        k = check_n_hidden(n_hidden, d)
         n_sign = check_positive_int(n_sign, "n_sign")
         n_restarts = check_positive_int(n_restarts, "n_restarts")
         polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
-        threads = resolve_n_jobs(n_jobs)
+        if polish_steps and (data.distributed or data.lazy):
+            raise ValueError("polish_steps needs the samples in memory on one process; got "
+                             + ("an MPI communicator" if data.distributed else "dask arrays")
+                             + ": use polish_steps=0")
         rng = check_random_state(random_state)
         if n < 2 * (d + 1):
             raise ValueError(f"bjw19-noisy needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
@@ -119,13 +132,12 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
             return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
                 "bjw19-noisy", m, k, "Thm 10 assumes U of rank k"))
         ell = min(n, n_sign)
-        idx = np.sort(rng.choice(n, size=ell, replace=False)) if ell < n else np.arange(n)
-        Xs, Ys = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+        Xs, Ys = data.extend(SampleStream(n, rng), ell)
         _, sv, Q = output_basis(Ys, k)
         diag["output_singular_values"] = sv
 
         t = time.perf_counter()
-        W, P, _ = moment_span(X, Y, k, None if m == k else Q, threads, block_size)
+        W, P, _ = moment_span(data, None, k, None if m == k else Q, threads, block_size)
         best = None
         for _ in range(n_restarts):
             cand, gap, fit = draw_candidates(P, W, rng)
@@ -141,13 +153,13 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
         seconds["signs"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        U, _ = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads))
+        U, _ = fit_from_stats(certify(data, V))
         if polish_steps:
-            U, V = polish(X, Y, U, V, n_iter=polish_steps)
-        st = relu_stats(X, Y, V, U, n_jobs=threads)
-        residual = residual_from_stats(st)
+            U, V = polish(data.X, data.Y, U, V, n_iter=polish_steps)
+        residual = residual_from_stats(certify(data, V, U))
         seconds["fit"] = time.perf_counter() - t
-        counts.update({"n_sign": ell, "restarts": n_restarts, "polish_steps": polish_steps})
+        counts.update({"n_estimate": n, "n_certify": n, "n_sign": ell, "restarts": n_restarts,
+                       "polish_steps": polish_steps})
         message = (f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
                    f"smallest sign margin {margins.min():.3f}")
         if margins.min() <= 0:

@@ -1,0 +1,39 @@
+"""Planted cases shared by the MPI worker and tests/test_mpi.py (one definition of the data)."""
+import numpy as np
+import relufast as rf
+
+#: name -> (method, options); every case is deterministic given its seed.
+CASES = {
+    "gaussian": ("bjw19-gaussian", {"random_state": 0}),
+    "gaussian_all": ("bjw19-gaussian", {"random_state": 0, "n_estimate": "all"}),
+    "noisy": ("bjw19-noisy", {"random_state": 0}),
+    "ica": ("bjw19-ica", {"random_state": 0}),
+    "gklw19": ("gklw19", {"random_state": 0}),
+    "fpt": ("bjw19-fpt", {"random_state": 0}),
+}
+
+
+def case_data(name):
+    """(X, Y, k) of a case: the same arrays in every process."""
+    if name.startswith("gaussian"):
+        net = rf.planted.two_layer(d=10, k=3, m=5, random_state=1, max_cos=0.7)
+        X, Y = net.sample(40000, random_state=2)
+        return X, Y, 3
+    if name == "noisy":
+        net = rf.planted.two_layer(d=8, k=3, m=6, random_state=3, max_cos=0.7)
+        X, Y = net.sample(40000, random_state=4)
+        Y = Y + 0.1 * np.random.default_rng(5).standard_normal(Y.shape)
+        return X, Y, 3
+    if name == "ica":
+        net = rf.planted.two_layer(d=8, k=3, m=5, random_state=6, orthonormal_V=True)
+        X, Y = net.sample(40000, random_state=7)
+        return X, Y, 3
+    if name == "gklw19":
+        net = rf.planted.two_layer(d=6, k=3, m=4, random_state=8, max_cos=0.7, max_output_condition=10.0)
+        X, Y = net.sample(20000, random_state=9, symmetrize=True)
+        return X, Y, 3
+    if name == "fpt":
+        net = rf.planted.two_layer(d=6, k=3, m=2, random_state=3, max_cos=0.7)
+        X, Y = net.sample(40000, random_state=4)
+        return X, Y, 3
+    raise KeyError(name)

@@ -1,0 +1,175 @@
+"""Adaptive estimation and the one certifying pass (relufast issue 12) in bjw19-gaussian."""
+import warnings
+
+import numpy as np
+import pytest
+import relufast as rf
+from relufast._native import core
+from relufast.algorithms.bjw19.gaussian import start_size
+from relufast.stages.fit import certify
+from relufast.stages.reduce import Samples, SampleStream
+
+from .conftest import EXACT_TOL, planted
+
+#: Sums of the fused kernel vs NumPy: rounding of sums over a few thousand samples.
+SUM_RTOL = 1e-12
+
+
+def _quiet(X, Y, k, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rf.RelufastWarning)
+        return rf.recover(X, Y, n_hidden=k, method="bjw19-gaussian", **kw)
+
+
+def test_certify_kernel_matches_numpy(rng):
+    X = rng.standard_normal((3001, 7))
+    Y = rng.standard_normal((3001, 4))
+    V = rng.standard_normal((3, 7))
+    U = rng.standard_normal((4, 3))
+    st = core.certify(X, Y, V, U, 2, 128, 1.0)
+    F = np.maximum(X @ V.T, 0.0)
+    np.testing.assert_allclose(st["gram"], F.T @ F, rtol=SUM_RTOL)
+    np.testing.assert_allclose(st["cross"], F.T @ Y, rtol=SUM_RTOL)
+    np.testing.assert_allclose(st["sq_residual"], np.sum((Y - F @ U.T) ** 2), rtol=SUM_RTOL)
+    np.testing.assert_allclose(st["sq_norm"], np.sum(Y * Y), rtol=SUM_RTOL)
+    assert st["count"] == 3001 and st["nonfinite"] == 0
+    X[5, 2], Y[7, 0], Y[9, 1] = np.nan, np.inf, -np.inf
+    assert core.certify(X, Y, V, U, 2, 128, 1.0)["nonfinite"] == 3
+    assert core.count_nonfinite(X, 2, 100) == 1
+
+
+def test_certify_kernel_rejects_bad_shapes(rng):
+    X, Y = rng.standard_normal((10, 3)), rng.standard_normal((10, 2))
+    with pytest.raises(ValueError, match="V has 4 columns, expected d = 3"):
+        core.certify(X, Y, np.ones((2, 4)), None, 1, 8, 1.0)
+    with pytest.raises(ValueError, match="U must have shape"):
+        core.certify(X, Y, np.ones((2, 3)), np.ones((3, 3)), 1, 8, 1.0)
+
+
+def test_sample_stream_nested_and_without_repeats():
+    s = SampleStream(1000, np.random.default_rng(0))
+    a = s.grow(100)
+    b = s.grow(300)
+    c = s.grow(1000)
+    allidx = np.concatenate([a, b, c])
+    assert len(a) == 100 and len(b) == 200 and len(c) == 700
+    assert np.array_equal(np.sort(allidx), np.arange(1000))
+    again = SampleStream(1000, np.random.default_rng(0))
+    assert np.array_equal(again.grow(100), a)  # same generator: same draws (every MPI rank)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adaptive_and_all_give_the_same_exact_network(seed):
+    d, k, m, n = 20, 5, 8, 200000
+    net = planted(d, k, m, seed, max_cos=0.7, max_condition=3.0, max_output_condition=10.0)
+    X, Y = net.sample(n, random_state=seed + 10)
+    ada = _quiet(X, Y, k, random_state=seed)
+    full = _quiet(X, Y, k, random_state=seed, n_estimate="all")
+    for res in (ada, full):
+        err = rf.metrics.parameter_error(res, net)
+        assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
+    err = rf.metrics.parameter_error(ada, rf.network.Network(full.U, full.V))
+    assert err.U < EXACT_TOL and err.V < EXACT_TOL
+    assert ada.counts["n_estimate"] == start_size(d, k) < n
+    assert full.counts["n_estimate"] == n
+    assert ada.counts["certify_passes"] == 1 and ada.counts["n_certify"] == n
+
+
+def test_forced_size_is_used():
+    net = planted(10, 3, 5, 4, max_cos=0.7)
+    X, Y = net.sample(50000, random_state=5)
+    res = _quiet(X, Y, 3, random_state=0, n_estimate=8000)
+    assert res.exact and res.counts["n_estimate"] == 8000 and res.counts["doublings"] == 0
+
+
+@pytest.mark.parametrize("d,k,condition,n_start", [(20, 5, 30.0, None), (12, 10, 30.0, None),
+                                                   (10, 9, 10.0, 300)])
+def test_hard_instances_escalate_and_end_exact(d, k, condition, n_start):
+    # Conditioned V and k close to d: the first sample gives too crude a moment, so the
+    # pipeline doubles it (visible in counts) and still ends exact.
+    net = planted(d, k, k + 2, 5, condition=condition)
+    X, Y = net.sample(200000, random_state=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        res = rf.recover(X, Y, n_hidden=k, method="bjw19-gaussian", random_state=0,
+                         n_estimate=n_start, n_refine=n_start, n_restarts=3)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
+    first = n_start or start_size(d, k)
+    assert res.counts["doublings"] >= 1
+    assert res.counts["n_estimate"] == first * 2 ** res.counts["doublings"]
+
+
+def test_certificate_failure_escalates_and_is_never_exact():
+    # Rows are certified on the refinement sample, but a few corrupted outputs elsewhere
+    # make the fit over all samples fail: more samples are tried, and the status says so.
+    net = planted(10, 3, 5, 7, max_cos=0.7)
+    X, Y = net.sample(100000, random_state=8)
+    Y = Y.copy()
+    # Corrupt 3 samples outside the gathered sample (its first 20,000 draws with this seed).
+    seen = SampleStream(100000, np.random.default_rng(0)).grow(20000)
+    bad = np.setdiff1d(np.arange(100000), seen)[[5, 500, 5000]]
+    Y[bad] += 5.0
+    with pytest.warns(rf.RelufastWarning, match="not exactly those of one network"):
+        res = rf.recover(X, Y, n_hidden=3, method="bjw19-gaussian", random_state=0)
+    assert not res.exact and res.status == "failed"
+    assert res.counts["escalations"] >= 1 and res.counts["certify_passes"] >= 2
+
+
+@pytest.mark.parametrize("bad", ["some", -3, 0, 1.5, [10]])
+def test_n_estimate_validation(bad):
+    net = planted(5, 2, 3, 0)
+    X, Y = net.sample(2000, random_state=1)
+    with pytest.raises((ValueError, TypeError), match="n_estimate"):
+        rf.recover(X, Y, n_hidden=2, method="bjw19-gaussian", n_estimate=bad)
+
+
+def test_nan_found_by_the_certificate_pass():
+    # Adaptive mode defers the finiteness check to the certificate pass: still an error.
+    net = planted(6, 2, 3, 0)
+    X, Y = net.sample(60000, random_state=1)
+    X = X.copy()
+    X[-1, 0] = np.nan
+    with pytest.raises(ValueError, match="finite values; found 1 NaN"):
+        rf.recover(X, Y, n_hidden=2, method="bjw19-gaussian", random_state=0)
+    with pytest.raises(ValueError, match="finite values; found 1 NaN"):
+        rf.recover(X, Y, n_hidden=2, method="bjw19-gaussian", random_state=0, n_estimate="all")
+
+
+def test_certify_stage_reduces_like_one_pass(rng):
+    X = rng.standard_normal((500, 4))
+    Y = rng.standard_normal((500, 3))
+    V, U = rng.standard_normal((2, 4)), rng.standard_normal((3, 2))
+    one = certify(Samples(X, Y), V, U)
+    F = np.maximum(X @ V.T, 0.0)
+    np.testing.assert_allclose(one["sq_residual"], np.sum((Y - F @ U.T) ** 2), rtol=SUM_RTOL)
+
+
+def test_fpt_adaptive_matches_all_and_reads_a_sample():
+    net = planted(6, 3, 2, 3, max_cos=0.7)  # m = 2 < k = 3: Alg. 7
+    X, Y = net.sample(200000, random_state=4)
+    ada = _quiet_fpt(X, Y, 3)
+    full = _quiet_fpt(X, Y, 3, n_estimate="all")
+    for res in (ada, full):
+        err = rf.metrics.parameter_error(res, net)
+        assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
+    assert ada.counts["n_estimate"] < 200000 == full.counts["n_estimate"]
+    assert ada.counts["n_certify"] == 200000
+
+
+def _quiet_fpt(X, Y, k, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rf.RelufastWarning)
+        return rf.recover(X, Y, n_hidden=k, method="bjw19-fpt", random_state=0, **kw)
+
+
+@pytest.mark.parametrize("block", [7, 64, 4096])
+def test_certify_kernel_does_not_depend_on_threads(rng, block):
+    # Fixed-order reductions (cpp/kernels/parallel.hpp): the same bits for any n_jobs.
+    X = rng.standard_normal((5003, 6))
+    Y = rng.standard_normal((5003, 3))
+    V, U = rng.standard_normal((2, 6)), rng.standard_normal((3, 2))
+    one = core.certify(X, Y, V, U, 1, block, 1.0)
+    two = core.certify(X, Y, V, U, 2, block, 1.0)
+    for key in one:
+        assert np.array_equal(one[key], two[key]), key

@@ -1,0 +1,74 @@
+"""Two real MPI ranks (``mpiexec -n 2``, from the mpich wheel of the ``mpi`` extra) against
+one process: every rank gets the same bits, and the network of one process on the
+concatenated samples (relufast issue 14)."""
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import relufast as rf
+
+from .mpi_cases import CASES, case_data
+
+mpi4py = pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+
+#: One process vs two ranks: the moments are summed in another order, so the networks
+#: agree to rounding (exact ones to machine precision, approximate ones nearly so).
+RANKS_TOL = 1e-12
+
+#: The whole two-rank run (five recoveries and two error cases) takes a few seconds.
+MPI_TIMEOUT = 240
+
+
+def _mpiexec():
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    exe = _mpiexec()
+    if exe is None:
+        pytest.skip("mpiexec not found (pip install 'relufast[mpi]' provides it)")
+    out = tmp_path_factory.mktemp("mpi") / "run"
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.run([exe, "-n", "2", sys.executable, str(root / "tests" / "mpi_worker.py"), str(out)],
+                          capture_output=True, text=True, timeout=MPI_TIMEOUT, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return [dict(np.load(f"{out}.rank{r}.npz")) for r in range(2)]
+
+
+def test_every_rank_gets_the_same_bits(two_ranks):
+    r0, r1 = two_ranks
+    assert r0.keys() == r1.keys()
+    for key in r0:
+        assert np.array_equal(r0[key], r1[key]), key
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_two_ranks_match_one_process(two_ranks, name):
+    method, kw = CASES[name]
+    X, Y, k = case_data(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        one = rf.recover(X, Y, n_hidden=k, method=method, **kw)
+    got = two_ranks[0]
+    assert str(got[name + ".status"]) == str(one.status)
+    err = rf.metrics.parameter_error(rf.network.Network(got[name + ".U"], got[name + ".V"]), one.network)
+    assert err.U < RANKS_TOL and err.V < RANKS_TOL
+    if one.status == "exact":
+        assert float(got[name + ".residual"]) < 1e-12
+
+
+def test_bad_combinations_raise_on_every_rank(two_ranks):
+    for r in two_ranks:
+        assert "same number of features d" in str(r["err.d"])
+        assert "rank 0: d = 8, m = 5, rank 1: d = 9, m = 5" in str(r["err.d"])
+        assert "found 1 NaN or infinite entries over all ranks" in str(r["err.nan"])
+
