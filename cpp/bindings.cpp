@@ -368,8 +368,10 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
           "update",
           [](HermiteSums& h, const ConstRowRef& X, const ConstRowRef& Y, std::optional<RowMatrixXd> P,
              int n_jobs, Index block) {
-            py::gil_scoped_release release;
-            h.update(X, Y, P ? &*P : nullptr, n_jobs, block);
+            interruptible([&] {
+              h.update(X, Y, P ? &*P : nullptr, n_jobs, block);
+              return true;
+            });
           },
           py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("P") = py::none(),
           py::arg("n_jobs") = 0, py::arg("block") = 256,
@@ -406,11 +408,9 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, const Eigen::VectorXd& b,
          const RowMatrixXd& U, const Eigen::VectorXd& c, const Eigen::VectorXd& margin,
          std::optional<BoolVector> mask, Index max_regions, int n_jobs, Index block) {
-        RegionSystems r;
-        {
-          py::gil_scoped_release release;
-          r = region_systems(X, Y, V, b, U, c, margin, mask ? &*mask : nullptr, max_regions, n_jobs, block);
-        }
+        RegionSystems r = interruptible([&] {
+          return region_systems(X, Y, V, b, U, c, margin, mask ? &*mask : nullptr, max_regions, n_jobs, block);
+        });
         const Index R = r.counts.size();
         Eigen::Matrix<std::uint64_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> keys(R, r.n_words);
         if (R) std::copy(r.keys.begin(), r.keys.end(), keys.data());
@@ -439,8 +439,7 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, const Eigen::VectorXd& b,
          const RowMatrixXd& U, const Eigen::VectorXd& c, const Eigen::VectorXd& margin,
          const RowMatrixXd& dC, const Eigen::VectorXd& dc, int n_jobs, Index block) {
-        py::gil_scoped_release release;
-        return region_residuals(X, Y, V, b, U, c, margin, dC, dc, n_jobs, block);
+        return interruptible([&] { return region_residuals(X, Y, V, b, U, c, margin, dC, dc, n_jobs, block); });
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("b"), py::arg("U"),
       py::arg("c"), py::arg("margin"), py::arg("dC"), py::arg("dc"), py::arg("n_jobs") = 0,

@@ -256,6 +256,7 @@ void accumulate_blocks(long long n, long long block, int n_jobs, MakeLocal make_
       zero(*L);
       const long long b0 = g * per_group, b1 = std::min(nblocks, b0 + per_group);
       for (long long b = b0; b < b1; ++b) {
+        if (b > b0) checkpoint();  // a stop request is seen between blocks, not only between groups
         const long long s0 = b * block;
         per_block(*L, s0, std::min(block, n - s0));
       }
