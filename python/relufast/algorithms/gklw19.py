@@ -35,6 +35,9 @@ import numpy as np
 from .._blas import single_threaded_blas
 from .._result import Run, Status, warn
 from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
+from ..activations import RELU
+from ..stages.diagnostics import input_null_space
+from ..stages.fit import max_abs, relative_residual, scaled_norm
 from ..stages.moments import detector_matrix, detector_matrix_reference
 from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
@@ -194,6 +197,18 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
 
     if m < k:
         return stop(Status.UNSUPPORTED, f"gklw19 needs A of full column rank, so m >= k; got m = {m} < k = {k}")
+    if max_abs(Y) == 0:
+        return stop(Status.NON_IDENTIFIABLE,
+                    "the outputs are all zero: the network U = 0 fits them with any W, so W is not "
+                    "determined by the data (nothing to recover)")
+    null = input_null_space(X)
+    if null.shape[0]:
+        diag["input_null_space"] = null
+        return stop(Status.NON_IDENTIFIABLE,
+                    f"the inputs span a subspace of dimension {d - null.shape[0]} < d = {d} (duplicated, "
+                    "zero or linearly dependent input columns): W is not determined along the "
+                    f"{null.shape[0]} direction(s) in diagnostics['input_null_space'], and Algorithm 1 "
+                    "needs E[x x^T] invertible. Drop the redundant columns and map W back")
     sym = symmetry_statistic(X)
     diag["symmetry_statistic"] = sym
     if sym > 6.0:
@@ -279,12 +294,15 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
         V = _refit_W(X, Y, A, V, refit_steps)
     s_norm = np.linalg.norm(V, axis=1)
     V, A = V / s_norm[:, None], A * s_norm[None, :]
-    R = Y - np.maximum(X @ V.T, 0.0) @ A.T
-    residual = float(np.linalg.norm(R) / max(np.linalg.norm(Y), 1e-300))
+    threads = resolve_n_jobs(n_jobs)
+    residual = relative_residual(X, Y, V, A, threads, RELU)
     seconds["fit"] = time.perf_counter() - t
-    exact = residual <= tol
+    exact = bool(residual <= tol)
     status = Status.EXACT if exact else Status.APPROXIMATE
+    if not np.isfinite(residual):
+        return run.result(Status.FAILED, "the fitted network is not finite (the detector's null space "
+                          "gave no usable directions)", U=A, V=V, residual=residual)
     msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
            f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}")
-    diag["mse"] = float(np.mean(R * R))
+    diag["mse"] = float((residual * scaled_norm(Y)) ** 2 / Y.size)
     return run.result(status, msg, U=A, V=V, exact=exact, residual=residual, warn_user=False)

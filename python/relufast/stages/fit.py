@@ -13,8 +13,8 @@ import scipy.linalg
 from .._native import core
 from ..activations import RELU
 
-__all__ = ["fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "polish"]
+__all__ = ["max_abs", "power_of_two_scale", "scaled_norm", "fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
+           "polish", "gauss_newton_system", "local_rank_deficiency"]
 
 
 def fit_output_layer(X, Y, V, activation=RELU):
@@ -47,10 +47,64 @@ def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
     return out
 
 
+#: Largest |Y| whose sums of squares are safe without scaling: (2^400)^2 times 1e15 entries
+#: stays far below the overflow threshold, and squares of entries above 2^-400 do not underflow.
+_SAFE_EXPONENT = 400
+
+#: Rows per block when the residual pass has to scale the outputs (bounded extra memory).
+_SCALE_BLOCK = 1 << 16
+
+
+def max_abs(A):
+    """``max |A|`` without an n x m temporary (NaN when A holds a NaN)."""
+    A = np.asarray(A)
+    if A.size == 0:
+        return 0.0
+    hi, lo = float(np.max(A)), float(np.min(A))
+    return max(hi, -lo) if np.isfinite(hi) and np.isfinite(lo) else float("nan")
+
+
+def power_of_two_scale(a):
+    """The power of two s with ``a * s`` in [0.5, 1): scaling by it is exact (1 for a = 0)."""
+    if not (np.isfinite(a) and a > 0):
+        return 1.0
+    return float(np.ldexp(1.0, -int(np.frexp(a)[1])))
+
+
+def scaled_norm(A):
+    """Frobenius norm computed on ``A / max|A|`` (no overflow near 1e154, no underflow near
+    1e-154); inf or NaN when A holds one."""
+    a = max_abs(A)
+    if not np.isfinite(a):
+        return float("nan") if np.isnan(a) else float("inf")
+    if a == 0:
+        return 0.0
+    s = power_of_two_scale(a)
+    return float(np.linalg.norm(np.asarray(A) * s) / s)
+
+
 def relative_residual(X, Y, V, U, threads, activation):
-    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass)."""
-    st = relu_stats(X, Y, V, U, n_jobs=threads, activation=activation)
-    return residual_from_stats(st)
+    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass).
+
+    The sums of squares are formed on outputs scaled by an exact power of two when max|Y|
+    lies outside [2^-400, 2^400] (then block by block, so the extra memory stays bounded):
+    a residual never overflows to 0 or underflows to NaN because of the units of Y. Zero
+    outputs, or any inf/NaN on the way, give NaN, which is never a certificate.
+    """
+    ymax = max_abs(Y)
+    if not (np.isfinite(ymax) and ymax > 0) or not np.all(np.isfinite(U)):
+        return float("nan")
+    e = int(np.frexp(ymax)[1])
+    if -_SAFE_EXPONENT <= e <= _SAFE_EXPONENT:
+        return residual_from_stats(relu_stats(X, Y, V, U, n_jobs=threads, activation=activation))
+    s = power_of_two_scale(ymax)
+    Us = np.asarray(U, dtype=np.float64) * s
+    num = den = 0.0
+    for a in range(0, X.shape[0], _SCALE_BLOCK):
+        Ys = np.ascontiguousarray(Y[a : a + _SCALE_BLOCK]) * s
+        st = relu_stats(X[a : a + _SCALE_BLOCK], Ys, V, Us, n_jobs=threads, activation=activation)
+        num, den = num + st["sq_residual"], den + st["sq_norm"]
+    return residual_from_stats({"sq_residual": num, "sq_norm": den})
 
 
 def residual_from_stats(stats):
@@ -67,6 +121,59 @@ def _masked_residual(X, Y, U, V, M):
     return R if M is None else M * R
 
 
+def gauss_newton_system(X, U, V, R, mask=None):
+    """Normal equations ``H = J^T J``, ``g = J^T r`` of ``||M o (Y - relu(X V^T) U^T)||_F^2`` in
+    the unknowns (vec U, vec V) (row-major), at the residual ``R = M o (Y - relu(X V^T) U^T)``.
+
+    The rank of H is at most ``m k + k d - k`` (positive rescaling of each unit is a symmetry);
+    a smaller rank means the masked entries do not determine the network locally.
+    """
+    n, d = X.shape
+    m, k = U.shape
+    Mf = np.ones((n, m)) if mask is None else mask
+    Z = X @ V.T
+    A = (Z > 0).astype(np.float64)
+    F = A * Z
+    nu, nv = m * k, k * d
+    H = np.zeros((nu + nv, nu + nv))
+    g = np.zeros(nu + nv)
+    for j in range(m):  # U block: rows of U are independent given V
+        Fj = F * Mf[:, j : j + 1]
+        H[j * k : (j + 1) * k, j * k : (j + 1) * k] = Fj.T @ F
+        g[j * k : (j + 1) * k] = Fj.T @ R[:, j]
+    for i in range(k):
+        Xi = X * A[:, i : i + 1]
+        g[nu + i * d : nu + (i + 1) * d] = Xi.T @ (R @ U[:, i])
+        for l in range(k):
+            # U(j, i) x v_l coupling: sum_s M_sj F_si U_jl A_sl x_s
+            C = (Mf * (F[:, i] * A[:, l])[:, None]).T @ X  # (m, d)
+            H[np.arange(m) * k + i, nu + l * d : nu + (l + 1) * d] = U[:, l][:, None] * C
+            if l >= i:
+                w = (Mf * (U[:, i] * U[:, l])[None, :]).sum(axis=1) * A[:, l]
+                blk = Xi.T @ (X * w[:, None])
+                H[nu + i * d : nu + (i + 1) * d, nu + l * d : nu + (l + 1) * d] = blk
+                H[nu + l * d : nu + (l + 1) * d, nu + i * d : nu + (i + 1) * d] = blk.T
+    H[nu:, :nu] = H[:nu, nu:].T
+    return H, g
+
+
+#: Eigenvalues of the Jacobi-scaled Gauss-Newton matrix below this count as zero.
+LOCAL_RANK_TOL = 1e-10
+
+
+def local_rank_deficiency(X, U, V, mask=None):
+    """How many directions, beyond the k rescaling symmetries, leave the masked fit unchanged
+    to first order (0: the masked entries determine the network locally)."""
+    m, k = U.shape
+    H, _ = gauss_newton_system(X, U, V, np.zeros((X.shape[0], m)), mask)
+    dg = np.sqrt(np.maximum(np.diag(H), 0.0))
+    dead = dg == 0
+    dg[dead] = 1.0
+    ev = np.linalg.eigvalsh(H / dg[:, None] / dg[None, :])
+    rank = int(np.sum(ev > LOCAL_RANK_TOL * max(ev.max(), 1e-300))) if ev.size else 0
+    return int(H.shape[0] - k - rank)
+
+
 def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
     """Gauss-Newton on ``||M o (Y - relu(X V^T) U^T)||_F^2`` jointly in (U, V) (beyond the paper).
 
@@ -79,39 +186,17 @@ def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
 
     Returns (U, V) with unit-norm rows of V.
     """
-    n, d = X.shape
-    k, m = V.shape[0], Y.shape[1]
     M = None if mask is None else mask.astype(np.float64)
-    Mf = np.ones((n, m)) if M is None else M
     U, V = np.array(U, dtype=np.float64), np.array(V, dtype=np.float64)
+    m, k = U.shape
+    d = X.shape[1]
+    nu = m * k
     R = _masked_residual(X, Y, U, V, M)
     cost = float(np.sum(R * R))
     for _ in range(n_iter):
         if cost <= tol * tol * max(float(np.sum(Y * Y)), 1e-300):
             break
-        Z = X @ V.T
-        A = (Z > 0).astype(np.float64)
-        F = A * Z
-        nu, nv = m * k, k * d
-        H = np.zeros((nu + nv, nu + nv))
-        g = np.zeros(nu + nv)
-        for j in range(m):  # U block: rows of U are independent given V
-            Fj = F * Mf[:, j : j + 1]
-            H[j * k : (j + 1) * k, j * k : (j + 1) * k] = Fj.T @ F
-            g[j * k : (j + 1) * k] = Fj.T @ R[:, j]
-        for i in range(k):
-            Xi = X * A[:, i : i + 1]
-            g[nu + i * d : nu + (i + 1) * d] = Xi.T @ (R @ U[:, i])
-            for l in range(k):
-                # U(j, i) x v_l coupling: sum_s M_sj F_si U_jl A_sl x_s
-                C = (Mf * (F[:, i] * A[:, l])[:, None]).T @ X  # (m, d)
-                H[np.arange(m) * k + i, nu + l * d : nu + (l + 1) * d] = U[:, l][:, None] * C
-                if l >= i:
-                    w = (Mf * (U[:, i] * U[:, l])[None, :]).sum(axis=1) * A[:, l]
-                    blk = Xi.T @ (X * w[:, None])
-                    H[nu + i * d : nu + (i + 1) * d, nu + l * d : nu + (l + 1) * d] = blk
-                    H[nu + l * d : nu + (l + 1) * d, nu + i * d : nu + (i + 1) * d] = blk.T
-        H[nu:, :nu] = H[:nu, nu:].T
+        H, g = gauss_newton_system(X, U, V, R, M)
         step = np.linalg.lstsq(H, g, rcond=1e-13)[0]
         t = 1.0
         for _ in range(30):
