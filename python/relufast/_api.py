@@ -288,8 +288,8 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
         except np.linalg.LinAlgError as exc:
             res = Run(name).result(Status.FAILED, f"{name}: a linear-algebra step broke down ({exc}); the "
                                    "data are numerically degenerate for this method (collinear or "
-                                   "constant inputs, or outputs of extreme dynamic range)", warn_user=False)
-    method_message = res.message
+                                   "constant inputs, or outputs of extreme dynamic range)")
+    method_message, method_status = res.message, res.status
     res = _identify(_map_back(res, scale), X)
     notes = _causes(res, X, Y, n_hidden, options)
     if notes:
@@ -303,11 +303,12 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
         diag["warnings"] = texts
         res = dataclasses.replace(res, diagnostics=diag)
     if not quiet:
-        # Each distinct warning once; the method's final message replaced by the full one.
+        # Each distinct warning once; the method's final message replaced by the full one
+        # (methods that return an expected status quietly, like bjw19-noisy, stay quiet).
         for t in texts:
             if t != method_message:
                 warn(t)
-        if res.status != Status.EXACT:
+        if method_message in texts or res.status != method_status:
             warn(res.message)
     return res
 
@@ -317,6 +318,8 @@ def _rank_key(res):
     has = res.U is not None and res.V is not None and res.has_finite_parameters
     pos = _PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE)
     if s in (Status.NON_IDENTIFIABLE, Status.APPROXIMATE) and not has:
+        pos = _PREFERENCE.index(Status.FAILED) + 0.5
+    if s == Status.APPROXIMATE and not res.residual < 1.0:  # explains no more than Y = 0 does
         pos = _PREFERENCE.index(Status.FAILED) + 0.5
     r = res.residual if np.isfinite(res.residual) else np.inf
     return (pos, r)
@@ -345,6 +348,14 @@ def _auto(X, Y, n_hidden, options):
                         "are " + ", ".join(sorted(known | {"time_limit"})))
     k = check_positive_int(n_hidden, "n_hidden")
     Xc, Yc = check_xy(X, Y)
+    # Caller errors in the shared options raise here, before any method runs.
+    from ._validation import check_n_hidden, check_random_state, resolve_n_jobs
+
+    resolve_n_jobs(options.get("n_jobs"))
+    check_random_state(options.get("random_state"))
+    tol = options.get("tol", 1e-10)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
     n, d = Xc.shape
     m = Yc.shape[1]
     Xh = Xc[:AUTO_CHECK_ROWS]
@@ -369,7 +380,7 @@ def _auto(X, Y, n_hidden, options):
     elif gaussian_sigma:
         law = "X looks Gaussian with a non-identity covariance (whitened, BJW19 Remark 3)"
     elif not centred:
-        law = f"X is not centred (largest |mean| / sd = {mean_rel:.2f}), so not standard Gaussian"
+        law = f"X is not centred (largest |mean| / sd = {mean_rel:.2f}; the methods assume centred inputs)"
     else:
         law = "X does not look Gaussian"
 
@@ -386,7 +397,10 @@ def _auto(X, Y, n_hidden, options):
         plan.append(("bjw19-enumeration", f"rank(Y) = k = {k}: Thm 1 holds for any X (time budget "
                                           f"{budget:g} s, on a subsample first)"))
 
-    attempts, results = [], []
+    if not any(name == "bjw19-enumeration" for name, _ in plan):
+        check_n_hidden(k, d)  # only Thm 1 (rank(Y) = k) allows k > d
+
+    attempts, results, errors = [], [], []
 
     def record(name, res=None, error=None, seconds=0.0, note=""):
         entry = {"method": name, "seconds": seconds, "note": note}
@@ -409,11 +423,15 @@ def _auto(X, Y, n_hidden, options):
                 res = _run(name, Xc, Yc, k, opts, quiet=True)
         except (ValueError, TypeError) as exc:  # the method refuses these data: recorded, next one
             record(name, error=str(exc), seconds=time.perf_counter() - t, note=reason)
+            errors.append(exc)
             continue
         record(name, res, seconds=time.perf_counter() - t, note=reason)
         if res.status == Status.EXACT:
             break
 
+    if not results and errors:
+        # Every applicable method refused these data: the first refusal says why.
+        raise errors[0]
     if not results:
         run = Run("auto")
         run.diag.update(auto_attempts=tuple(attempts), auto_facts=facts,

@@ -13,7 +13,7 @@ import numpy as np
 
 from .network import Network
 
-__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run"]
+__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run", "no_linalg_error"]
 
 
 class RelufastWarning(UserWarning):
@@ -200,3 +200,23 @@ class Run:
         if (Status(status) != Status.EXACT) if warn_user is None else warn_user:
             warn(message)
         return res
+
+
+def no_linalg_error(name):
+    """Decorator for a public method function: a numerical breakdown inside it (numpy or
+    scipy ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising."""
+    import functools
+
+    def wrap(function):
+        @functools.wraps(function)
+        def guarded(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            except np.linalg.LinAlgError as exc:
+                return Run(name).result(
+                    Status.FAILED,
+                    f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
+                    "degenerate for this method (collinear or constant inputs, or outputs of extreme "
+                    "dynamic range: relufast.recover rescales units, a direct call does not)")
+        return guarded
+    return wrap

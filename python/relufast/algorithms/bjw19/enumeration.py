@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status
+from ..._result import Run, Status, no_linalg_error
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import numerical_rank
 from ...stages.fit import fit_and_certify
@@ -127,6 +127,7 @@ def _try_pattern(S, coeff, X, B, found, rng, time_limit):
     return (w, f, _determined(S, X, B), "lp"), lps
 
 
+@no_linalg_error("bjw19-enumeration")
 def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
                 progress=None, random_state=None):
     """Exact recovery for any input distribution (BJW19 Thm 1; Algorithms 1 and 2).
@@ -238,11 +239,16 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         return len(W) == k
 
     tried = lps = 0
+    deadline = None if time_limit is None else t + time_limit
+    timed_out = False
     batch_size = 8  # fixed, so that counts and random rows do not depend on n_jobs
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
     try:
         for chunk in stream.chunks():
             for b0 in range(0, len(chunk), batch_size):
+                if deadline is not None and time.perf_counter() > deadline:
+                    timed_out = True  # checked per batch: a chunk can hold many LPs
+                    break
                 batch = chunk[b0 : b0 + batch_size]
                 tried += len(batch)
                 found = list(F)
@@ -260,12 +266,12 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                         break
                 if len(W) == k:
                     break
-            if len(W) == k:
+            if len(W) == k or timed_out:
                 break
         # Algorithm 2 may use one pattern for several rows (two units can share a support):
         # once the stream is exhausted, retry the feasible patterns with the independence
         # rows of Algorithm 1 against the rows found so far.
-        if len(W) < k and stream.exhausted:
+        if len(W) < k and stream.exhausted and not timed_out:
             for S in feasible:
                 out, nlp = _try_pattern(S, None, X, B, list(F), np.random.default_rng(rng.integers(2**63)),
                                         time_limit)
@@ -278,12 +284,13 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     seconds["search"] = time.perf_counter() - t
     counts.update({"patterns_tried": tried, "lps_solved": lps, "linear_systems": stream.systems,
                    "rows_found": len(W)})
+    stopped_by = "time_limit" if timed_out else stream.stopped_by
     diag.update({"determined": tuple(det), "row_paths": tuple(paths), "row_sources": tuple(sources),
-                 "stopped_by": stream.stopped_by})
+                 "stopped_by": stopped_by})
 
     if len(W) < k:
-        if stream.stopped_by:
-            msg = (f"stopped by {stream.stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
+        if stopped_by:
+            msg = (f"stopped by {stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
                    "raise max_patterns or time_limit")
         else:
             msg = (f"all candidate patterns tried ({tried}); only {len(W)} of {k} independent rows "

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status
+from ..._result import Run, Status, no_linalg_error
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import numerical_rank
 from ...stages.fit import local_rank_deficiency, max_abs, polish, scaled_norm
@@ -25,6 +25,7 @@ __all__ = ["sparse_noise"]
 SUPPORT_ROUNDS = 4
 
 
+@no_linalg_error("bjw19-sparse-noise")
 def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, support_tol=1e-7,
                  polish_steps=10, tol=1e-10, n_jobs=None, random_state=None):
     """Exact recovery under sparse gross corruption of the outputs (BJW19 Sec. 8, Thm 14).
