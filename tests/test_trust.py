@@ -223,3 +223,24 @@ def test_misspelled_options_list_the_valid_ones():
         rf.recover(X, Y, n_hidden=1, method="bjw19-gaussian", tool=1e-9)
     with pytest.raises(TypeError, match="'n_restart' .*did you mean 'n_restarts'"):
         rf.recover(X, Y, n_hidden=1, n_restart=3)
+
+
+def test_enumeration_row_seen_by_too_few_samples_is_non_identifiable():
+    # X has rank d, but unit 0 fires on 2 < d samples: v_0 is free along the directions
+    # those samples do not see, so the exact fit is not unique.
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((14, 4))
+    while True:
+        v0 = rng.standard_normal(4)
+        if int(np.sum(X @ v0 > 0)) == 2:
+            break
+    V = np.array([v0 / np.linalg.norm(v0), [0.5, 0.5, 0.5, 0.5]])
+    U = rng.standard_normal((3, 2))
+    Y = np.maximum(X @ V.T, 0.0) @ U.T
+    res = _quiet(rf.recover, X, Y, n_hidden=2, method="bjw19-enumeration", random_state=0)
+    assert res.status == "non_identifiable" and not res.exact
+    assert "input_null_space" not in res.diagnostics  # X itself has rank d
+    loose = res.diagnostics["undetermined_rows"]
+    free = res.diagnostics["undetermined_directions"]
+    assert loose and all(free[i].shape[0] == 4 - int(np.sum(X @ res.V[i] > 1e-9)) for i in loose)
+    assert scaled_norm(res.predict(X) - Y) <= PREDICT_TOL * scaled_norm(Y)

@@ -14,7 +14,8 @@ from .._native import core
 from ..activations import RELU
 
 __all__ = ["max_abs", "power_of_two_scale", "scaled_norm", "fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "polish", "gauss_newton_system", "local_rank_deficiency"]
+           "polish", "gauss_newton_system", "local_rank_deficiency",
+           "undetermined_directions", "minimum_norm_rows"]
 
 
 def fit_output_layer(X, Y, V, activation=RELU):
@@ -236,3 +237,86 @@ def fit_and_certify(X, Y, V, *, subset=None, threads=0, activation=RELU):
     Xf, Yf = (X, Y) if subset is None else subset
     U, cond = fit_output_layer(Xf, Yf, V, activation)
     return U, relative_residual(X, Y, V, U, threads, activation), cond
+
+
+#: Relative size of X v below which a sample sits on the hyperplane of a hidden unit.
+ACTIVE_TOL = 1e-9
+#: Singular values of X restricted to a unit's active and boundary samples below this
+#: (relative to the largest singular value of X) leave a direction undetermined.
+DIRECTION_TOL = 1e-10
+
+
+def undetermined_directions(X, V):
+    """For each row v_i of V: an orthonormal basis (r_i, d) of null(X_S), S the samples where
+    the unit is active, when v_i can move in it without changing ``relu(X v_i)``; else (0, d).
+
+    A direction z with ``X_S z = 0`` keeps the active values; samples strictly off stay off
+    for small steps; samples on the boundary (X v_i = 0) stay off when ``x.z <= 0``. So the
+    row is free iff the cone {z in null(X_S): X_B z <= 0} is not {0} (B the boundary
+    samples), decided exactly: with A = X_B N^T, the cone is {0} iff A has full column rank
+    and some y > 0 has A^T y = 0 (Stiemke's alternative, one small LP). Then ``v_i + t z``
+    for small t > 0 fits the data exactly as well: the row is not identified.
+    Cost O(n d^2) per row.
+    """
+    smax = float(np.linalg.norm(X, 2)) if X.size else 0.0
+    d = X.shape[1]
+    out = []
+    for v in np.atleast_2d(V):
+        z = X @ v
+        scale = max_abs(z)
+        S = z > ACTIVE_TOL * scale
+        B = np.abs(z) <= ACTIVE_TOL * scale
+        if not S.any():
+            out.append(np.eye(d))
+            continue
+        _, sv, Vt = np.linalg.svd(X[S], full_matrices=True)
+        r = int(np.sum(sv > DIRECTION_TOL * max(smax, 1e-300)))
+        N = np.ascontiguousarray(Vt[r:])
+        if N.shape[0] and B.any() and not _cone_is_free(X[B] @ N.T, smax):
+            N = np.zeros((0, d))
+        out.append(N)
+    return out
+
+
+def _cone_is_free(A, smax):
+    """Is {w : A w <= 0} larger than {0}? (Stiemke: no iff rank A = cols and y > 0, A^T y = 0.)"""
+    from scipy.optimize import linprog
+
+    sv = np.linalg.svd(A, compute_uv=False)
+    if int(np.sum(sv > DIRECTION_TOL * max(smax, 1e-300))) < A.shape[1]:
+        return True
+    p = A.shape[0]
+    res = linprog(np.zeros(p), A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=[(1.0, None)] * p,
+                  method="highs")
+    return res.status != 0
+
+
+def minimum_norm_rows(X, V, U, directions, input_null=None):
+    """The minimum-norm representative of a non-unique fit: each row projected off its
+    undetermined directions (the least-norm solution of its active equations), kept only
+    where it leaves the inactive samples non-positive (then it is also the least-norm row
+    with the same rectified vector); rows renormalised with U rescaled so the outputs are
+    unchanged.
+
+    Elsewhere the row is projected off ``input_null`` (the null space of X, which never
+    changes X v).
+
+    Returns (U, V, per-row flags: True where the projection was the minimum-norm one).
+    """
+    V = np.array(V, dtype=np.float64)
+    flags = []
+    for i, N in enumerate(directions):
+        if N.shape[0] == 0:
+            flags.append(True)
+            continue
+        v = V[i] - (V[i] @ N.T) @ N
+        z0, z = X @ V[i], X @ v
+        off = z0 <= ACTIVE_TOL * max_abs(z0)
+        ok = bool(np.all(z[off] <= ACTIVE_TOL * max_abs(z0))) and np.linalg.norm(v) > 0
+        if ok:
+            V[i] = v
+        elif input_null is not None and input_null.shape[0]:
+            V[i] = V[i] - (V[i] @ input_null.T) @ input_null
+        flags.append(ok)
+    s = np.linalg.norm(V, axis=1)
+    return np.asarray(U) * s[None, :], V / s[:, None], tuple(flags)

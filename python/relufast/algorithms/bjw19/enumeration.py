@@ -15,8 +15,9 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._result import Run, Status, no_linalg_error
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import numerical_rank
-from ...stages.fit import fit_and_certify
+from ...stages.diagnostics import input_null_space, numerical_rank
+from ...activations import RELU
+from ...stages.fit import fit_and_certify, minimum_norm_rows, relative_residual, undetermined_directions
 from ...stages.highs import INF, LPSession
 from ...stages.patterns import PatternStream
 
@@ -305,6 +306,27 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     exact = residual <= tol
     all_det = all(det)
     if exact:
+        # An exact fit is identified only if no row can move: a row whose active and boundary
+        # samples leave a direction of R^d unseen gives another exact fit (always so with n < d).
+        free = undetermined_directions(X, V)
+        loose = [i for i, N in enumerate(free) if N.shape[0]]
+        if loose:
+            null = input_null_space(X)
+            U, V, minimal = minimum_norm_rows(X, V, U, free, null)
+            residual = relative_residual(X, Y, V, U, threads, RELU)
+            diag.update(undetermined_rows=tuple(loose), undetermined_directions=tuple(free),
+                        minimum_norm=minimal, all_rows_determined=False)
+            if null.shape[0]:
+                diag["input_null_space"] = null
+            seconds["fit"] = time.perf_counter() - t
+            return run.result(
+                Status.NON_IDENTIFIABLE,
+                f"found {k} rows fitting Y exactly (relative residual {residual:.2e}), but the fit is not "
+                f"unique: row(s) {loose} can move along {[free[i].shape[0] for i in loose]} input "
+                "direction(s) each (diagnostics['undetermined_directions']) that their active samples do "
+                f"not see{' (the inputs span only ' + str(d - null.shape[0]) + ' of ' + str(d) + ' dimensions)' if null.shape[0] else ''}"
+                " without changing the outputs; returned the minimum-norm representative",
+                U=U, V=V, residual=residual)
         msg = (f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "
                f"patterns and {lps} LPs; "
                + ("each row is determined by its sign pattern (a single ray of the output span "
