@@ -172,11 +172,11 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def(
       "relu_stats",
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
-         int n_jobs, Index block, double power) {
+         int n_jobs, Index block, double power, std::optional<Eigen::VectorXd> b, bool intercept) {
         ReluStats s;
         {
           py::gil_scoped_release release;
-          s = relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power);
+          s = relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, b ? &*b : nullptr, intercept);
         }
         py::dict out;
         out["gram"] = s.gram;
@@ -187,8 +187,10 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         return out;
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
-      py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0,
-      "F = relu(X V^T)^power: returns F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+      py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0, py::arg("b") = py::none(),
+      py::arg("intercept") = false,
+      "F = relu(X V^T + b)^power (and a constant column with intercept): returns F^T F, F^T Y and, "
+      "given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
 
   m.def(
       "pattern_subset_count",

@@ -60,3 +60,21 @@ def test_result_carries_biases_and_refuses_nan_success():
     assert bad.status == "failed" and not bad.success and not bad.exact
     with pytest.raises(ValueError, match="expected a network, a result with parameters"):
         as_network(object())
+
+
+def test_fit_stage_with_biases_and_offset_is_exact():
+    from relufast.stages.fit import fit_network, relu_stats
+
+    net = rf.planted.two_layer(7, 3, 4, random_state=5, bias="random", offset="random")
+    X, Y = net.sample(3000, random_state=6)
+    fit = fit_network(X, Y, net.V, net.b, intercept=True, subset=(X[:500], Y[:500]), threads=2)
+    assert fit.residual < ROUNDING * 10
+    assert np.max(np.abs(fit.U - net.U)) < 1e-10 and np.max(np.abs(fit.c - net.c)) < 1e-10
+    # The C++ pass against NumPy: features relu(X V^T + b) and a constant column.
+    Uc = np.column_stack([net.U, net.c]) * 1.1
+    st = relu_stats(X, Y, net.V, Uc, n_jobs=2, block_size=37, b=net.b, intercept=True)
+    F = np.column_stack([np.maximum(X @ net.V.T + net.b, 0.0), np.ones(len(X))])
+    assert np.allclose(st["gram"], F.T @ F, rtol=1e-12) and np.allclose(st["cross"], F.T @ Y, rtol=1e-12)
+    assert np.isclose(st["sq_residual"], np.sum((Y - F @ Uc.T) ** 2), rtol=1e-10)
+    # Without the offset the fit cannot reproduce the data: no false certificate.
+    assert fit_network(X, Y, net.V, net.b).residual > 1e-3

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from relufast.stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors, project
 
@@ -49,3 +50,47 @@ def test_input_span_and_projection():
     P = project(T, W)
     assert P.shape == (m, k, k)
     np.testing.assert_allclose(np.einsum("ipq,ap,bq->iab", P, W, W), T, atol=1e-12)
+
+
+def _sym(weights, V, order):
+    T = 0
+    for w, v in zip(weights, V):
+        o = v
+        for _ in range(order - 1):
+            o = np.multiply.outer(o, v)
+        T = T + w * o
+    return T
+
+
+@pytest.mark.parametrize("order", [3, 4])
+def test_power_iteration_recovers_orthogonal_components(order):
+    from relufast.stages.tensor import power_iteration
+
+    rng = np.random.default_rng(order)
+    k = 5
+    V = np.linalg.qr(rng.standard_normal((k, k)))[0].T
+    w = np.array([2.0, -1.5, 1.0, 0.7, -0.4])
+    lam, U = power_iteration(_sym(w, V, order), k, np.random.default_rng(0))
+    for wj, vj in zip(w, V):
+        i = int(np.argmax(np.abs(U @ vj)))
+        assert abs(abs(U[i] @ vj) - 1) < 1e-10
+        if order == 4:
+            assert abs(lam[i] - wj) < 1e-10
+        else:  # order 3: sign moved into the vector
+            assert abs(lam[i] - abs(wj)) < 1e-10 and np.sign(U[i] @ vj) == np.sign(wj)
+
+
+def test_fourth_order_jennrich_through_the_third_order_view():
+    from relufast.stages.tensor import as_third_order, jennrich
+
+    rng = np.random.default_rng(3)
+    k = 4
+    V = rng.standard_normal((k, k))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)  # not orthogonal: Jennrich needs only independence
+    T4 = _sym(rng.uniform(0.5, 2.0, k), V, 4)
+    Z, gap = jennrich(as_third_order(T4), np.random.default_rng(1))
+    assert gap > 0
+    for v in V:
+        assert np.max(np.abs(Z.T @ v)) > 1 - 1e-9
+    with pytest.raises(ValueError, match="order 3 or 4; got order 2"):
+        as_third_order(np.eye(3))

@@ -124,14 +124,17 @@ RowMatrixXd SecondMoment::tensor() const {
 }
 
 ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
-                     const RowMatrixXd* U, int n_jobs, Index block, double power) {
-  const Index n = X.rows(), d = X.cols(), m = Y.cols(), k = V.rows();
+                     const RowMatrixXd* U, int n_jobs, Index block, double power,
+                     const Eigen::VectorXd* b, bool intercept) {
+  const Index n = X.rows(), d = X.cols(), m = Y.cols(), k0 = V.rows();
+  const Index k = k0 + (intercept ? 1 : 0);  // features: the k0 units, then a constant 1
   if (V.cols() != d)
     throw std::invalid_argument("relu_stats: V has " + std::to_string(V.cols()) +
                                 " columns, expected d = " + std::to_string(d));
   if (Y.rows() != n) throw std::invalid_argument("relu_stats: X and Y have different numbers of rows");
   if (U && (U->rows() != m || U->cols() != k))
-    throw std::invalid_argument("relu_stats: U must have shape (m, k)");
+    throw std::invalid_argument("relu_stats: U must have shape (m, k), or (m, k + 1) with the intercept");
+  if (b && b->size() != k0) throw std::invalid_argument("relu_stats: b must have k entries");
   if (block < 1) throw std::invalid_argument("relu_stats: block must be >= 1");
   if (!(power > 0.0)) throw std::invalid_argument("relu_stats: power must be > 0");
   ReluStats out;
@@ -150,9 +153,12 @@ ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowR
         return L;
       },
       [&](Local& L, Index s0, Index len) {
-        L.F.noalias() = X.middleRows(s0, len) * V.transpose();
-        L.F = L.F.cwiseMax(0.0);
-        if (power != 1.0) L.F = L.F.array().pow(power).matrix();
+        L.F.resize(len, k);
+        L.F.leftCols(k0).noalias() = X.middleRows(s0, len) * V.transpose();
+        if (b) L.F.leftCols(k0).rowwise() += b->transpose();
+        L.F.leftCols(k0) = L.F.leftCols(k0).cwiseMax(0.0);
+        if (power != 1.0) L.F.leftCols(k0) = L.F.leftCols(k0).array().pow(power).matrix();
+        if (intercept) L.F.col(k0).setOnes();
         L.s.gram.noalias() += L.F.transpose() * L.F;
         L.s.cross.noalias() += L.F.transpose() * Y.middleRows(s0, len);
         if (U) {

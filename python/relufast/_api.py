@@ -24,7 +24,7 @@ import difflib
 import inspect
 import time
 import warnings
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -488,7 +488,7 @@ def _auto_enumeration(X, Y, k, opts, budget, fit_and_certify):
                 quiet=True)
 
 
-def recover(X, Y, *, n_hidden, method="auto", **options):
+def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:
     """Recover a planted two-layer network ``Y = relu(X V^T) U^T`` (+ noise).
 
     Parameters

@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Any, Mapping, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .network import Network
 
@@ -110,36 +111,38 @@ class RecoveryResult:
             raise ValueError("an exact result must have finite parameters")
 
     @property
-    def has_finite_parameters(self):
+    def has_finite_parameters(self) -> bool:
         """True when U and V exist and every parameter is finite."""
         return (self.U is not None and self.V is not None
                 and all(np.all(np.isfinite(getattr(self, a))) for a in ("U", "V", "b", "c")))
 
     @property
-    def network(self):
+    def network(self) -> Optional[Network]:
         """The recovered :class:`relufast.network.Network` (None without parameters)."""
         if self.U is None or self.V is None:
             return None
         return Network(self.U, self.V, self.b, self.c, self.activation)
 
     @property
-    def success(self):
+    def success(self) -> bool:
         """True for ``exact`` and ``approximate`` results with finite parameters."""
         return self.status in (Status.EXACT, Status.APPROXIMATE) and self.has_finite_parameters
 
     @property
-    def n_hidden(self):
+    def n_hidden(self) -> Optional[int]:
         return None if self.V is None else self.V.shape[0]
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Network output ``f(X V^T + b) U^T + c`` for inputs X of shape (n_samples, n_features)."""
-        if self.U is None or self.V is None:
+        net = self.network
+        if net is None:
             raise ValueError(f"this result has no parameters (status {self.status.value})")
-        return self.network.predict(X)
+        return net.predict(X)
 
-    def __repr__(self):
-        shape = "" if self.V is None else f", U{self.U.shape}, V{self.V.shape}"
-        if self.V is not None and self.network.has_bias:
+    def __repr__(self) -> str:
+        net = self.network
+        shape = "" if net is None else f", U{net.U.shape}, V{net.V.shape}"
+        if net is not None and net.has_bias:
             shape += ", with biases"
         return (
             f"RecoveryResult(method={self.method!r}, status={self.status.value!r}, "
@@ -147,14 +150,15 @@ class RecoveryResult:
         )
 
 
-def warn(message, stacklevel=None):
+def warn(message: str, stacklevel: Optional[int] = None) -> None:
     """Issue a RelufastWarning attributed to the first caller outside the relufast package."""
     if stacklevel is None:
         import os
         import sys
 
         pkg = os.path.dirname(os.path.abspath(__file__))
-        frame, stacklevel = sys._getframe(1), 2
+        frame: Optional[types.FrameType] = sys._getframe(1)
+        stacklevel = 2
         while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
             frame, stacklevel = frame.f_back, stacklevel + 1
     warnings.warn(message, RelufastWarning, stacklevel=stacklevel)

@@ -9,9 +9,10 @@ identifiable for ReLU).
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.optimize import linear_sum_assignment
 
 from .network import as_network
@@ -41,7 +42,7 @@ def _relative(a, a0):
     return float(np.linalg.norm(a - a0) / (den if den > 0 else 1.0))
 
 
-def canonical(U, V, degree=1.0):
+def canonical(U: ArrayLike, V: ArrayLike, degree: Optional[float] = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Scale rows of V to unit norm and columns of U by ``norm^degree`` (network unchanged).
 
     ``degree`` is the homogeneity degree of the activation (1 for ReLU); None (a
@@ -61,7 +62,7 @@ def _degree(obj):
     return 1.0 if act is None else act.degree
 
 
-def match_hidden_units(V_est, V_true):
+def match_hidden_units(V_est: np.ndarray, V_true: np.ndarray) -> np.ndarray:
     """Permutation p maximising sum_j cos(V_est[j], V_true[p[j]]) (unit rows assumed)."""
     if V_est.shape != V_true.shape:
         raise ValueError(f"V shapes differ: estimate {V_est.shape}, truth {V_true.shape}")
@@ -71,7 +72,7 @@ def match_hidden_units(V_est, V_true):
     return perm
 
 
-def parameter_error(estimate, truth):
+def parameter_error(estimate: Any, truth: Any) -> ParameterError:
     """Relative errors of U and V after normalisation and the best permutation.
 
     Units are matched on (v, b): the rows of ``[V, b]`` after V is scaled to unit rows.
@@ -133,7 +134,7 @@ def _match_rows(A, B):
     return perm
 
 
-def function_error(estimate, truth, X):
+def function_error(estimate: Any, truth: Any, X: ArrayLike) -> float:
     """Relative output error ``||f(X) - f*(X)||_F / ||f*(X)||_F`` on inputs X (n, d)."""
     est, tru = as_network(estimate), as_network(truth)
     if est.activation is None and tru.activation is not None:  # a bare (U, V) tuple
@@ -142,7 +143,7 @@ def function_error(estimate, truth, X):
     return float(np.linalg.norm(est.predict(X) - F0) / np.linalg.norm(F0))
 
 
-def matched_squared_error(estimate, truth):
+def matched_squared_error(estimate: Any, truth: Any) -> tuple[float, float]:
     """GKLW19's error (Sec. 4.1): squared distance of normalised, matched parameters.
 
     Rows of W (= V) and columns of A (= U) are normalised to unit norm, units are matched

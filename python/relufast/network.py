@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["Network", "as_network"]
 
@@ -55,35 +56,35 @@ class Network:
         object.__setattr__(self, "c", _frozen(np.zeros(m) if self.c is None else self.c, (m,), "c"))
 
     @property
-    def n_features(self):
+    def n_features(self) -> int:
         return self.V.shape[1]
 
     @property
-    def n_hidden(self):
+    def n_hidden(self) -> int:
         return self.V.shape[0]
 
     @property
-    def n_outputs(self):
+    def n_outputs(self) -> int:
         return self.U.shape[0]
 
     @property
-    def has_bias(self):
+    def has_bias(self) -> bool:
         """True when b or c is nonzero."""
         return bool(np.any(self.b) or np.any(self.c))
 
-    def hidden(self, X):
+    def hidden(self, X: ArrayLike) -> np.ndarray:
         """Hidden activations ``f(X V^T + b)`` of shape (n_samples, n_hidden)."""
         Z = np.asarray(X, dtype=np.float64) @ self.V.T + self.b
         return np.maximum(Z, 0.0) if self.activation is None else self.activation(Z)
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Outputs ``f(X V^T + b) U^T + c`` for X of shape (n_samples, n_features)."""
         return self.hidden(X) @ self.U.T + self.c
 
     __call__ = predict
 
 
-def as_network(obj):
+def as_network(obj: Any) -> Network:
     """A :class:`Network` from a network, a result, or a tuple (U, V[, b[, c]])."""
     if isinstance(obj, Network):
         return obj

@@ -36,9 +36,10 @@ from .._blas import single_threaded_blas
 from .._result import Run, Status, warn, no_linalg_error
 from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
 from ..activations import RELU
-from ..stages.diagnostics import input_null_space
+from ..stages.diagnostics import input_null_space, refinement_subset
 from ..stages.fit import max_abs, relative_residual, scaled_norm
 from ..stages.moments import detector_matrix, detector_matrix_reference
+from ..stages.refine import output_basis, refine_rows
 from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
 __all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
@@ -295,15 +296,22 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
         V = _refit_W(X, Y, A, V, refit_steps)
     s_norm = np.linalg.norm(V, axis=1)
     V, A = V / s_norm[:, None], A * s_norm[None, :]
-    threads = resolve_n_jobs(n_jobs)
-    residual = relative_residual(X, Y, V, A, threads, RELU)
+    residual = relative_residual(X, Y, V, A, resolve_n_jobs(n_jobs), RELU)
+    diag["mse"] = float((residual * scaled_norm(Y)) ** 2 / Y.size)
+    # "exact" means identified: the fit reproduces the data and every row is certified by
+    # the exact refinement (BJW19 Alg. 5 on the output span), as for every other method.
+    certified = 0
+    if residual <= tol:
+        Xr, Yr = refinement_subset(X, Y, k, None, np.random.default_rng(0))
+        certified = int(np.sum(refine_rows(output_basis(Yr, k)[0], Xr, V, n_jobs=resolve_n_jobs(n_jobs))["certified"]))
+    counts["certified_rows"] = certified
     seconds["fit"] = time.perf_counter() - t
-    exact = bool(residual <= tol)
+    exact = bool(residual <= tol and certified == k)
     status = Status.EXACT if exact else Status.APPROXIMATE
     if not np.isfinite(residual):
         return run.result(Status.FAILED, "the fitted network is not finite (the detector's null space "
                           "gave no usable directions)", U=A, V=V, residual=residual)
     msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
-           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}")
-    diag["mse"] = float((residual * scaled_norm(Y)) ** 2 / Y.size)
+           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}, "
+           f"{certified} of {k} rows certified")
     return run.result(status, msg, U=A, V=V, exact=exact, residual=residual, warn_user=False)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._result import warn
 from .._validation import check_positive_int
 
 __all__ = ["RANK_TOL", "GAUSS_ROWS", "gaussianity", "numerical_rank", "whitener",
-           "refinement_subset", "outputs_below_hidden_message", "INPUT_RANK_TOL", "input_null_space"]
+           "refinement_subset", "outputs_below_hidden_message", "input_whitening",
+           "warn_if_not_gaussian", "INPUT_RANK_TOL", "input_null_space"]
 
 
 #: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
@@ -77,6 +79,40 @@ def whitener(X):
     if not ev.min() > 1e-12 * ev.max():
         return None, float("inf")
     return (E / np.sqrt(ev)) @ E.T, float(np.sqrt(ev.max() / ev.min()))
+
+
+def input_whitening(X, whiten, diag):
+    """The whitening decision of the Gaussian pipelines (BJW19 Remark 3).
+
+    Records the Gaussianity diagnostics in ``diag`` and returns the whitener (d, d), None
+    (inputs already look like N(0, I), or ``whiten=False``), or False when whitening is
+    needed but the second-moment matrix of X is singular.
+    """
+    if whiten not in ("auto", True, False):
+        raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
+    diag.update(gaussianity(X))
+    W = None
+    if whiten is True or (whiten == "auto" and
+                          diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
+        W, diag["input_condition"] = whitener(X)
+        if W is None:
+            diag["whitened"] = False
+            return False
+        diag.update(gaussianity(X, W))
+    diag["whitened"] = W is not None
+    return W
+
+
+def warn_if_not_gaussian(diag, method, law="N(0, I)"):
+    """Warn (RelufastWarning) when the Gaussianity check recorded in ``diag`` failed."""
+    if diag["gaussian_ok"]:
+        return
+    name = "standard Gaussian" if law == "N(0, I)" else f"Gaussian {law}"
+    warn(f"X does not look like {name} input (second-moment deviation "
+         f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
+         f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
+         f"{method} assumes x ~ {law}. Rows are still certified exactly, so an 'exact' status "
+         "remains trustworthy, but the moment step may fail.")
 
 
 def outputs_below_hidden_message(method, m, k, reason):

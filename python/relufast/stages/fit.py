@@ -7,40 +7,52 @@ outputs to the tolerance, measured over all samples.
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import numpy as np
 import scipy.linalg
 
 from .._native import core
 from ..activations import RELU
 
-__all__ = ["max_abs", "power_of_two_scale", "scaled_norm", "fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "polish", "gauss_newton_system", "local_rank_deficiency",
+__all__ = ["max_abs", "power_of_two_scale", "scaled_norm", "fit_output_layer", "fit_from_stats",
+           "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
+           "fit_network", "Fit", "polish", "gauss_newton_system", "local_rank_deficiency",
            "undetermined_directions", "minimum_norm_rows"]
 
 
-def fit_output_layer(X, Y, V, activation=RELU):
-    """Least-squares output layer: ``U = argmin ||Y - f(X V^T) U^T||_F`` via QR.
+def _features(X, V, b, activation, intercept):
+    F = activation(X @ V.T if b is None else X @ V.T + b)
+    return np.column_stack([F, np.ones(len(F))]) if intercept else F
 
-    Exact (to rounding) on noiseless data whenever f(X V^T) has rank k (BJW19 Lemma 4).
-    Returns U of shape (m, k) and the condition number of f(X V^T).
+
+def fit_output_layer(X, Y, V, activation=RELU, *, b=None, intercept=False):
+    """Least-squares output layer: ``U = argmin ||Y - f(X V^T + b) U^T - c||_F`` via QR.
+
+    Exact (to rounding) on noiseless data whenever f(X V^T + b) (with a constant column when
+    ``intercept``) has full column rank (BJW19 Lemma 4). Returns U of shape (m, k), or
+    (m, k + 1) with the offset c as last column when ``intercept``, and the condition number
+    of the feature matrix.
     """
-    F = activation(X @ V.T)
+    F = _features(X, V, b, activation, intercept)
     Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
-    cond = float(np.inf) if rank < V.shape[0] else float(np.linalg.cond(F))
+    cond = float(np.inf) if rank < F.shape[1] else float(np.linalg.cond(F))
     return np.ascontiguousarray(Ut.T), cond
 
 
-def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU):
-    """One threaded pass over all samples with F = f(X V^T) (C++ for relu^p).
+def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU, b=None, intercept=False):
+    """One threaded pass over all samples with F = f(X V^T + b) (C++ for relu^p).
 
+    With ``intercept`` F gets a constant column (U then has k + 1 columns, the last being c).
     Returns a dict: ``gram`` = F^T F, ``cross`` = F^T Y, and with U given ``sq_residual`` =
     ||Y - F U^T||_F^2 and ``sq_norm`` = ||Y||_F^2.
     """
     Vc = np.ascontiguousarray(V, dtype=np.float64)
     Uc = None if U is None else np.ascontiguousarray(U, dtype=np.float64)
+    bc = None if b is None else np.ascontiguousarray(b, dtype=np.float64)
     if activation.homogeneous:
-        return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size, float(activation.degree))
-    F = activation(X @ Vc.T)
+        return core.relu_stats(X, Y, Vc, Uc, n_jobs, block_size, float(activation.degree), bc, bool(intercept))
+    F = _features(X, Vc, bc, activation, intercept)
     out = {"gram": F.T @ F, "cross": F.T @ Y, "count": float(X.shape[0])}
     if Uc is not None:
         out["sq_residual"] = float(np.sum((Y - F @ Uc.T) ** 2))
@@ -84,26 +96,31 @@ def scaled_norm(A):
     return float(np.linalg.norm(np.asarray(A) * s) / s)
 
 
-def relative_residual(X, Y, V, U, threads, activation):
-    """``||Y - f(X V^T) U^T||_F / ||Y||_F`` over all samples (one threaded pass).
+def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
+    """``||Y - f(X V^T + b) U^T - c||_F / ||Y||_F`` over all samples (one threaded pass).
 
     The sums of squares are formed on outputs scaled by an exact power of two when max|Y|
     lies outside [2^-400, 2^400] (then block by block, so the extra memory stays bounded):
     a residual never overflows to 0 or underflows to NaN because of the units of Y. Zero
     outputs, or any inf/NaN on the way, give NaN, which is never a certificate.
     """
+    if c is not None:
+        U = np.column_stack([U, c])
+    intercept = c is not None
     ymax = max_abs(Y)
     if not (np.isfinite(ymax) and ymax > 0) or not np.all(np.isfinite(U)):
         return float("nan")
     e = int(np.frexp(ymax)[1])
     if -_SAFE_EXPONENT <= e <= _SAFE_EXPONENT:
-        return residual_from_stats(relu_stats(X, Y, V, U, n_jobs=threads, activation=activation))
+        return residual_from_stats(relu_stats(X, Y, V, U, n_jobs=threads, activation=activation, b=b,
+                                              intercept=intercept))
     s = power_of_two_scale(ymax)
     Us = np.asarray(U, dtype=np.float64) * s
     num = den = 0.0
     for a in range(0, X.shape[0], _SCALE_BLOCK):
         Ys = np.ascontiguousarray(Y[a : a + _SCALE_BLOCK]) * s
-        st = relu_stats(X[a : a + _SCALE_BLOCK], Ys, V, Us, n_jobs=threads, activation=activation)
+        st = relu_stats(X[a : a + _SCALE_BLOCK], Ys, V, Us, n_jobs=threads, activation=activation, b=b,
+                        intercept=intercept)
         num, den = num + st["sq_residual"], den + st["sq_norm"]
     return residual_from_stats({"sq_residual": num, "sq_norm": den})
 
@@ -226,17 +243,36 @@ def fit_from_stats(stats):
     return np.ascontiguousarray(U), float(np.sqrt(np.linalg.cond(gram)))
 
 
-def fit_and_certify(X, Y, V, *, subset=None, threads=0, activation=RELU):
-    """The output layer and its certificate, as every method ends.
+class Fit(NamedTuple):
+    """The output layer of a network and its certificate."""
 
-    U is fitted by QR least squares on ``subset`` (a pair (X_l, Y_l), default all samples),
-    then the relative residual is measured over all samples in one threaded pass.
+    U: np.ndarray  #: (m, k)
+    c: Optional[np.ndarray]  #: (m,) output offset, None when not fitted
+    residual: float  #: relative residual over all samples
+    condition: float  #: condition number of the feature matrix of the fit
 
-    Returns (U, residual, condition of f(X_l V^T)).
+
+def fit_network(X, Y, V, b=None, *, intercept=False, subset=None, threads=0, activation=RELU):
+    """The output layer (and offset) of ``Y = f(X V^T + b) U^T + c`` and its certificate.
+
+    U (and c when ``intercept``) are fitted by QR least squares on ``subset`` (a pair
+    (X_l, Y_l), default all samples); the relative residual is then measured over all
+    samples in one threaded pass.
+
+    Returns
+    -------
+    Fit
     """
     Xf, Yf = (X, Y) if subset is None else subset
-    U, cond = fit_output_layer(Xf, Yf, V, activation)
-    return U, relative_residual(X, Y, V, U, threads, activation), cond
+    Uc, cond = fit_output_layer(Xf, Yf, V, activation, b=b, intercept=intercept)
+    U, c = (Uc[:, :-1], Uc[:, -1]) if intercept else (Uc, None)
+    return Fit(np.ascontiguousarray(U), c, relative_residual(X, Y, V, U, threads, activation, b=b, c=c), cond)
+
+
+def fit_and_certify(X, Y, V, *, subset=None, threads=0, activation=RELU):
+    """:func:`fit_network` for the bias-free model: returns (U, residual, condition)."""
+    fit = fit_network(X, Y, V, subset=subset, threads=threads, activation=activation)
+    return fit.U, fit.residual, fit.condition
 
 
 #: Relative size of X v below which a sample sits on the hyperplane of a hidden unit.

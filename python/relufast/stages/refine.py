@@ -24,6 +24,8 @@ __all__ = [
     "output_basis",
     "refine_rows",
     "refine_rows_reference",
+    "RowPool",
+    "DUPLICATE_COS",
 ]
 
 #: Margin schedule for unit-norm rows and standard Gaussian inputs (see ``docs/bjw19.md``).
@@ -178,3 +180,51 @@ def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10
 
 
 
+
+
+#: Rows whose |cos| exceeds this are the same hidden unit.
+DUPLICATE_COS = 1.0 - 1e-6
+#: Fields of :func:`refine_rows`' output kept as a row's certificate.
+_CERT_FIELDS = ("margin", "null_ratio", "gap_ratio", "other_ratio", "verify_residual", "support")
+
+
+class RowPool:
+    """Certified rows pooled over restarts, one per hidden unit (duplicates dropped).
+
+    Parameters
+    ----------
+    k : int
+        Rows wanted.
+    """
+
+    def __init__(self, k):
+        self.k = k
+        self.rows = []
+        self.certificates = []
+
+    def __len__(self):
+        return len(self.rows)
+
+    @property
+    def full(self):
+        return len(self.rows) >= self.k
+
+    def is_new(self, row):
+        unit = row / np.linalg.norm(row)
+        return all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in self.rows)
+
+    def add(self, row, certificate=None):
+        """Add a certified row unless it duplicates one in the pool; returns whether added."""
+        if not self.is_new(row):
+            return False
+        self.rows.append(np.asarray(row, dtype=np.float64))
+        self.certificates.append(certificate or {})
+        return True
+
+    def add_certified(self, out, rows=None):
+        """Add every certified row of a :func:`refine_rows` output (``rows`` overrides the
+        solved rows, e.g. mapped back from whitened coordinates)."""
+        rows = out["rows"] if rows is None else rows
+        for i in np.flatnonzero(out["certified"]):
+            self.add(rows[i], {key: out[key][i] for key in _CERT_FIELDS})
+        return self

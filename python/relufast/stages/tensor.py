@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["input_span", "project", "jennrich", "cp_als", "merge_symmetric_factors", "draw_candidates"]
+__all__ = ["input_span", "project", "jennrich", "cp_als", "merge_symmetric_factors", "draw_candidates",
+           "as_third_order", "contract", "power_iteration"]
 
 
 def input_span(T, k):
@@ -142,3 +143,81 @@ def draw_candidates(P, W, rng):
     cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
     cand /= np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
     return cand, gap, fit
+
+
+def as_third_order(T):
+    """A 3-way view of a tensor of order 3 or 4 for :func:`jennrich`.
+
+    Order 3 is returned as is; an order-4 tensor ``sum_j w_j v_j^(x)4`` of shape (k, k, k, k)
+    becomes ``sum_j w_j (v_j (x) v_j) (x) v_j (x) v_j`` of shape (k^2, k, k), whose first
+    factors v_j (x) v_j are pairwise non-parallel whenever the v_j are.
+    """
+    T = np.asarray(T, dtype=np.float64)
+    if T.ndim == 3:
+        return T
+    if T.ndim == 4:
+        a, b = T.shape[0], T.shape[1]
+        return T.reshape(a * b, T.shape[2], T.shape[3])
+    raise ValueError(f"expected a tensor of order 3 or 4; got order {T.ndim}")
+
+
+def contract(T, v, times=None):
+    """Contract the last ``times`` modes of T (default all but the first) with v."""
+    T = np.asarray(T, dtype=np.float64)
+    times = T.ndim - 1 if times is None else times
+    for _ in range(times):
+        T = T @ v
+    return T
+
+
+def power_iteration(T, n_components, rng, *, n_starts=10, n_iter=100, tol=1e-12):
+    """Robust tensor power method with deflation for a symmetric tensor of order 3 or 4.
+
+    For ``T = sum_j w_j v_j^(x)p`` with orthonormal v_j (after whitening), each component
+    is a fixed point of ``u <- T(I, u, ..., u) / |T(I, u, ..., u)|``; of ``n_starts``
+    random starts the one with the largest |T(u, ..., u)| is kept, then deflated
+    (Anandkumar et al., JMLR 2014, Alg. 1). Order 4 keeps the sign of w_j (u and -u are the
+    same component); order 3 fixes the sign of v_j by that of w_j.
+
+    Returns
+    -------
+    weights : ndarray of shape (n_components,)
+        ``T(v_j, ..., v_j)``.
+    vectors : ndarray of shape (n_components, k)
+        Unit-norm components, one per row.
+    """
+    T = np.array(T, dtype=np.float64)
+    p, k = T.ndim, T.shape[0]
+    if p not in (3, 4) or any(n != k for n in T.shape):
+        raise ValueError(f"expected a symmetric tensor of order 3 or 4; got shape {T.shape}")
+    weights, vectors = [], []
+    for _ in range(n_components):
+        best = None
+        for _ in range(n_starts):
+            u = rng.standard_normal(k)
+            u /= np.linalg.norm(u)
+            for _ in range(n_iter):
+                g = contract(T, u)
+                nrm = np.linalg.norm(g)
+                if nrm == 0:
+                    break
+                u_new = g / nrm
+                if p == 4 and u_new @ u < 0:  # order 4: T(I,u,u,u) keeps the sign of w
+                    u_new = -u_new
+                done = np.linalg.norm(u_new - u) < tol
+                u = u_new
+                if done:
+                    break
+            lam = float(contract(T, u, p))
+            if best is None or abs(lam) > abs(best[0]):
+                best = (lam, u)
+        lam, u = best
+        if p == 3 and lam < 0:
+            lam, u = -lam, -u
+        weights.append(lam)
+        vectors.append(u)
+        outer = u
+        for _ in range(p - 1):
+            outer = np.multiply.outer(outer, u)
+        T -= lam * outer
+    return np.array(weights), np.array(vectors)

@@ -12,24 +12,23 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
-from ..._result import Run, Status, warn, no_linalg_error
+from ..._result import Run, Status, no_linalg_error
 from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import gaussianity, numerical_rank, outputs_below_hidden_message, refinement_subset, whitener
+from ...stages.diagnostics import (input_whitening, numerical_rank, outputs_below_hidden_message,
+                                   refinement_subset, warn_if_not_gaussian)
 from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
 from ...stages.moments import moment_span
-from ...stages.refine import output_basis, refine_rows
+from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
 __all__ = ["gaussian"]
-
 
 #: sigma_(k+1)/sigma_1 of the outputs (m > k) or the smallest null-space ratio (m = k) above
 #: this means noisy outputs: exact outputs leave both at rounding level, about 1e-16.
 NOISE_FLOOR = 1e-12
 
-#: Rows whose |cos| exceeds this are the same hidden unit.
-DUPLICATE_COS = 1.0 - 1e-6
+
 
 
 
@@ -148,9 +147,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
         diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return run.result(Status.UNSUPPORTED,
-                              f"the second Hermite coefficient of {act.name} vanishes (c2 = {c[2]:.2e}): "
-                              "the second-order moment carries no information",
+            return run.result(Status.UNSUPPORTED, f"the second Hermite coefficient of {act.name} vanishes "
+                              f"(c2 = {c[2]:.2e}): the second-order moment carries no information",
                               activation=act_out)
 
     # Step 1: refinement samples, rank of the outputs, output basis and compression.
@@ -162,20 +160,12 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         rank = numerical_rank(sv)
         noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
         diag["noise_ratio"] = noise_ratio
-        diag.update(gaussianity(X))
-        Wh = None
-        if whiten not in ("auto", True, False):
-            raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
-        if whiten is True or (whiten == "auto" and
-                              diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
-            Wh, diag["input_condition"] = whitener(X)
-            if Wh is None:
-                return run.result(Status.NON_IDENTIFIABLE,
-                                  "the second-moment matrix of X is singular: the inputs lie in a "
-                                  "subspace, so V is not identifiable along its complement",
-                                  activation=act_out)
-            diag.update(gaussianity(X, Wh))
-        diag["whitened"] = Wh is not None
+        Wh = input_whitening(X, whiten, diag)
+        if Wh is False:
+            return run.result(Status.NON_IDENTIFIABLE,
+                              "the second-moment matrix of X is singular: the inputs lie in a "
+                              "subspace, so V is not identifiable along its complement",
+                              activation=act_out)
         # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
         Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
         to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
@@ -186,24 +176,40 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
             "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
             activation=act_out)
-    if not diag["gaussian_ok"]:
-        warn(
-            "X does not look like standard Gaussian input (second-moment deviation "
-            f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
-            f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
-            f"bjw19-gaussian assumes x ~ N(0, {'Sigma' if Wh is not None else 'I'}). Rows are still certified exactly, so an "
-            "'exact' status remains trustworthy, but the moment step may fail."
-        )
+    warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
 
     # Step 2: the moment tensor on the compressed outputs; step 3: span and projection.
     with run.stage("moments"):
         W, P, evals = moment_span(X, Y, k, None if m == k else Q, threads, block_size, whitener=Wh)
     diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
     # Step 4: candidates pooled over restarts and certified.
-    certified, cert_meta, gaps = [], [], []
-    approx_rows = None
-    min_null = np.inf
-    n_candidates = restarts = 0
+    pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
+                                                      threads, act, whitened=Wh is not None)
+    if len(pool) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
+        with run.stage("refine"):
+            row = _deflate_missing(X, Y, np.array(pool.rows), B, Xr, threads)
+        if row is not None and pool.add(row, {"deflation": True}):
+            diag["deflation_used"] = True
+    run.counts["certified_rows"] = len(pool)
+    diag["row_certificates"] = tuple(pool.certificates)
+    # Step 5: the output layer and the certificate over all samples.
+    with run.stage("fit"):
+        U, V, residual = _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag)
+    status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null,
+                               run.counts["restarts"])
+    exact = status == Status.EXACT
+    return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
+                      warn_user=not exact)
+
+
+def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened):
+    """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
+    pooled until k distinct rows are found.
+
+    Returns (pool, approximate rows from the first draw, smallest null-space ratio seen).
+    """
+    pool, gaps = RowPool(k), []
+    approx_rows, min_null, n_candidates, restarts = None, np.inf, 0, 0
     for restarts in range(1, n_restarts + 1):
         with run.stage("tensor"):
             cand, gap, _ = draw_candidates(P, W, rng)
@@ -211,7 +217,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         with run.stage("refine"):
             out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act)
         rows_x = to_x(out["rows"])
-        if act.homogeneous and Wh is not None:
+        if act.homogeneous and whitened:
             rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
         n_candidates += cand.shape[0]
         min_null = min(min_null, float(np.min(out["null_ratio"])))
@@ -220,75 +226,58 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             # solved, else the tensor direction with the better-supported sign.
             approx_rows = to_x(np.where(out["solved"][:k, None], out["rows"][:k],
                                         np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]))
-        for i in np.flatnonzero(out["certified"]):
-            row = rows_x[i]
-            unit = row / np.linalg.norm(row)
-            if all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in certified):
-                certified.append(row)
-                cert_meta.append({key: out[key][i] for key in
-                                  ("margin", "null_ratio", "gap_ratio", "other_ratio",
-                                   "verify_residual", "support")})
-        if len(certified) >= k:
+        pool.add_certified(out, rows_x)
+        if pool.full:
             break
-    if len(certified) == k - 1 and k > 1 and noise_ratio < 1e-9 and act is RELU and Wh is None:
-        with run.stage("refine"):
-            row = _deflate_missing(X, Y, np.array(certified), B, Xr, threads)
-        if row is not None and all(abs(row @ c) < DUPLICATE_COS for c in certified):
-            certified.append(row)
-            cert_meta.append({"deflation": True})
-            diag["deflation_used"] = True
-    run.counts.update(candidates=n_candidates, restarts=restarts, certified_rows=len(certified))
-    diag["jennrich_gaps"] = np.array(gaps)
-    diag["row_certificates"] = tuple(cert_meta)
+    run.counts.update(candidates=n_candidates, restarts=restarts)
+    run.diag["jennrich_gaps"] = np.array(gaps)
+    return pool, approx_rows, min_null
 
-    # Step 5: the output layer and the certificate over all samples.
-    with run.stage("fit"):
-        exact_rows = len(certified) == k
-        if exact_rows:
-            V = np.array(certified)
-            U, residual, cond = fit_and_certify(X, Y, V, subset=(Xr, Yr), threads=threads,
-                                                activation=act)
-        else:
-            V = np.array(certified + [r / np.linalg.norm(r) for r in approx_rows
-                                      if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in certified)][: k - len(certified)])
-            if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
-                V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
-            U, cond = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads, activation=act))
-            residual = relative_residual(X, Y, V, U, threads, act)
-        diag["fit_condition"] = cond
-        order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
-        U, V = U[:, order], V[order]
 
-    exact = exact_rows and residual <= tol
-    if exact:
-        status = Status.EXACT
-        message = (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
-                   f"relative residual {residual:.2e} over {n} samples")
-    elif exact_rows:
+def _fit(X, Y, Xr, Yr, pool, approx_rows, threads, act, diag):
+    """Step 5: U by least squares and the residual over all samples; with fewer than k
+    certified rows the approximate rows fill in (U then from all samples)."""
+    k = pool.k
+    if pool.full:
+        V = np.array(pool.rows)
+        U, residual, cond = fit_and_certify(X, Y, V, subset=(Xr, Yr), threads=threads, activation=act)
+    else:
+        fill = [r / np.linalg.norm(r) for r in approx_rows
+                if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in pool.rows)]
+        V = np.array(pool.rows + fill[: k - len(pool)])
+        if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
+            V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
+        U, cond = fit_from_stats(relu_stats(X, Y, V, n_jobs=threads, activation=act))
+        residual = relative_residual(X, Y, V, U, threads, act)
+    diag["fit_condition"] = cond
+    order = np.argsort(-np.linalg.norm(U, axis=0), kind="stable")
+    return U[:, order], V[order], residual
+
+
+def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts):
+    """Status and message of the run."""
+    if pool.full and residual <= tol:
+        return Status.EXACT, (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
+                              f"relative residual {residual:.2e} over {n} samples")
+    if pool.full:
         # Every row is certified, so the network is a sound estimate: the rest is noise or a
         # few bad samples, not a failure of the method.
-        status = Status.APPROXIMATE if np.isfinite(residual) else Status.FAILED
-        message = (f"all {k} rows were certified on {len(Xr)} refinement samples but the residual "
-                   f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
-                   "not exactly those of one network (noise, or outliers / a few corrupted samples: "
-                   "bjw19-sparse-noise handles sparse corruption)")
-    else:
-        # With m > k the (k+1)-th singular value of the outputs measures the noise; with
-        # m = k only the absence of any exact null vector can tell.
-        # Exact outputs leave both at rounding level (~1e-16); anything above NOISE_FLOOR is
-        # noise, however small (1e-9 noise is approximate, not failed).
-        noisy = noise_ratio > NOISE_FLOOR if m > k else min_null > NOISE_FLOOR
-        status = Status.APPROXIMATE if noisy else Status.FAILED
-        if noisy:
-            message = (f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
-                       f"smallest null-space ratio {min_null:.2e}): returning an approximate "
-                       f"network with relative residual {residual:.2e}; {len(certified)} of {k} "
-                       "rows certified")
-        else:
-            message = (f"only {len(certified)} of {k} rows could be certified after {restarts} "
-                       "restarts: the moment estimate is too crude. Try more samples, more "
-                       "n_restarts, or check that X is standard Gaussian and that rows of V are "
-                       "not nearly parallel. Outputs of a network with hidden biases or an output "
-                       "offset (y = U relu(V x + b) + c) are outside this model: use atv21")
-    return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
-                      warn_user=not exact)
+        return Status.APPROXIMATE if np.isfinite(residual) else Status.FAILED, (
+            f"all {k} rows were certified on {n_refine} refinement samples but the residual "
+            f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
+            "not exactly those of one network (noise, or outliers / a few corrupted samples: "
+            "bjw19-sparse-noise handles sparse corruption)")
+    # With m > k the (k+1)-th singular value of the outputs measures the noise; with
+    # m = k only the absence of any exact null vector can tell. Exact outputs leave both at
+    # rounding level; anything above NOISE_FLOOR is noise, however small (1e-9 noise is
+    # approximate, not failed).
+    if (noise_ratio > NOISE_FLOOR) if m > k else (min_null > NOISE_FLOOR):
+        return Status.APPROXIMATE, (
+            f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
+            f"smallest null-space ratio {min_null:.2e}): returning an approximate network with "
+            f"relative residual {residual:.2e}; {len(pool)} of {k} rows certified")
+    return Status.FAILED, (
+        f"only {len(pool)} of {k} rows could be certified after {restarts} restarts: the moment "
+        "estimate is too crude. Try more samples, more n_restarts, or check that X is standard "
+        "Gaussian and that rows of V are not nearly parallel. Outputs of a network with hidden "
+        "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21")

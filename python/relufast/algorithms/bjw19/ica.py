@@ -11,7 +11,7 @@ from ..._result import Run, Status, no_linalg_error
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message, refinement_subset
 from ...stages.fit import fit_and_certify
-from ...stages.refine import output_basis, refine_rows
+from ...stages.refine import RowPool, output_basis, refine_rows
 
 __all__ = ["fastica", "ica"]
 
@@ -118,7 +118,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                 "bjw19-ica", m, k, "Thm 4 assumes U of rank k"))
         Xr, Yr = refinement_subset(X, Y, k, n_refine, rng)
         B, _, _ = output_basis(Yr, k)
-        certified, approx, iters_all = [], None, []
+        pool, approx, iters_all = RowPool(k), None, []
         for restart in range(n_restarts):
             # Steps 1-3: a fresh sketch and FastICA start per restart; certified rows are pooled.
             with run.stage("ica"):
@@ -142,13 +142,12 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
             if approx is None:
                 approx = np.where(out["solved"][:, None], out["rows"],
                                   cand / np.linalg.norm(cand, axis=1, keepdims=True))
-            for i in np.flatnonzero(out["certified"]):
-                if all(abs(out["rows"][i] @ c) < 1 - 1e-6 for c in certified):
-                    certified.append(out["rows"][i])
-            if len(certified) >= k:
+            pool.add_certified(out)
+            if pool.full:
                 break
         run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
-        run.counts["certified_rows"] = len(certified)
+        run.counts["certified_rows"] = len(pool)
+        certified = pool.rows
         rows = np.array(certified) if len(certified) == k else approx
         with run.stage("fit"):
             U, residual, _ = fit_and_certify(X, Y, rows, subset=(Xr, Yr), threads=threads)

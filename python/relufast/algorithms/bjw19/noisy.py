@@ -83,8 +83,9 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
     n_restarts : int, default=5
         Jennrich draws; the one whose CP-ALS model fits the projected moment best is used.
     polish_steps : int, default=0
-        Alternating least-squares steps on all samples after the paper's estimate (opt-in;
-        reaches the statistical optimum, beyond the paper).
+        Gauss-Newton steps on all parameters and all samples after the paper's estimate
+        (opt-in, :func:`relufast.stages.fit.polish`; reaches the statistical rate, beyond the
+        paper).
     n_jobs, random_state, block_size
         As in :func:`gaussian`.
 
