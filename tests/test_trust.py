@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import relufast as rf
-from relufast.stages.fit import local_rank_deficiency, relative_residual, scaled_norm
 from relufast.activations import RELU
+from relufast.stages.fit import local_rank_deficiency, relative_residual, scaled_norm
 
 from .conftest import EXACT_TOL, planted
 
@@ -86,7 +86,7 @@ def test_gaussian_with_huge_outputs_and_one_bad_sample_is_not_exact():
     X, Y = net.sample(3000, random_state=1)
     Y = Y * 1e150
     Y[7] *= 1e10
-    res = _quiet(rf.algorithms.bjw19.gaussian, X, Y, 3, random_state=0)  # direct: no rescaling
+    res = _quiet(rf.algorithms.bjw19.gaussian, X, Y, 3, random_state=0)  # direct call
     assert not res.exact and res.status != "exact"
     res = _quiet(rf.recover, X, Y, n_hidden=3, method="bjw19-gaussian", random_state=0)
     assert not res.exact and res.residual > GROSS_RESIDUAL
@@ -153,6 +153,8 @@ def test_units_do_not_matter(method, sx, sy, capfd):
     opts = {"time_limit": 30} if method == "bjw19-enumeration" else {}
     res = rf.recover(Xs, Ys, n_hidden=3, method=method, random_state=0, **opts)
     assert res.exact, res.message
+    direct = rf.METHODS[method].function(Xs, Ys, 3, random_state=0, **opts)  # the paper's function
+    assert direct.exact and scaled_norm(direct.predict(Xs) - Ys) <= PREDICT_TOL * scaled_norm(Ys)
     assert capfd.readouterr().err == ""  # no LAPACK complaints on stderr
     assert rf.metrics.parameter_error(res, net).V < EXACT_TOL
     assert scaled_norm(res.predict(Xs) - Ys) <= PREDICT_TOL * scaled_norm(Ys)

@@ -29,6 +29,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ._result import RecoveryResult, RelufastWarning, Run, Status, warn
+from ._units import map_back, plain_array, rescale
 from .algorithms import bjw19, gklw19
 
 __all__ = ["recover", "METHODS", "Method", "AUTO_TIME_LIMIT"]
@@ -95,87 +96,6 @@ def _check_options(name, function, options):
                         + ", ".join(valid))
 
 
-# --------------------------------------------------------------------------- units
-def _rms_exponent(A):
-    """e with 2^e closest (in log scale) to the root-mean-square entry of the first rows of A."""
-    from .stages.fit import max_abs, power_of_two_scale
-
-    head = np.asarray(A[:65536], dtype=np.float64)
-    a = max_abs(head)
-    if not (np.isfinite(a) and a > 0):
-        return 0
-    s = power_of_two_scale(a)
-    rms = float(np.sqrt(np.mean((head * s) ** 2))) / s
-    return int(np.round(np.log2(rms)))
-
-
-def _plain_array(A):
-    """A as a float64 ndarray when it is an in-memory numeric array; else None (dask arrays,
-    lists of strings, ...: the method's own validation deals with them)."""
-    if hasattr(A, "compute") and hasattr(A, "chunks") and not isinstance(A, np.ndarray):
-        return None
-    try:
-        arr = np.asarray(A)
-    except Exception:  # noqa: BLE001 - ragged input: the method's validation reports it
-        return None
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
-        return None
-    if np.issubdtype(arr.dtype, np.complexfloating) or arr.ndim not in (1, 2) or arr.size == 0:
-        return None
-    return arr
-
-
-def _degree(options):
-    """Homogeneity degree p of the method's activation (relu: 1), or None if not homogeneous."""
-    from .activations import get_activation
-
-    act = get_activation(options.get("activation", "relu"))
-    return float(act.degree) if act.homogeneous else None
-
-
-def _units(X, Y, options):
-    """Exact power-of-two rescaling of X and Y: returns (X', Y', options', (ex, ey, p)) with
-    X' = X 2^-ex, Y' = Y 2^-ey; (0, 0, 1) when nothing is rescaled."""
-    if "comm" in options:  # each MPI rank holds other samples: no common scale without a reduction
-        return X, Y, options, (0, 0, 1.0)
-    Xa, Ya = _plain_array(X), _plain_array(Y)
-    if Xa is None or Ya is None or Xa.ndim != 2:
-        return X, Y, options, (0, 0, 1.0)
-    if not (np.all(np.isfinite(Xa[:65536])) and np.all(np.isfinite(Ya[:65536]))):
-        return X, Y, options, (0, 0, 1.0)
-    try:
-        p = _degree(options)
-    except (TypeError, ValueError):
-        return X, Y, options, (0, 0, 1.0)
-    ex = _rms_exponent(Xa) if p is not None else 0
-    ey = _rms_exponent(Ya)
-    if ex == 0 and ey == 0:
-        return X, Y, options, (0, 0, 1.0)
-    Xs = Xa if ex == 0 else np.ldexp(np.asarray(Xa, dtype=np.float64), -ex)
-    Ys = Ya if ey == 0 else np.ldexp(np.asarray(Ya, dtype=np.float64), -ey)
-    options = dict(options)
-    if options.get("given_M") is not None:  # an approximate left inverse of U: U' = U 2^(p ex - ey)
-        options["given_M"] = np.ldexp(np.asarray(options["given_M"], dtype=np.float64), ey - int(p * ex))
-    return Xs, Ys, options, (ex, ey, p if p is not None else 1.0)
-
-
-def _map_back(res, scale):
-    """Parameters of a result on rescaled data mapped to the caller's units."""
-    ex, ey, p = scale
-    diag = dict(res.diagnostics)
-    diag["units"] = {"x_scale": float(np.ldexp(1.0, ex)), "y_scale": float(np.ldexp(1.0, ey)),
-                     "note": "X and Y were divided by these powers of two inside the method; the "
-                             "parameters are in the caller's units, other diagnostics are not"}
-    if (ex, ey) == (0, 0):
-        return res
-    if res.U is None or res.V is None:
-        return dataclasses.replace(res, diagnostics=diag)
-    U = res.U * (2.0 ** (ey - p * ex))
-    b = None if res.b is None else np.ldexp(res.b, ex)
-    c = None if res.c is None else np.ldexp(res.c, ey)
-    return dataclasses.replace(res, U=U, b=b, c=c, diagnostics=diag)
-
-
 # --------------------------------------------------------------------------- causes
 def _float32_note(X, Y, options):
     tol = options.get("tol", 1e-10)
@@ -198,7 +118,7 @@ def _identify(res, X):
 
     if res.status != Status.EXACT or res.V is None or res.activation is not None:
         return res
-    Xa = _plain_array(X)
+    Xa = plain_array(X)
     if Xa is None or Xa.ndim != 2:
         return res
     N = input_null_space(np.asarray(Xa, dtype=np.float64))
@@ -233,7 +153,7 @@ def _causes(res, X, Y, n_hidden, options):
     if res.status == Status.EXACT:
         return []
     notes = _float32_note(X, Y, options)
-    Xa, Ya = _plain_array(X), _plain_array(Y)
+    Xa, Ya = plain_array(X), plain_array(Y)
     if Xa is None or Ya is None or Xa.ndim != 2:
         return notes
     Ya = Ya.reshape(len(Ya), -1)
@@ -280,7 +200,11 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
     """One method through the common treatment (see the module docstring)."""
     function = METHODS[name].function
     _check_options(name, function, options)
-    Xs, Ys, opts, scale = _units(X, Y, options)
+    # Methods marked by relufast._result.recovery_method rescale units themselves.
+    if getattr(function, "rescales_units", False):
+        Xs, Ys, opts, scale = X, Y, options, (0, 0, 1.0)
+    else:
+        Xs, Ys, opts, scale = rescale(X, Y, options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RelufastWarning)
         try:
@@ -290,7 +214,7 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
                                    "data are numerically degenerate for this method (collinear or "
                                    "constant inputs, or outputs of extreme dynamic range)")
     method_message, method_status = res.message, res.status
-    res = _identify(_map_back(res, scale), X)
+    res = _identify(map_back(res, scale), X)
     notes = _causes(res, X, Y, n_hidden, options)
     if notes:
         res = dataclasses.replace(res, message=res.message.rstrip(". ") + ". " + ". ".join(notes))
@@ -316,7 +240,7 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
 def _rank_key(res):
     s = res.status
     has = res.U is not None and res.V is not None and res.has_finite_parameters
-    pos = _PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE)
+    pos = float(_PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE))
     if s in (Status.NON_IDENTIFIABLE, Status.APPROXIMATE) and not has:
         pos = _PREFERENCE.index(Status.FAILED) + 0.5
     if s == Status.APPROXIMATE and not res.residual < 1.0:  # explains no more than Y = 0 does
@@ -337,7 +261,7 @@ def _auto(X, Y, n_hidden, options):
     budget = AUTO_TIME_LIMIT if budget is None else budget
     if not (isinstance(budget, (int, float)) and np.isfinite(budget) and budget > 0):
         raise ValueError(f"time_limit must be a positive number of seconds; got {budget!r}")
-    known = set()
+    known: set = set()
     for entry in METHODS.values():
         known.update(_accepted_options(entry.function) or ())
     unknown = [o for o in options if o not in known]
@@ -359,7 +283,7 @@ def _auto(X, Y, n_hidden, options):
     n, d = Xc.shape
     m = Yc.shape[1]
     Xh = Xc[:AUTO_CHECK_ROWS]
-    Xh_s, Yh_s, _, _ = _units(Xh, Yc[: len(Xh)], {})
+    Xh_s, Yh_s, _, _ = rescale(Xh, Yc[: len(Xh)], {})
     Xh_s = np.asarray(Xh_s, dtype=np.float64)
     sub = np.asarray(Yh_s, dtype=np.float64)[:2000]
     rank = numerical_rank(np.linalg.svd(sub, compute_uv=False))
@@ -469,7 +393,7 @@ def _auto_enumeration(X, Y, k, opts, budget, fit_and_certify):
         if small.V is not None and small.has_finite_parameters and small.status in (Status.EXACT,
                                                                                    Status.NON_IDENTIFIABLE):
             # Certify the subsample's rows on all samples (rescaled like every method's input).
-            Xs, Ys, _, (ex, ey, _p) = _units(X, Y, {})
+            Xs, Ys, _, (ex, ey, _p) = rescale(X, Y, {})
             U, residual, _ = fit_and_certify(np.asarray(Xs), np.asarray(Ys), small.V)
             run = Run("bjw19-enumeration")
             run.diag.update(small.diagnostics)

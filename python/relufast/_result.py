@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 
 from .network import Network
 
-__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run", "no_linalg_error"]
+__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run", "recovery_method"]
 
 
 class RelufastWarning(UserWarning):
@@ -206,21 +206,31 @@ class Run:
         return res
 
 
-def no_linalg_error(name):
-    """Decorator for a public method function: a numerical breakdown inside it (numpy or
-    scipy ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising."""
+def recovery_method(name):
+    """Decorator for a public method function: units-free and never a raw ``LinAlgError``.
+
+    X and Y are rescaled by exact powers of two (:mod:`relufast._units`) before the method
+    runs and its parameters are mapped back; a numerical breakdown inside it (numpy or scipy
+    ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
+    """
     import functools
 
     def wrap(function):
         @functools.wraps(function)
-        def guarded(*args, **kwargs):
+        def method(X, Y, n_hidden, **options):
+            from ._units import map_back, rescale
+
+            Xs, Ys, opts, scale = rescale(X, Y, options)
             try:
-                return function(*args, **kwargs)
+                res = function(Xs, Ys, n_hidden, **opts)
             except np.linalg.LinAlgError as exc:
-                return Run(name).result(
+                res = Run(name).result(
                     Status.FAILED,
                     f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
                     "degenerate for this method (collinear or constant inputs, or outputs of extreme "
-                    "dynamic range: relufast.recover rescales units, a direct call does not)")
-        return guarded
+                    "dynamic range)")
+            return map_back(res, scale)
+
+        method.rescales_units = True  # type: ignore[attr-defined]
+        return method
     return wrap

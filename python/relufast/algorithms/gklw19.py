@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._result import Run, Status, warn, no_linalg_error
+from .._result import Run, Status, recovery_method, warn
 from .._validation import check_positive_int, check_problem, check_random_state, check_xy, resolve_n_jobs
 from ..activations import RELU
 from ..stages.diagnostics import input_null_space, refinement_subset
@@ -137,7 +137,7 @@ def _refit_W(X, Y, A, V, steps):
     return W
 
 
-@no_linalg_error("gklw19")
+@recovery_method("gklw19")
 def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20, n_slices=None,
             als_restarts=10, als_iter=300, refit_steps=200, tol=1e-9, n_jobs=None, random_state=None):
     """Recover ``y = A relu(W x) (+ noise)`` for symmetric inputs (GKLW19 Algorithms 1-4).

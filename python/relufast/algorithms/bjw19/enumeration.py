@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, no_linalg_error
+from ..._result import Run, Status, recovery_method
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import input_null_space, numerical_rank
 from ...activations import RELU
+from ...stages.diagnostics import input_null_space, numerical_rank
 from ...stages.fit import fit_and_certify, minimum_norm_rows, relative_residual, undetermined_directions
 from ...stages.highs import INF, LPSession
 from ...stages.patterns import PatternStream
@@ -128,7 +128,7 @@ def _try_pattern(S, coeff, X, B, found, rng, time_limit):
     return (w, f, _determined(S, X, B), "lp"), lps
 
 
-@no_linalg_error("bjw19-enumeration")
+@recovery_method("bjw19-enumeration")
 def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
                 progress=None, random_state=None):
     """Exact recovery for any input distribution (BJW19 Thm 1; Algorithms 1 and 2).
@@ -319,12 +319,13 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
             if null.shape[0]:
                 diag["input_null_space"] = null
             seconds["fit"] = time.perf_counter() - t
+            span_note = f" (the inputs span only {d - null.shape[0]} of {d} dimensions)" if null.shape[0] else ""
             return run.result(
                 Status.NON_IDENTIFIABLE,
                 f"found {k} rows fitting Y exactly (relative residual {residual:.2e}), but the fit is not "
                 f"unique: row(s) {loose} can move along {[free[i].shape[0] for i in loose]} input "
                 "direction(s) each (diagnostics['undetermined_directions']) that their active samples do "
-                f"not see{' (the inputs span only ' + str(d - null.shape[0]) + ' of ' + str(d) + ' dimensions)' if null.shape[0] else ''}"
+                f"not see{span_note}"
                 " without changing the outputs; returned the minimum-norm representative",
                 U=U, V=V, residual=residual)
         msg = (f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._result import Run, Status, no_linalg_error
+from ..._result import Run, Status, recovery_method
 from ..._validation import check_positive_int, check_problem, check_random_state
 from ...stages.fit import fit_and_certify
 
 __all__ = ["fpt"]
 
 
-@no_linalg_error("bjw19-fpt")
+@recovery_method("bjw19-fpt")
 def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None):
     """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
 

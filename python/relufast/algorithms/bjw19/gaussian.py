@@ -12,7 +12,7 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
-from ..._result import Run, Status, no_linalg_error
+from ..._result import Run, Status, recovery_method
 from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import (input_whitening, numerical_rank, outputs_below_hidden_message,
@@ -50,7 +50,7 @@ def _deflate_missing(X, Y, V_known, B, Xr, threads, max_rows=200000):
     return out["rows"][0] if out["certified"][0] else None
 
 
-@no_linalg_error("bjw19-gaussian")
+@recovery_method("bjw19-gaussian")
 def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
              random_state=None, block_size=256, activation="relu", whiten="auto"):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, no_linalg_error
+from ..._result import Run, Status, recovery_method
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message, refinement_subset
 from ...stages.fit import fit_and_certify
@@ -65,7 +65,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
     return K @ W.T, it, converged
 
 
-@no_linalg_error("bjw19-ica")
+@recovery_method("bjw19-ica")
 def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12, max_iter=1000,
         n_jobs=None, random_state=None):
     """Exact recovery for orthonormal V by ICA (BJW19 Theorem 4, Algorithm 3).

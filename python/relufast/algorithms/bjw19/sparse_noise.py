@@ -6,14 +6,13 @@ uncorrupted entries only makes the result exact.
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, no_linalg_error
-from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ..._result import Run, Status, recovery_method
+from ..._validation import check_positive_int, check_problem
 from ...stages.diagnostics import numerical_rank
 from ...stages.fit import local_rank_deficiency, max_abs, polish, scaled_norm
 from ...stages.robust_pca import principal_component_pursuit
@@ -25,7 +24,7 @@ __all__ = ["sparse_noise"]
 SUPPORT_ROUNDS = 4
 
 
-@no_linalg_error("bjw19-sparse-noise")
+@recovery_method("bjw19-sparse-noise")
 def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, support_tol=1e-7,
                  polish_steps=10, tol=1e-10, n_jobs=None, random_state=None):
     """Exact recovery under sparse gross corruption of the outputs (BJW19 Sec. 8, Thm 14).
@@ -74,7 +73,7 @@ def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, suppor
         run = Run("bjw19-sparse-noise")
         X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
         polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
-        seconds, counts, diag = run.seconds, run.counts, run.diag
+        counts, diag = run.counts, run.diag
         counts.update(n_samples=n, n_hidden=k)
         stop = run.result
 
