@@ -205,6 +205,8 @@ def test_messages_name_the_cause():
     gauss = dict(method="bjw19-gaussian", random_state=0)
     res = _quiet(rf.recover, X, Y, n_hidden=4, **gauss)
     assert "rank 3 < n_hidden = 4" in res.message and "add samples" not in res.message
+    res = _quiet(rf.recover, X, Y, n_hidden=4, random_state=0)  # auto: every attempt says why
+    assert res.status == "rank_deficient" and "rank(Y) = 3 < n_hidden = 4" in res.message
     res = _quiet(rf.recover, X, Y, n_hidden=2, **gauss)
     assert "try n_hidden = 3" in res.message
     res = _quiet(rf.recover, X.astype(np.float32), Y.astype(np.float32), n_hidden=3, **gauss)

@@ -216,7 +216,8 @@ def main(argv=None):
     try:
         return args.func(args)
     except (ValueError, TypeError, _CommandError) as exc:
-        print(f"relufast: error: {exc}", file=sys.stderr)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"relufast: error: {text[:500]}", file=sys.stderr)  # one line, never a traceback
         return 2
     except KeyboardInterrupt:
         print("relufast: interrupted", file=sys.stderr)

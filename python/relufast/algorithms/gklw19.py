@@ -308,6 +308,11 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     seconds["fit"] = time.perf_counter() - t
     exact = bool(residual <= tol and certified == k)
     status = Status.EXACT if exact else Status.APPROXIMATE
+    if np.isfinite(residual) and residual >= 1.0:
+        return run.result(Status.FAILED, f"the recovered network explains none of the outputs (relative "
+                          f"residual {residual:.3g} >= 1, no better than predicting 0): the data are not "
+                          "those of a network with symmetric inputs and n_hidden units", U=A, V=V,
+                          residual=residual)
     if not np.isfinite(residual):
         return run.result(Status.FAILED, "the fitted network is not finite (the detector's null space "
                           "gave no usable directions)", U=A, V=V, residual=residual)

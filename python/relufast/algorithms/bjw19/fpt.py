@@ -83,8 +83,9 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         return run.result(status,
                        f"found {len(classes)} classes of at least {min_size} samples with parallel "
                        f"outputs, expected k = {k}: "
-                       + ("too few samples with a single active unit (Lemma 21 needs n of order "
-                          "d (k kappa)^(2k)); add samples. Noisy outputs also give no classes: "
+                       + (f"either the outputs come from only {len(classes)} hidden unit(s) (n_hidden "
+                          "too large), or too few samples have a single active unit (Lemma 21 needs n of "
+                          "order d (k kappa)^(2k): add samples). Noisy outputs also give no classes: "
                           "Alg. 7 needs outputs that are exactly parallel" if len(classes) < k else
                           "the columns of U are not pairwise independent or k is too small"))
     V = np.empty((k, d))
