@@ -243,7 +243,7 @@ def _rank_key(res):
     pos = float(_PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE))
     if s in (Status.NON_IDENTIFIABLE, Status.APPROXIMATE) and not has:
         pos = _PREFERENCE.index(Status.FAILED) + 0.5
-    if s == Status.APPROXIMATE and not res.residual < 1.0:  # explains no more than Y = 0 does
+    if has and not res.residual < 1.0:  # a fit that explains no more than Y = 0 does
         pos = len(_PREFERENCE) - 0.5
     r = res.residual if np.isfinite(res.residual) else np.inf
     return (pos, r)
