@@ -248,3 +248,11 @@ def test_enumeration_row_seen_by_too_few_samples_is_non_identifiable():
     free = res.diagnostics["undetermined_directions"]
     assert loose and all(free[i].shape[0] == 4 - int(np.sum(X @ res.V[i] > 1e-9)) for i in loose)
     assert scaled_norm(res.predict(X) - Y) <= PREDICT_TOL * scaled_norm(Y)
+
+
+def test_a_non_finite_residual_is_never_exact():
+    run = rf._result.Run("test")
+    with pytest.warns(rf.RelufastWarning, match="not a certificate"):
+        res = run.result("exact", "fit", U=np.ones((1, 1)), V=np.ones((1, 1)), exact=True,
+                         residual=float("nan"))
+    assert res.status == "failed" and not res.exact and not res.success

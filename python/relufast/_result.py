@@ -196,8 +196,10 @@ class Run:
         if Status(status) in (Status.EXACT, Status.APPROXIMATE) and not finite:
             status, exact = Status.FAILED, False
             message = f"{message} [the parameters are not finite: no estimate could be formed]"
-        if exact and not (np.isfinite(residual)):
-            exact = False
+        if (exact or Status(status) == Status.EXACT) and not np.isfinite(residual):
+            # inf/NaN is never a certificate (an overflowed or 0/0 residual).
+            status, exact = Status.FAILED, False
+            message = f"{message} [the residual is not finite: not a certificate]"
         res = RecoveryResult(U=U, V=V, b=b, c=c, status=status, message=message, method=self.method,
                              exact=exact, residual=residual, seconds=self.seconds, counts=self.counts,
                              diagnostics=self.diag, activation=activation)
