@@ -10,6 +10,7 @@
 
 #include "kernels/detector.hpp"
 #include "kernels/moments.hpp"
+#include "kernels/parallel.hpp"
 #include "kernels/refine.hpp"
 #include "kernels/sign_patterns.hpp"
 
@@ -21,6 +22,47 @@ using namespace relufast;
 #endif
 
 namespace {
+
+// Runs f() with the GIL released, interruptible: a Cancellation installed on
+// this thread re-acquires the GIL every 50 ms (between the kernel's work
+// items) and calls PyErr_CheckSignals, so Ctrl-C stops the kernel within a
+// block instead of after it; the KeyboardInterrupt (or whatever the handler
+// raised) is re-raised here. time_limit > 0 adds a deadline: TimeoutError.
+template <class F>
+auto interruptible(F&& f, double time_limit = 0.0) -> decltype(f()) {
+  Cancellation cancel;
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  cancel.poll = [&]() {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return false;
+    PyErr_Fetch(&type, &value, &trace);
+    return true;
+  };
+  if (time_limit > 0.0) cancel.set_time_limit(time_limit);
+  bool timed_out = false, cancelled = false;
+  std::optional<decltype(f())> result;
+  {
+    py::gil_scoped_release release;
+    ScopedCancellation scope(&cancel);
+    try {
+      result.emplace(f());
+    } catch (const TimeLimitReached&) {
+      timed_out = true;
+    } catch (const Cancelled&) {
+      cancelled = true;
+    }
+  }
+  if (type) {  // a signal handler raised: that exception wins, even if the kernel finished
+    PyErr_Restore(type, value, trace);
+    throw py::error_already_set();
+  }
+  if (timed_out) {
+    PyErr_SetString(PyExc_TimeoutError, "relufast kernel stopped by its time limit");
+    throw py::error_already_set();
+  }
+  if (cancelled) throw std::runtime_error("relufast kernel cancelled");
+  return std::move(*result);
+}
 
 bool cpu_has_avx2_fma() {
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -51,11 +93,7 @@ py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstR
   opts.tol_support = tol_support;
   opts.min_zeros = min_zeros;
   opts.power = power;
-  std::vector<RowCertificate> res;
-  {
-    py::gil_scoped_release release;
-    res = refine_rows(B, X, Vhat, opts, n_jobs);
-  }
+  std::vector<RowCertificate> res = interruptible([&] { return refine_rows(B, X, Vhat, opts, n_jobs); });
   const Index c = static_cast<Index>(res.size()), d = X.cols();
   RowMatrixXd rows = RowMatrixXd::Constant(c, d, std::numeric_limits<double>::quiet_NaN());
   Eigen::Matrix<bool, Eigen::Dynamic, 1> certified(c), solved(c);
@@ -112,6 +150,7 @@ py::dict pattern_batch_to_dict(const PatternBatch& b) {
 
 PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.doc() = "relufast compiled kernels (private; use the relufast package)";
+  m.def("hardware_threads", &hardware_threads, "Threads the kernels use at most (hardware threads).");
   m.def("cpu_has_avx2_fma", &cpu_has_avx2_fma, "Whether this CPU supports AVX2 and FMA.");
   m.def("compiled_with_avx2", &compiled_with_avx2, "Whether this module was compiled for AVX2/FMA.");
 
@@ -122,8 +161,10 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
           "update",
           [](SecondMoment& s, const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
              std::optional<RowMatrixXd> Q) {
-            py::gil_scoped_release release;
-            s.update(X, Y, n_jobs, block, Q ? &*Q : nullptr);
+            interruptible([&] {
+              s.update(X, Y, n_jobs, block, Q ? &*Q : nullptr);
+              return true;
+            });
           },
           py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("n_jobs") = 0,
           py::arg("block") = 256, py::arg("Q") = py::none(),
@@ -133,10 +174,14 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))
       .def("state",
            [](const SecondMoment& s) {
+             double count;
+             Eigen::VectorXd sum_y;
+             Eigen::MatrixXd sum_yxx;
+             s.snapshot(count, sum_y, sum_yxx);  // one consistent copy under the lock
              py::dict st;
-             st["count"] = s.count();
-             st["sum_y"] = Eigen::VectorXd(s.sum_y());
-             st["sum_yxx"] = Eigen::MatrixXd(s.sum_yxx());
+             st["count"] = count;
+             st["sum_y"] = sum_y;
+             st["sum_yxx"] = sum_yxx;
              return st;
            },
            "The raw sums: count, sum_y (m,), sum_yxx (d, m*d).")
@@ -149,19 +194,30 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   py::class_<DetectorMoment>(m, "DetectorMoment", py::module_local(),
                              "GKLW19 pure-neuron detector matrix, covariance form (mergeable).")
       .def(py::init<const RowMatrixXd&>(), py::arg("M"))
-      .def("update", &DetectorMoment::update, py::arg("X").noconvert(), py::arg("Y").noconvert(),
-           py::arg("n_jobs") = 0, py::arg("block") = 256, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "update",
+          [](DetectorMoment& s, const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block) {
+            interruptible([&] {
+              s.update(X, Y, n_jobs, block);
+              return true;
+            });
+          },
+          py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("n_jobs") = 0, py::arg("block") = 256)
       .def("merge", &DetectorMoment::merge, py::arg("other"))
       .def("matrix", &DetectorMoment::matrix, py::arg("centred") = true)
       .def("set_state", &DetectorMoment::set_state, py::arg("count"), py::arg("sum_phipsi"),
            py::arg("sum_phi"), py::arg("sum_psi"))
       .def("state",
            [](const DetectorMoment& s) {
+             double count;
+             Eigen::MatrixXd sum_phipsi;
+             Eigen::VectorXd sum_phi, sum_psi;
+             s.snapshot(count, sum_phipsi, sum_phi, sum_psi);  // one consistent copy under the lock
              py::dict st;
-             st["count"] = s.count();
-             st["sum_phipsi"] = Eigen::MatrixXd(s.sum_phipsi());
-             st["sum_phi"] = Eigen::VectorXd(s.sum_phi());
-             st["sum_psi"] = Eigen::VectorXd(s.sum_psi());
+             st["count"] = count;
+             st["sum_phipsi"] = sum_phipsi;
+             st["sum_phi"] = sum_phi;
+             st["sum_psi"] = sum_psi;
              return st;
            },
            "The raw sums: count, sum_phipsi (D1, D2), sum_phi (D1,), sum_psi (D2,).")
@@ -173,11 +229,9 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       "relu_stats",
       [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
          int n_jobs, Index block, double power, std::optional<Eigen::VectorXd> b, bool intercept) {
-        ReluStats s;
-        {
-          py::gil_scoped_release release;
-          s = relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, b ? &*b : nullptr, intercept);
-        }
+        ReluStats s = interruptible([&] {
+          return relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, b ? &*b : nullptr, intercept);
+        });
         py::dict out;
         out["gram"] = s.gram;
         out["cross"] = s.cross;
@@ -202,33 +256,28 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def(
       "enumerate_patterns",
       [](const ConstRowRef& B, const std::string& mode, long long begin, long long end, double tol,
-         int n_jobs) {
+         int n_jobs, double time_limit) {
         const PatternMode pm = parse_mode(mode);
-        PatternBatch b;
-        {
-          py::gil_scoped_release release;
-          b = enumerate_patterns(B, pm, begin, end, tol, n_jobs);
-        }
+        PatternBatch b =
+            interruptible([&] { return enumerate_patterns(B, pm, begin, end, tol, n_jobs); }, time_limit);
         return pattern_batch_to_dict(b);
       },
       py::arg("B").noconvert(), py::arg("mode"), py::arg("begin"), py::arg("end"),
-      py::arg("tol") = 1e-9, py::arg("n_jobs") = 0,
-      "BJW19 Lemma 1 (vertices) or extreme rays: positive sets of vectors in the row span of B.");
+      py::arg("tol") = 1e-9, py::arg("n_jobs") = 0, py::arg("time_limit") = 0.0,
+      "BJW19 Lemma 1 (vertices) or extreme rays: positive sets of vectors in the row span of B.\n"
+      "time_limit > 0: raise TimeoutError once that many seconds have passed.");
 
   m.def(
       "enumerate_patterns_for",
       [](const ConstRowRef& B, const std::string& mode, const IndexMatrix& subsets, double tol,
-         int n_jobs) {
+         int n_jobs, double time_limit) {
         const PatternMode pm = parse_mode(mode);
-        PatternBatch b;
-        {
-          py::gil_scoped_release release;
-          b = enumerate_patterns_for(B, pm, subsets, tol, n_jobs);
-        }
+        PatternBatch b =
+            interruptible([&] { return enumerate_patterns_for(B, pm, subsets, tol, n_jobs); }, time_limit);
         return pattern_batch_to_dict(b);
       },
       py::arg("B").noconvert(), py::arg("mode"), py::arg("subsets"), py::arg("tol") = 1e-9,
-      py::arg("n_jobs") = 0, "The systems of enumerate_patterns on explicit subsets (rows of subsets).");
+      py::arg("n_jobs") = 0, py::arg("time_limit") = 0.0, "The systems of enumerate_patterns on explicit subsets (rows of subsets).");
 
   m.def("refine_rows", &refine_rows_py, py::arg("B").noconvert(), py::arg("X").noconvert(),
         py::arg("Vhat"), py::arg("margins") = std::vector<double>{}, py::arg("tol_null") = 1e-10,

@@ -12,6 +12,8 @@
 // block (D1 = d(d+1)/2, D2 = k(k+1)/2), never the k d^3 tensor of the paper.
 #pragma once
 
+#include <mutex>
+
 #include "types.hpp"
 
 namespace relufast {
@@ -24,10 +26,13 @@ class DetectorMoment {
   void merge(const DetectorMoment& other);
   Index d() const { return d_; }
   Index k() const { return k_; }
-  double count() const { return count_; }
-  const Eigen::MatrixXd& sum_phipsi() const { return sum_phipsi_; }
-  const Eigen::VectorXd& sum_phi() const { return sum_phi_; }
-  const Eigen::VectorXd& sum_psi() const { return sum_psi_; }
+  // Copies of the state, taken under the lock.
+  double count() const;
+  Eigen::MatrixXd sum_phipsi() const;
+  Eigen::VectorXd sum_phi() const;
+  Eigen::VectorXd sum_psi() const;
+  void snapshot(double& count, Eigen::MatrixXd& sum_phipsi, Eigen::VectorXd& sum_phi,
+                Eigen::VectorXd& sum_psi) const;
   // Replaces the raw sums (used to install sums reduced across processes).
   void set_state(double count, const Eigen::MatrixXd& sum_phipsi, const Eigen::VectorXd& sum_phi,
                  const Eigen::VectorXd& sum_psi);
@@ -40,6 +45,7 @@ class DetectorMoment {
   double count_ = 0.0;
   Eigen::MatrixXd sum_phipsi_;
   Eigen::VectorXd sum_phi_, sum_psi_;
+  mutable std::mutex mu_;  // guards count_ and the sums: updates may come from several threads
 };
 
 }  // namespace relufast

@@ -1,5 +1,6 @@
 #include "moments.hpp"
 
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -48,15 +49,26 @@ void SecondMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs
     Eigen::VectorXd sy;
     RowMatrixXd W, Yq;
   };
+  block = clamp_block(n, block);
+  // This call's sums, reduced in a fixed block order (independent of n_jobs),
+  // are added to the accumulator's state under its lock at the end, so
+  // concurrent updates from several threads never lose one another's samples.
+  std::vector<Eigen::MatrixXd> panels(npanels);
+  for (Index p = 0; p < npanels; ++p) panels[p].setZero(d - c0[p], m * (c0[p + 1] - c0[p]));
+  Eigen::VectorXd sy = Eigen::VectorXd::Zero(m);
   accumulate_blocks<Local>(
       n, block, n_jobs,
       [&] {
         Local L;
         L.panels.resize(npanels);
-        for (Index p = 0; p < npanels; ++p) L.panels[p].setZero(d - c0[p], m * (c0[p + 1] - c0[p]));
-        L.sy.setZero(m);
+        for (Index p = 0; p < npanels; ++p) L.panels[p].resize(d - c0[p], m * (c0[p + 1] - c0[p]));
+        L.sy.resize(m);
         L.W.resize(block, m * width);
         return L;
+      },
+      [&](Local& L) {
+        for (auto& P : L.panels) P.setZero();
+        L.sy.setZero();
       },
       [&](Local& L, Index s0, Index len) {
         if (Q) L.Yq.noalias() = Y.middleRows(s0, len) * (*Q);
@@ -73,20 +85,23 @@ void SecondMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs
         L.sy.noalias() += Yb.colwise().sum().transpose();
       },
       [&](const Local& L) {
-        sum_y_ += L.sy;
-        for (Index p = 0; p < npanels; ++p) {
-          const Index w = c0[p + 1] - c0[p];
-          const Eigen::MatrixXd& a = L.panels[p];
-          for (Index i = 0; i < m; ++i)
-            for (Index c = 0; c < w; ++c)
-              for (Index r = 0; r < d - c0[p]; ++r) {
-                const Index row = c0[p] + r, col = c0[p] + c;
-                const double v = a(r, i * w + c);
-                sum_yxx_(row, i * d + col) += v;
-                if (row >= c0[p + 1]) sum_yxx_(col, i * d + row) += v;  // mirror the lower part
-              }
-        }
+        for (Index p = 0; p < npanels; ++p) panels[p] += L.panels[p];
+        sy += L.sy;
       });
+  std::lock_guard<std::mutex> lock(mu_);
+  sum_y_ += sy;
+  for (Index p = 0; p < npanels; ++p) {
+    const Index w = c0[p + 1] - c0[p];
+    const Eigen::MatrixXd& a = panels[p];
+    for (Index i = 0; i < m; ++i)
+      for (Index c = 0; c < w; ++c)
+        for (Index r = 0; r < d - c0[p]; ++r) {
+          const Index row = c0[p] + r, col = c0[p] + c;
+          const double v = a(r, i * w + c);
+          sum_yxx_(row, i * d + col) += v;
+          if (row >= c0[p + 1]) sum_yxx_(col, i * d + row) += v;  // mirror the lower part
+        }
+  }
   count_ += static_cast<double>(n);
 }
 
@@ -95,21 +110,53 @@ void SecondMoment::merge(const SecondMoment& other) {
     throw std::invalid_argument("SecondMoment.merge: shapes differ (d, m) = (" + std::to_string(d_) +
                                 ", " + std::to_string(m_) + ") vs (" + std::to_string(other.d_) +
                                 ", " + std::to_string(other.m_) + ")");
+  if (&other == this) {
+    std::lock_guard<std::mutex> lock(mu_);
+    count_ *= 2.0;
+    sum_y_ *= 2.0;
+    sum_yxx_ *= 2.0;
+    return;
+  }
+  std::scoped_lock lock(mu_, other.mu_);
   count_ += other.count_;
   sum_y_ += other.sum_y_;
   sum_yxx_ += other.sum_yxx_;
+}
+
+double SecondMoment::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return count_;
+}
+
+Eigen::VectorXd SecondMoment::sum_y() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sum_y_;
+}
+
+Eigen::MatrixXd SecondMoment::sum_yxx() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sum_yxx_;
+}
+
+void SecondMoment::snapshot(double& count, Eigen::VectorXd& sum_y, Eigen::MatrixXd& sum_yxx) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  count = count_;
+  sum_y = sum_y_;
+  sum_yxx = sum_yxx_;
 }
 
 void SecondMoment::set_state(double count, const Eigen::VectorXd& sum_y, const Eigen::MatrixXd& sum_yxx) {
   if (sum_y.size() != m_ || sum_yxx.rows() != d_ || sum_yxx.cols() != m_ * d_)
     throw std::invalid_argument("SecondMoment.set_state: state shapes do not match (d, m)");
   if (!(count >= 0.0)) throw std::invalid_argument("SecondMoment.set_state: count must be >= 0");
+  std::lock_guard<std::mutex> lock(mu_);
   count_ = count;
   sum_y_ = sum_y;
   sum_yxx_ = sum_yxx;
 }
 
 RowMatrixXd SecondMoment::tensor() const {
+  std::lock_guard<std::mutex> lock(mu_);
   if (count_ <= 0.0) throw std::domain_error("SecondMoment.tensor: no samples accumulated");
   const Index d = d_;
   RowMatrixXd T(m_, d * d);
@@ -148,9 +195,14 @@ ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowR
       n, block, n_jobs,
       [&] {
         Local L;
-        L.s.gram.setZero(k, k);
-        L.s.cross.setZero(k, m);
+        L.s.gram.resize(k, k);
+        L.s.cross.resize(k, m);
         return L;
+      },
+      [&](Local& L) {
+        L.s.gram.setZero();
+        L.s.cross.setZero();
+        L.s.sq_residual = L.s.sq_norm = L.s.count = 0.0;
       },
       [&](Local& L, Index s0, Index len) {
         L.F.resize(len, k);

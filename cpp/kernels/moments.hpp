@@ -11,6 +11,8 @@
 // addition. Cost: 2 n m d^2 flops, as one GEMM per block of samples.
 #pragma once
 
+#include <mutex>
+
 #include "types.hpp"
 
 namespace relufast {
@@ -21,9 +23,11 @@ class SecondMoment {
 
   // Adds the samples X (n x d) with outputs Y (n x m), or, when Q (p x m) is
   // given, with outputs Y Q for Y of shape (n x p) (the output compression of
-  // the pipeline, applied per block so no n x m copy is made). Work is split
-  // over contiguous ranges of sample blocks, one accumulator per thread, merged
-  // at the end in thread order.
+  // the pipeline, applied per block so no n x m copy is made). Sample blocks
+  // are spread over threads and their partial sums are reduced
+  // in block order (the sums do not depend on n_jobs). The heavy part runs
+  // without the lock; only adding this call's sums to the state takes it, so
+  // one accumulator may be updated from several threads at once.
   void update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
               const RowMatrixXd* Q = nullptr);
   void merge(const SecondMoment& other);
@@ -33,10 +37,12 @@ class SecondMoment {
 
   Index d() const { return d_; }
   Index m() const { return m_; }
-  double count() const { return count_; }
-  const Eigen::VectorXd& sum_y() const { return sum_y_; }
+  // Copies of the state, taken under the lock.
+  double count() const;
+  Eigen::VectorXd sum_y() const;
   // (d, m*d): column i*d + k holds sum_s y_si x_s x_sk.
-  const Eigen::MatrixXd& sum_yxx() const { return sum_yxx_; }
+  Eigen::MatrixXd sum_yxx() const;
+  void snapshot(double& count, Eigen::VectorXd& sum_y, Eigen::MatrixXd& sum_yxx) const;
   void set_state(double count, const Eigen::VectorXd& sum_y, const Eigen::MatrixXd& sum_yxx);
 
  private:
@@ -45,6 +51,7 @@ class SecondMoment {
   double count_ = 0.0;
   Eigen::VectorXd sum_y_;
   Eigen::MatrixXd sum_yxx_;
+  mutable std::mutex mu_;  // guards count_, sum_y_, sum_yxx_
 };
 
 // Accumulates over all samples, for the fit of the output layer and the

@@ -1,5 +1,6 @@
 #include "refine.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -26,7 +27,9 @@ SignProbe probe(const ConstRowRef& B, const Eigen::VectorXd& p, int q, double ga
   for (Index j = 0; j < l; ++j)
     if (q * p(j) < -gamma) Z.push_back(j);
   out.n_zero = static_cast<Index>(Z.size());
-  if (out.n_zero < min_zeros) return out;
+  // Fewer than k rows leave B[:, Z]^T with fewer than k singular values: not
+  // a test of a one-dimensional null space (and s(k - 1) would not exist).
+  if (out.n_zero < std::max(min_zeros, k)) return out;
   Eigen::MatrixXd M(out.n_zero, k);  // B[:, Z]^T
   for (Index r = 0; r < out.n_zero; ++r) M.row(r) = B.col(Z[r]).transpose();
   Eigen::JacobiSVD<Eigen::MatrixXd> svd(M, Eigen::ComputeFullV);
@@ -160,16 +163,17 @@ std::vector<RowCertificate> refine_rows(const ConstRowRef& B, const ConstRowRef&
                                 " columns, expected d = " + std::to_string(d));
   if (opts.margins.empty()) throw std::invalid_argument("refine_rows: margins must not be empty");
   if (!(opts.power > 0.0)) throw std::invalid_argument("refine_rows: power must be > 0");
+  if (opts.min_zeros < 0 || (opts.min_zeros > 0 && opts.min_zeros < k))
+    throw std::invalid_argument("refine_rows: min_zeros must be 0 (automatic: 2k + 5) or at least k = " +
+                                std::to_string(k) + " (a null space in R^k needs k vanishing coordinates); got " +
+                                std::to_string(opts.min_zeros));
   const Index c = Vhat.rows();
   std::vector<RowCertificate> out(c);
-  const int nthreads = resolve_threads(n_jobs, c);
-  parallel_ranges(nthreads, c, [&](int, long long i0, long long i1) {
-    for (long long i = i0; i < i1; ++i) {
-      Eigen::VectorXd v = Vhat.row(i).transpose();
-      const double nv = v.norm();
-      if (!(nv > 0.0) || !std::isfinite(nv)) continue;
-      out[i] = refine_one(B, X, v / nv, opts);
-    }
+  parallel_for(c, n_jobs, [&](long long i) {
+    Eigen::VectorXd v = Vhat.row(i).transpose();
+    const double nv = v.norm();
+    if (!(nv > 0.0) || !std::isfinite(nv)) return;
+    out[i] = refine_one(B, X, v / nv, opts);
   });
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -11,27 +12,49 @@
 namespace relufast {
 namespace {
 
-// Binomial coefficient, saturating at 2^62.
+constexpr long long kSubsetCap = 1LL << 62;
+
+// Binomial coefficient C(n, r) in exact integer arithmetic, saturating at
+// kSubsetCap. Each step C(n-r+i, i) = C(n-r+i-1, i-1) (n-r+i) / i is exact;
+// the product is below 2^62 * 2^63, so it fits in 128 bits.
 long long binom(long long n, long long r) {
-  const long long cap = 1LL << 62;
-  if (r < 0 || r > n) return 0;
+  if (r < 0 || n < 0 || r > n) return 0;
   r = std::min(r, n - r);
-  long double acc = 1.0L;
-  long long out = 1;
+#if defined(__SIZEOF_INT128__)
+  unsigned __int128 acc = 1;
   for (long long i = 1; i <= r; ++i) {
-    acc = acc * static_cast<long double>(n - r + i) / static_cast<long double>(i);
-    if (acc > static_cast<long double>(cap)) return cap;
+    acc = acc * static_cast<unsigned __int128>(n - r + i) / static_cast<unsigned __int128>(i);
+    if (acc >= static_cast<unsigned __int128>(kSubsetCap)) return kSubsetCap;
   }
-  out = static_cast<long long>(std::llround(static_cast<double>(acc)));
-  return out;
+  return static_cast<long long>(acc);
+#else
+  // Without 128-bit integers: divide by the gcd first so that the product
+  // stays in 64 bits whenever the result does.
+  unsigned long long acc = 1;
+  for (long long i = 1; i <= r; ++i) {
+    unsigned long long num = static_cast<unsigned long long>(n - r + i), den = static_cast<unsigned long long>(i);
+    unsigned long long g = std::gcd(acc, den);
+    acc /= g;
+    den /= g;
+    num /= den;  // den divides num once acc and den are coprime
+    if (acc > static_cast<unsigned long long>(kSubsetCap) / num) return kSubsetCap;
+    acc *= num;
+    if (acc >= static_cast<unsigned long long>(kSubsetCap)) return kSubsetCap;
+  }
+  return static_cast<long long>(acc);
+#endif
 }
 
-// The rank-th r-subset of [0, n) in lexicographic order.
+// The rank-th r-subset of [0, n) in lexicographic order (0 <= rank < C(n, r)).
 std::vector<Index> unrank(long long rank, Index n, Index r) {
+  if (rank < 0 || rank >= binom(n, r))
+    throw std::out_of_range("pattern enumeration: subset rank " + std::to_string(rank) +
+                            " is outside [0, C(" + std::to_string(n) + ", " + std::to_string(r) + "))");
   std::vector<Index> c(r);
   Index x = 0;
   for (Index i = 0; i < r; ++i) {
     while (true) {
+      if (x >= n) throw std::logic_error("pattern enumeration: unranking ran past the end");
       const long long cnt = binom(n - x - 1, r - i - 1);
       if (rank < cnt) break;
       rank -= cnt;
@@ -82,9 +105,18 @@ void emit(Local& out, const Eigen::VectorXd& r, const Eigen::VectorXd& z, double
 }  // namespace
 
 long long pattern_subset_count(Index n, Index k, PatternMode mode) {
-  const long long c = binom(n, mode == PatternMode::Vertices ? k : k - 1);
-  if (c >= (1LL << 62))
-    throw std::domain_error("pattern enumeration: the number of subsets exceeds 2^62");
+  if (n < 1 || k < 1 || k > n)
+    throw std::invalid_argument("pattern enumeration: need 1 <= k <= n; got n = " + std::to_string(n) +
+                                ", k = " + std::to_string(k));
+  if (mode == PatternMode::Vertices && k > kMaxVerticesK)
+    throw std::invalid_argument("pattern enumeration: 'vertices' mode supports k <= " +
+                                std::to_string(kMaxVerticesK) + " (2^k - 1 systems per subset); got k = " +
+                                std::to_string(k));
+  const Index r = mode == PatternMode::Vertices ? k : k - 1;
+  const long long c = binom(n, r);
+  if (c >= kSubsetCap)
+    throw std::invalid_argument("pattern enumeration: C(" + std::to_string(n) + ", " + std::to_string(r) +
+                                ") subsets exceed the limit 2^62");
   return c;
 }
 
@@ -103,20 +135,25 @@ PatternBatch run_subsets(const ConstRowRef& B, PatternMode mode, long long count
     return out;
   }
   const Index r = mode == PatternMode::Vertices ? k : k - 1;
-  const int nthreads = resolve_threads(n_jobs, std::max(1LL, count / 256));
-  std::vector<Local> local(nthreads);
-  parallel_ranges(nthreads, count, [&](int t, long long i0, long long i1) {
-    Local& L = local[t];
-    if (i0 >= i1) return;
+  // Work items of `grain` consecutive subsets, sized to about 4e6 flops so that
+  // a stop request (signal, time limit) is seen within milliseconds; results
+  // are kept per item and merged in item order, so they do not depend on n_jobs.
+  const long long rhs = mode == PatternMode::Vertices ? (1LL << k) - 1 : 2;
+  const double per_subset = static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(rhs);
+  const long long grain = std::max(1LL, std::min(256LL, static_cast<long long>(4e6 / per_subset)));
+  const long long nitems = count / grain + (count % grain != 0);
+  // Vertices: the 2^k - 1 right-hand sides b in {0,1}^k \ {0} are solved in
+  // panels of at most kRhsPanel columns, so the workspace is O(n kRhsPanel),
+  // not O(n 2^k).
+  constexpr long long kRhsPanel = 256;
+  std::vector<Local> local(nitems);
+  parallel_for(nitems, n_jobs, [&](long long item) {
+    Local& L = local[item];
+    const long long i0 = item * grain, i1 = std::min(count, i0 + grain);
     std::vector<Index> c(r);
     Eigen::MatrixXd BJ(k, std::max<Index>(r, 1));
     Eigen::VectorXd z(k), rv(n);
     Eigen::MatrixXd bits, Wall, Rall;
-    if (mode == PatternMode::Vertices) {
-      bits.setZero(k, (Index(1) << k) - 1);
-      for (Index mask = 1; mask < (Index(1) << k); ++mask)
-        for (Index a = 0; a < k; ++a) bits(a, mask - 1) = (mask >> a) & 1 ? 1.0 : 0.0;
-    }
     for (long long i = i0; i < i1; ++i) {
       fill(i, c, i == i0);
       for (Index a = 0; a < r; ++a) BJ.col(a) = B.col(c[a]);
@@ -128,13 +165,22 @@ PatternBatch run_subsets(const ConstRowRef& B, PatternMode mode, long long count
         double colscale = 1.0;
         for (Index a = 0; a < k; ++a) colscale *= std::max(BJ.col(a).norm(), 1e-300);
         if (det > 1e-12 * colscale) {
-          // All 2^k - 1 right-hand sides at once: W = (B_J^T)^{-1} Bits, R = B^T W.
-          Wall = lu.solve(bits);
-          Rall.noalias() = B.transpose() * Wall;
-          for (Index col = 0; col < Wall.cols(); ++col) {
-            rv = Rall.col(col);
-            z = Wall.col(col);
-            emit(L, rv, z, tol, out.n_words);
+          // A panel of right-hand sides at once: W = (B_J^T)^{-1} Bits, R = B^T W.
+          for (long long m0 = 1; m0 <= rhs; m0 += kRhsPanel) {
+            if (m0 > 1) checkpoint();
+            const long long w = std::min(kRhsPanel, rhs - m0 + 1);
+            bits.resize(k, w);
+            for (long long col = 0; col < w; ++col) {
+              const unsigned long long mask = static_cast<unsigned long long>(m0 + col);
+              for (Index a = 0; a < k; ++a) bits(a, col) = (mask >> a) & 1ULL ? 1.0 : 0.0;
+            }
+            Wall = lu.solve(bits);
+            Rall.noalias() = B.transpose() * Wall;
+            for (Index col = 0; col < Wall.cols(); ++col) {
+              rv = Rall.col(col);
+              z = Wall.col(col);
+              emit(L, rv, z, tol, out.n_words);
+            }
           }
         }
         continue;
@@ -156,11 +202,10 @@ PatternBatch run_subsets(const ConstRowRef& B, PatternMode mode, long long count
       }
     }
   });
-  // Merge in thread (= subset) order, keeping first occurrences.
+  // Merge in item (= subset) order, keeping first occurrences.
   std::unordered_set<std::string> seen;
   std::vector<double> coeffs;
-  for (int t = 0; t < nthreads; ++t) {
-    Local& L = local[t];
+  for (Local& L : local) {
     out.systems += L.systems;
     const size_t cnt = L.words.size() / out.n_words;
     for (size_t p = 0; p < cnt; ++p) {
@@ -176,11 +221,15 @@ PatternBatch run_subsets(const ConstRowRef& B, PatternMode mode, long long count
   return out;
 }
 
-void check_input(const ConstRowRef& B, double tol) {
+void check_input(const ConstRowRef& B, PatternMode mode, double tol) {
   const Index k = B.rows(), n = B.cols();
   if (k < 1 || n < k)
     throw std::invalid_argument("enumerate_patterns: B must be k x n with 1 <= k <= n; got " +
                                 std::to_string(k) + " x " + std::to_string(n));
+  if (mode == PatternMode::Vertices && k > kMaxVerticesK)
+    throw std::invalid_argument("enumerate_patterns: 'vertices' mode supports k <= " +
+                                std::to_string(kMaxVerticesK) + " (2^k - 1 systems per subset); got k = " +
+                                std::to_string(k));
   if (!(tol >= 0.0)) throw std::invalid_argument("enumerate_patterns: tol must be >= 0");
 }
 
@@ -188,12 +237,12 @@ void check_input(const ConstRowRef& B, double tol) {
 
 PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,
                                 long long end, double tol, int n_jobs) {
-  check_input(B, tol);
+  check_input(B, mode, tol);
   const Index k = B.rows(), n = B.cols();
   const Index r = mode == PatternMode::Vertices ? k : k - 1;
   const long long total = pattern_subset_count(n, k, mode);
-  begin = std::max(0LL, begin);
-  end = std::min(end, total);
+  begin = std::max(0LL, std::min(begin, total));
+  end = std::max(begin, std::min(end, total));
   return run_subsets(B, mode, std::max(0LL, end - begin), tol, n_jobs,
                      [&](long long i, std::vector<Index>& c, bool first) {
                        if (first)
@@ -206,7 +255,7 @@ PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long lon
 PatternBatch enumerate_patterns_for(const ConstRowRef& B, PatternMode mode,
                                     const Eigen::Ref<const IndexMatrix>& subsets, double tol,
                                     int n_jobs) {
-  check_input(B, tol);
+  check_input(B, mode, tol);
   const Index k = B.rows(), n = B.cols();
   const Index r = mode == PatternMode::Vertices ? k : k - 1;
   if (subsets.cols() != r)

@@ -33,8 +33,13 @@ struct PatternBatch {
   long long systems = 0;             // linear systems solved
 };
 
-// Number of subsets the mode visits: C(n, k) or C(n, k-1); throws
-// std::domain_error when it does not fit in 62 bits.
+// Largest k of the "vertices" mode: its 2^k - 1 right-hand sides per subset
+// are enumerated as 64-bit masks (and beyond ~30 could never finish anyway).
+constexpr Index kMaxVerticesK = 62;
+
+// Number of subsets the mode visits: C(n, k) or C(n, k-1), in exact integer
+// arithmetic; throws std::invalid_argument when it reaches 2^62 or when k is
+// out of range for the mode.
 long long pattern_subset_count(Index n, Index k, PatternMode mode);
 
 PatternBatch enumerate_patterns(const ConstRowRef& B, PatternMode mode, long long begin,

@@ -12,6 +12,8 @@ from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
 
+mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and column space
+
 __version__ = "0.1.0"
 
 # The stages are also reachable under their short names (``relufast.moments``, ...), and
@@ -29,6 +31,7 @@ __all__ = [
     "Status",
     "RelufastWarning",
     "algorithms",
+    "mr19",
     "stages",
     "activations",
     "fit",

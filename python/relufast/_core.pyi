@@ -4,6 +4,7 @@ from typing import Any, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
+def hardware_threads() -> int: ...
 def cpu_has_avx2_fma() -> bool: ...
 def compiled_with_avx2() -> bool: ...
 
@@ -97,10 +98,21 @@ class _PatternOut(TypedDict):
 
 def pattern_subset_count(n: int, k: int, mode: str) -> int: ...
 def enumerate_patterns(
-    B: NDArray[np.float64], mode: str, begin: int, end: int, tol: float = 1e-9, n_jobs: int = 0
+    B: NDArray[np.float64],
+    mode: str,
+    begin: int,
+    end: int,
+    tol: float = 1e-9,
+    n_jobs: int = 0,
+    time_limit: float = 0.0,
 ) -> _PatternOut: ...
 def enumerate_patterns_for(
-    B: NDArray[np.float64], mode: str, subsets: NDArray[np.int64], tol: float = 1e-9, n_jobs: int = 0
+    B: NDArray[np.float64],
+    mode: str,
+    subsets: NDArray[np.int64],
+    tol: float = 1e-9,
+    n_jobs: int = 0,
+    time_limit: float = 0.0,
 ) -> _PatternOut: ...
 def refine_rows(
     B: NDArray[np.float64],

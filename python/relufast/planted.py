@@ -331,3 +331,146 @@ def q_lambda_perturbation(X, lam, *, Q=None, random_state=None):
     swap = rng.random(n) < lam
     X[swap] = rng.standard_normal((int(swap.sum()), d)) @ Q.T
     return X, Q
+
+
+# ----------------------------------------------------------------------------------------------
+# MR19 (Mazumdar & Rawat): single-layer ReLU codes with sparse outliers, and ReLU dictionaries.
+# Kept as one block. The paper writes vectors as columns (A is d x k, y = relu(A c + b)); a
+# batch of codes or samples is stacked as rows here, as everywhere in relufast.
+# ----------------------------------------------------------------------------------------------
+
+__all__ += ["PlantedCodes", "relu_codes", "PlantedDictionary", "relu_dictionary"]
+
+
+def _draw_bias(rng, bias, shape):
+    """A constant bias (a real number) or i.i.d. draws from a scipy.stats frozen law."""
+    if hasattr(bias, "rvs"):
+        return np.asarray(bias.rvs(size=shape, random_state=rng), dtype=np.float64)
+    b = float(bias)
+    if not np.isfinite(b):
+        raise ValueError(f"bias must be a finite number or a scipy.stats frozen distribution; got {bias!r}")
+    return np.full(shape, b)
+
+
+@dataclass(frozen=True)
+class PlantedCodes:
+    """``v = relu(A c + b) + e + w`` (MR19 eq. (46)/(48)); batches stack codes as rows.
+
+    Attributes
+    ----------
+    A : ndarray of shape (d, k), i.i.d. N(0, 1)
+    v : ndarray of shape (d,) or (n_codes, d)
+    c : ndarray of shape (k,) or (n_codes, k), unit norm (Theorem 4 assumes ||c*|| = 1)
+    e : ndarray like v, s-sparse outliers
+    w : ndarray like v, dense noise with |w_i| <= delta
+    b : ndarray like v, the bias of each coordinate
+    support : ndarray of shape (s,) or (n_codes, s), sorted outlier positions
+    """
+
+    A: np.ndarray
+    v: np.ndarray
+    c: np.ndarray
+    e: np.ndarray
+    w: np.ndarray
+    b: np.ndarray
+    support: np.ndarray
+
+
+def relu_codes(d, k, s=0, *, n_codes=None, bias=0.0, outlier_size=10.0, delta=0.01, random_state=None):
+    """Planted data for MR19 Section 4: Gaussian A, unit c*, s outliers of size +-outlier_size
+    at random positions (oblivious), noise U[-delta, delta].
+
+    Parameters
+    ----------
+    d, k : int
+        Observations and code length (d > k).
+    s : int, default=0
+        Number of outliers per code.
+    n_codes : int, optional
+        Draw this many codes sharing A (arrays gain a leading axis); default one code.
+    bias : float or scipy.stats frozen distribution, default=0.0
+        A constant bias, or the law of the i.i.d. bias coordinates.
+    outlier_size : float, default=10.0
+        Magnitude of each outlier; signs are random.
+    delta : float, default=0.01
+        Bound of the dense noise.
+    random_state : None, int or numpy Generator
+
+    Returns
+    -------
+    PlantedCodes
+    """
+    d = check_positive_int(d, "d", minimum=2)
+    k = check_positive_int(k, "k")
+    s = check_positive_int(s, "s", minimum=0)
+    if k >= d or s > d:
+        raise ValueError(f"need k < d and s <= d; got d={d}, k={k}, s={s}")
+    rng = check_random_state(random_state)
+    N = 1 if n_codes is None else check_positive_int(n_codes, "n_codes")
+    A = rng.standard_normal((d, k))
+    C = rng.standard_normal((N, k))
+    C /= np.linalg.norm(C, axis=1, keepdims=True)
+    E = np.zeros((N, d))
+    S = np.zeros((N, s), dtype=np.int64)
+    for j in range(N):
+        S[j] = np.sort(rng.choice(d, size=s, replace=False))
+        E[j, S[j]] = outlier_size * rng.choice(np.array([-1.0, 1.0]), size=s)
+    W = rng.uniform(-delta, delta, size=(N, d))
+    B = _draw_bias(rng, bias, (N, d))
+    Vobs = np.maximum(C @ A.T + B, 0.0) + E + W
+    if n_codes is None:
+        Vobs, C, E, W, B, S = Vobs[0], C[0], E[0], W[0], B[0], S[0]
+    return PlantedCodes(A=A, v=Vobs, c=C, e=E, w=W, b=B, support=S)
+
+
+@dataclass(frozen=True)
+class PlantedDictionary:
+    """``Y = relu(C A^T + 1 b^T)`` (MR19 eq. (15) with samples as rows; the paper's Y is our Y^T).
+
+    Attributes
+    ----------
+    Y : ndarray of shape (n, d)
+    A : ndarray of shape (d, k), the dictionary (only its column space is identifiable)
+    C : ndarray of shape (n, k), the codes
+    b : ndarray of shape (d,), one bias per coordinate, fixed across samples
+    M : ndarray of shape (n, d), ``C A^T`` (the paper's M^T)
+    """
+
+    Y: np.ndarray
+    A: np.ndarray
+    C: np.ndarray
+    b: np.ndarray
+    M: np.ndarray
+
+
+def relu_dictionary(n, d, k, *, bias=None, max_abs=None, random_state=None):
+    """Planted data for MR19 Section 3: A (d, k) Gaussian, codes C (n, k) Gaussian / sqrt(k),
+    bias b (d,) i.i.d. from ``bias`` (default N(0, 0.3^2)).
+
+    Parameters
+    ----------
+    n, d, k : int
+    bias : float or scipy.stats frozen distribution, optional
+    max_abs : float, optional
+        Rescale M = C A^T so that max |M| equals this value (the paper's ||M||_inf <= gamma).
+    random_state : None, int or numpy Generator
+
+    Returns
+    -------
+    PlantedDictionary
+    """
+    n = check_positive_int(n, "n")
+    d = check_positive_int(d, "d")
+    k = check_positive_int(k, "k")
+    rng = check_random_state(random_state)
+    if bias is None:
+        from scipy import stats
+
+        bias = stats.norm(0.0, 0.3)
+    A = rng.standard_normal((d, k))
+    C = rng.standard_normal((n, k)) / np.sqrt(k)
+    if max_abs is not None:
+        C *= float(max_abs) / np.abs(C @ A.T).max()
+    M = C @ A.T
+    b = _draw_bias(rng, bias, (d,))
+    return PlantedDictionary(Y=np.maximum(M + b, 0.0), A=A, C=C, b=b, M=M)

@@ -38,8 +38,10 @@ class Accumulator:
     The base of every relufast moment: subclasses name the kernel and turn the sums into
     the statistic (:meth:`result`). Updates take NumPy arrays or dask arrays (reduced one
     row block at a time); accumulators merge by adding their sums, so chunks, threads, MPI
-    ranks (:meth:`allreduce`) and dask blocks all reduce the same way. Updates and merges
-    are serialised by a lock, so one accumulator may be fed from several threads.
+    ranks (:meth:`allreduce`) and dask blocks all reduce the same way. One accumulator may
+    be fed from several threads: the C++ kernel computes an update's sums without a lock
+    and adds them to the state under its own lock, so updates run concurrently and none
+    is lost; merges and ``set_state`` also take a Python lock.
     """
 
     def __init__(self, kernel, *, n_jobs=None, block_size=256):
@@ -58,7 +60,7 @@ class Accumulator:
     def add(self, X, Y):
         """Add validated float64 C-contiguous blocks (the pipelines' path: the facade has
         checked the data once); returns self."""
-        with self._lock, single_threaded_blas():
+        with single_threaded_blas():  # no Python lock: the kernel locks only its final merge
             self._kernel_update(X, Y)
         return self
 

@@ -37,7 +37,7 @@ def unpack_patterns(words, n):
     return bits[:, :n].astype(bool)
 
 
-def sign_patterns(B, *, mode="vertices", tol=1e-9, begin=0, end=None, n_jobs=0):
+def sign_patterns(B, *, mode="vertices", tol=1e-9, begin=0, end=None, n_jobs=0, time_limit=None):
     """Positive sets of vectors in the row span of B (k, n), from subsets of rank [begin, end).
 
     Parameters
@@ -48,6 +48,8 @@ def sign_patterns(B, *, mode="vertices", tol=1e-9, begin=0, end=None, n_jobs=0):
         "rays": supports of extreme rays of ``{w : w B >= 0}`` (C(n, k-1) subsets).
     tol : float
         Entries with ``r_j <= tol * max|r|`` count as zero (ties are never positive).
+    time_limit : float, optional
+        Seconds; the C++ enumeration raises ``TimeoutError`` once they have passed.
 
     Returns
     -------
@@ -61,8 +63,14 @@ def sign_patterns(B, *, mode="vertices", tol=1e-9, begin=0, end=None, n_jobs=0):
     k, n = B.shape
     total = core.pattern_subset_count(n, k, mode)
     end = total if end is None else min(end, total)
-    out = core.enumerate_patterns(B, mode, int(begin), int(end), float(tol), int(n_jobs))
+    out = core.enumerate_patterns(B, mode, int(begin), int(end), float(tol), int(n_jobs),
+                                  _seconds(time_limit))
     return unpack_patterns(out["words"], n), out["coeffs"], int(out["systems"])
+
+
+def _seconds(time_limit):
+    """The C++ kernels' time limit: 0 means none; an exhausted budget still stops at once."""
+    return 0.0 if time_limit is None else max(float(time_limit), 1e-9)
 
 
 def sign_patterns_reference(B, *, mode="vertices", tol=1e-9):
@@ -135,6 +143,7 @@ class PatternStream:
         self.exhausted = False
         self.stopped_by = None
         self._seen = set()
+        self._deadline = None
 
     def chunks(self):
         """Yield lists of new ``(pattern, coeff, source)``, one list per enumerated chunk.
@@ -143,6 +152,7 @@ class PatternStream:
         double up to ``chunk`` subsets.
         """
         start = time.monotonic()
+        self._deadline = None if self.time_limit is None else start + self.time_limit
         total = sum(self.totals.values())
         bar = _Progress(total, "sign patterns", self.progress)
         done = 0
@@ -152,11 +162,16 @@ class PatternStream:
                 begin = 0
                 while begin < self.totals[phase]:
                     end = min(begin + size, self.totals[phase])
-                    if phase == "random":
-                        pats, coeffs, systems = self._random_batch(end - begin)
-                    else:
-                        pats, coeffs, systems = sign_patterns(self.B, mode=phase, tol=self.tol,
-                                                              begin=begin, end=end, n_jobs=self.n_jobs)
+                    try:
+                        if phase == "random":
+                            pats, coeffs, systems = self._random_batch(end - begin)
+                        else:
+                            pats, coeffs, systems = sign_patterns(self.B, mode=phase, tol=self.tol,
+                                                                  begin=begin, end=end, n_jobs=self.n_jobs,
+                                                                  time_limit=self._remaining())
+                    except TimeoutError:  # the deadline passed inside the C++ enumeration
+                        self.stopped_by = "time_limit"
+                        return
                     self.systems += systems
                     done += end - begin
                     begin = end
@@ -177,12 +192,16 @@ class PatternStream:
                         yield new
                     if self.stopped_by:
                         return
-                    if self.time_limit is not None and time.monotonic() - start > self.time_limit:
+                    if self._deadline is not None and time.monotonic() > self._deadline:
                         self.stopped_by = "time_limit"
                         return
             self.exhausted = True
         finally:
             bar.close()
+
+    def _remaining(self):
+        """Seconds left before the stream's deadline (None without a time limit)."""
+        return None if self._deadline is None else self._deadline - time.monotonic()
 
     def _random_batch(self, count):
         r = self.k - 1
@@ -193,7 +212,7 @@ class PatternStream:
             distinct = np.all(np.diff(subsets, axis=1) > 0, axis=1) if r > 1 else np.ones(len(subsets), bool)
             subsets = subsets[distinct][:count]
         out = core.enumerate_patterns_for(self.B, "rays", np.ascontiguousarray(subsets, dtype=np.int64),
-                                          self.tol, self.n_jobs)
+                                          self.tol, self.n_jobs, _seconds(self._remaining()))
         return unpack_patterns(out["words"], self.n), out["coeffs"], int(out["systems"])
 
     def __iter__(self):

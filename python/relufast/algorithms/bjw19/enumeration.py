@@ -146,7 +146,8 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
     max_patterns : int, optional
         Stop after trying this many distinct candidate patterns.
     time_limit : float, optional
-        Stop after this many seconds (checked between chunks of the enumeration).
+        Stop after about this many seconds: checked inside the C++ enumeration, before
+        every batch of 8 candidate patterns, and as the time limit of each LP.
     n_jobs : int or None, default=None
         Threads for the enumeration kernel and for trying patterns (None or -1: all
         cores). The result does not depend on it.
@@ -220,6 +221,18 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     B = np.ascontiguousarray(Uy[:, :k].T)
 
     t = time.perf_counter()
+    deadline = None if time_limit is None else time.monotonic() + time_limit
+
+    def remaining():
+        """Seconds left of time_limit (None without one), for the LPs of one pattern."""
+        return None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+
+    def out_of_time():
+        if deadline is not None and time.monotonic() > deadline:
+            stream.stopped_by = "time_limit"
+            return True
+        return False
+
     stream = PatternStream(B, n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
                            progress=progress, random_state=rng.integers(2**63))
     W, F, det, paths, sources, feasible = [], [], [], [], [], []
@@ -240,21 +253,18 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         return len(W) == k
 
     tried = lps = 0
-    deadline = None if time_limit is None else t + time_limit
-    timed_out = False
     batch_size = 8  # fixed, so that counts and random rows do not depend on n_jobs
     pool = ThreadPoolExecutor(workers) if workers > 1 else None
     try:
         for chunk in stream.chunks():
             for b0 in range(0, len(chunk), batch_size):
-                if deadline is not None and time.perf_counter() > deadline:
-                    timed_out = True  # checked per batch: a chunk can hold many LPs
+                if out_of_time():
                     break
                 batch = chunk[b0 : b0 + batch_size]
                 tried += len(batch)
                 found = list(F)
                 seeds = rng.integers(0, 2**63, size=len(batch))
-                args = [(S, c, X, B, found, np.random.default_rng(s), time_limit)
+                args = [(S, c, X, B, found, np.random.default_rng(s), remaining())
                         for (S, c, _), s in zip(batch, seeds)]
                 outs = list(pool.map(lambda a: _try_pattern(*a), args)) if pool else [_try_pattern(*a) for a in args]
                 # First-feasible in stream order: the outcome does not depend on the thread count.
@@ -267,15 +277,17 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                         break
                 if len(W) == k:
                     break
-            if len(W) == k or timed_out:
+            if len(W) == k or stream.stopped_by:
                 break
         # Algorithm 2 may use one pattern for several rows (two units can share a support):
         # once the stream is exhausted, retry the feasible patterns with the independence
         # rows of Algorithm 1 against the rows found so far.
-        if len(W) < k and stream.exhausted and not timed_out:
+        if len(W) < k and stream.exhausted:
             for S in feasible:
+                if out_of_time():
+                    break
                 out, nlp = _try_pattern(S, None, X, B, list(F), np.random.default_rng(rng.integers(2**63)),
-                                        time_limit)
+                                        remaining())
                 lps += nlp
                 if out is not None and accept(out, "reused"):
                     break
@@ -285,13 +297,12 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     seconds["search"] = time.perf_counter() - t
     counts.update({"patterns_tried": tried, "lps_solved": lps, "linear_systems": stream.systems,
                    "rows_found": len(W)})
-    stopped_by = "time_limit" if timed_out else stream.stopped_by
     diag.update({"determined": tuple(det), "row_paths": tuple(paths), "row_sources": tuple(sources),
-                 "stopped_by": stopped_by})
+                 "stopped_by": stream.stopped_by})
 
     if len(W) < k:
-        if stopped_by:
-            msg = (f"stopped by {stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
+        if stream.stopped_by:
+            msg = (f"stopped by {stream.stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
                    "raise max_patterns or time_limit")
         else:
             msg = (f"all candidate patterns tried ({tried}); only {len(W)} of {k} independent rows "
