@@ -315,7 +315,8 @@ def _auto(X, Y, n_hidden, options):
     if k <= d and rank < k and m >= 2:
         plan.append(("bjw19-fpt", f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"))
     n_feat = d * (d + 1) // 2
-    if k <= d and m >= k and sym <= SYMMETRY_LIMIT and n > n_feat and n_feat <= GKLW19_MAX_FEATURES:
+    if (k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat
+            and n_feat <= GKLW19_MAX_FEATURES):  # GKLW19 needs A of full column rank
         plan.append(("gklw19", f"X looks symmetric (statistic {sym:.1f} <= {SYMMETRY_LIMIT})"))
     if rank == k and n >= k:
         plan.append(("bjw19-enumeration", f"rank(Y) = k = {k}: Thm 1 holds for any X (time budget "
@@ -425,7 +426,7 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         A key of :data:`METHODS`, or "auto". ``auto`` tries the certified methods in order
         of cost and stops at the first ``exact`` result: ``bjw19-gaussian`` (when m >= k;
         a certificate is valid whatever the input law), ``bjw19-fpt`` (rank(Y) < k),
-        ``gklw19`` (symmetric-looking inputs, d (d + 1) / 2 <= 2000), then
+        ``gklw19`` (rank(Y) >= k, symmetric-looking inputs, d (d + 1) / 2 <= 2000), then
         ``bjw19-enumeration`` (rank(Y) = k) on a subsample and then on all samples, within
         ``time_limit`` seconds (default :data:`AUTO_TIME_LIMIT`). It returns the best
         status (exact, non_identifiable, approximate, failed, ...; ties to the smaller
