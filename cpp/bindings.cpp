@@ -9,9 +9,11 @@
 #include <string>
 
 #include "kernels/detector.hpp"
+#include "kernels/hermite.hpp"
 #include "kernels/moments.hpp"
 #include "kernels/parallel.hpp"
 #include "kernels/refine.hpp"
+#include "kernels/region.hpp"
 #include "kernels/sign_patterns.hpp"
 
 namespace py = pybind11;
@@ -284,4 +286,91 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         py::arg("tol_gap") = 1e-6, py::arg("tol_verify") = 1e-9, py::arg("tol_support") = 1e-9,
         py::arg("min_zeros") = 0, py::arg("n_jobs") = 0, py::arg("power") = 1.0,
         "BJW19 Alg. 5 (margin form): certify and solve hidden rows from approximate directions.");
+
+  // ---- ATV21 (Awasthi, Tang, Vijayaraghavan, NeurIPS 2021): projected Hermite sums of
+  // order 0..4, and relufast's activation-region refinement for biased networks. ----
+  py::class_<HermiteSums>(m, "HermiteSums", py::module_local(),
+                          "Mergeable raw sums sum_s y_si z_s^(x r), r <= order, z = P^T x (ATV21 Alg. 4).")
+      .def(py::init<Index, Index, int>(), py::arg("k"), py::arg("m"), py::arg("order"))
+      .def(
+          "update",
+          [](HermiteSums& h, const ConstRowRef& X, const ConstRowRef& Y, std::optional<RowMatrixXd> P,
+             int n_jobs, Index block) {
+            py::gil_scoped_release release;
+            h.update(X, Y, P ? &*P : nullptr, n_jobs, block);
+          },
+          py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("P") = py::none(),
+          py::arg("n_jobs") = 0, py::arg("block") = 256,
+          "Add samples X (n, d) with outputs Y (n, m); z = P^T x when P (d, k) is given.")
+      .def("merge", &HermiteSums::merge, py::arg("other"))
+      .def("sums", [](const HermiteSums& h, int r) { return RowMatrixXd(h.sums(r)); }, py::arg("r"))
+      .def(
+          "set_state",
+          [](HermiteSums& h, double count, py::kwargs kw) {
+            std::vector<RowMatrixXd> sums;
+            for (int r = 0; r <= h.order(); ++r) {
+              const std::string key = "sums_" + std::to_string(r);
+              if (!kw.contains(key.c_str())) throw std::invalid_argument("HermiteSums.set_state: missing " + key);
+              sums.push_back(kw[key.c_str()].cast<RowMatrixXd>());
+            }
+            h.set_state(count, sums);
+          },
+          py::arg("count"), "Replace the raw sums (count, sums_0=..., ..., sums_order=...).")
+      .def("state",
+           [](const HermiteSums& h) {
+             py::dict st;
+             st["count"] = h.count();
+             for (int r = 0; r <= h.order(); ++r) st[("sums_" + std::to_string(r)).c_str()] = RowMatrixXd(h.sums(r));
+             return st;
+           },
+           "The raw sums: count and sums_r (m, k^r) for r = 0..order.")
+      .def_property_readonly("k", &HermiteSums::k)
+      .def_property_readonly("m", &HermiteSums::m)
+      .def_property_readonly("order", &HermiteSums::order)
+      .def_property_readonly("count", &HermiteSums::count);
+
+  m.def(
+      "region_systems",
+      [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, const Eigen::VectorXd& b,
+         const RowMatrixXd& U, const Eigen::VectorXd& c, const Eigen::VectorXd& margin,
+         std::optional<BoolVector> mask, Index max_regions, int n_jobs, Index block) {
+        RegionSystems r;
+        {
+          py::gil_scoped_release release;
+          r = region_systems(X, Y, V, b, U, c, margin, mask ? &*mask : nullptr, max_regions, n_jobs, block);
+        }
+        const Index R = r.counts.size();
+        Eigen::Matrix<std::uint64_t, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> keys(R, r.n_words);
+        if (R) std::copy(r.keys.begin(), r.keys.end(), keys.data());
+        py::dict out;
+        out["keys"] = keys;
+        out["counts"] = r.counts;
+        out["gram"] = r.gram;
+        out["cross"] = r.cross;
+        out["sq_res"] = r.sq_res;
+        out["fgram"] = r.fgram;
+        out["fcross"] = r.fcross;
+        out["sq_residual"] = r.sq_residual;
+        out["sq_norm"] = r.sq_norm;
+        out["n_certain"] = r.n_certain;
+        out["count"] = r.count;
+        return out;
+      },
+      py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("b"), py::arg("U"),
+      py::arg("c"), py::arg("margin"), py::arg("mask") = py::none(), py::arg("max_regions") = 1 << 16,
+      py::arg("n_jobs") = 0, py::arg("block") = 4096,
+      "Per activation region (certain pattern) normal equations of the residual's affine fit, "
+      "plus output-layer statistics over all samples.");
+
+  m.def(
+      "region_residuals",
+      [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, const Eigen::VectorXd& b,
+         const RowMatrixXd& U, const Eigen::VectorXd& c, const Eigen::VectorXd& margin,
+         const RowMatrixXd& dC, const Eigen::VectorXd& dc, int n_jobs, Index block) {
+        py::gil_scoped_release release;
+        return region_residuals(X, Y, V, b, U, c, margin, dC, dc, n_jobs, block);
+      },
+      py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("b"), py::arg("U"),
+      py::arg("c"), py::arg("margin"), py::arg("dC"), py::arg("dc"), py::arg("n_jobs") = 0,
+      py::arg("block") = 4096, "Per-sample residual after the linearised region update (NaN: uncertain).");
 }

@@ -97,12 +97,19 @@ def test_rank_deficient_outputs_give_a_status():
     assert res.status == "rank_deficient" and not res.exact and res.V is None
 
 
-def test_fewer_outputs_than_hidden_units_is_unsupported():
-    net = planted(6, 3, 2, 0)
-    X, Y = net.sample(5000, random_state=1)
+def test_fewer_outputs_than_hidden_units():
+    # m < k (beyond Thm 7): fourth-order moment in the span and activation-region refinement.
+    net = planted(10, 5, 2, 0)
+    X, Y = net.sample(400, random_state=1)  # far too few samples for the moments
     with pytest.warns(rf.RelufastWarning, match="m >= k"):
-        res = rf.recover(X, Y, n_hidden=3, method="bjw19-gaussian")
-    assert res.status == "unsupported" and res.U is None
+        res = rf.recover(X, Y, n_hidden=5, method="bjw19-gaussian")
+    assert res.status == "failed" and not res.exact
+    net = rf.planted.PlantedNetwork(U=np.array([[1.0, -0.8, 1.2]]), V=planted(6, 3, 2, 0).V)
+    X, Y = net.sample(100000, random_state=1)
+    res = rf.recover(X, Y[:, 0], n_hidden=3, method="bjw19-gaussian", random_state=0)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
+    assert not np.any(res.b) and not np.any(res.c)
 
 
 def test_non_gaussian_input_warns_and_never_claims_false_exactness():
@@ -168,7 +175,7 @@ def test_auto_method_says_why():
 
 
 def test_unknown_method_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid methods are 'auto', 'bjw19-enumeration', 'bjw19-fpt', 'bjw19-gaussian'"):
+    with pytest.raises(ValueError, match="valid methods are 'auto', 'atv21', 'atv21-general', 'bjw19-enumeration', 'bjw19-fpt', 'bjw19-gaussian'"):
         rf.recover(np.zeros((10, 2)), np.zeros((10, 2)), n_hidden=1, method="sgd")
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from ._result import RecoveryResult, RelufastWarning, Run, Status, warn
 from ._units import map_back, plain_array, rescale
-from .algorithms import bjw19, gklw19
+from .algorithms import atv21, bjw19, gklw19
 
 __all__ = ["recover", "METHODS", "Method", "AUTO_TIME_LIMIT"]
 
@@ -53,6 +53,10 @@ METHODS = {
     "bjw19-ica": Method(bjw19.ica, bjw19.CITATION + " Theorem 4, Algorithm 3."),
     "bjw19-independent-noise": Method(bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
     "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
+    "atv21": Method(atv21.atv21, atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), "
+                    "then activation-region refinement (relufast)."),
+    "atv21-general": Method(atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 "
+                            "(fit=True: Algorithm 5)."),
 }
 
 #: Default wall-time budget (seconds) of ``auto``'s enumeration stage (``time_limit=``).
@@ -249,7 +253,14 @@ def _rank_key(res):
     return (pos, r)
 
 
-def _auto(X, Y, n_hidden, options):
+def _choose(X, Y, n_hidden):
+    """The methods ``auto`` would try, in order (a name, or a tuple of names), and why."""
+    plan = _auto(X, Y, n_hidden, {}, plan_only=True)
+    names = tuple(name for name, _ in plan)
+    return (names[0] if len(names) == 1 else names), "; ".join(reason for _, reason in plan)
+
+
+def _auto(X, Y, n_hidden, options, *, plan_only=False):
     """``method="auto"``: the certified methods in order of cost, best status wins."""
     from ._validation import check_positive_int, check_xy
     from .stages.diagnostics import gaussianity, numerical_rank, whitener
@@ -308,12 +319,27 @@ def _auto(X, Y, n_hidden, options):
     else:
         law = "X does not look Gaussian"
 
+    biased = False
+    if gaussian and k <= d and "atv21" in METHODS:
+        from .stages.diagnostics import bias_evidence
+
+        bias = bias_evidence(Xh_s, np.asarray(Yh_s, dtype=np.float64))
+        biased = bias["biased"]
+        facts["bias_statistic"] = float(np.max(np.abs(bias["z"])))
+    facts["biased"] = biased
+
     plan = []
-    if k <= d and m >= k:
+    if biased:
+        plan.append(("atv21", f"{law}, and the outputs have an offset or hidden biases (bias statistic "
+                              f"|z| = {facts['bias_statistic']:.1f} > 6): ATV21's model"))
+    if k <= d and m >= k and not biased:
         plan.append(("bjw19-gaussian", f"{law}; tried first whatever X is (a certified row is exact "
                                        "for any input law), cost O(n k d^2)"))
     if k <= d and rank < k and m >= 2:
         plan.append(("bjw19-fpt", f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"))
+    if gaussian and k <= d and m < k and not biased and "atv21" in METHODS:
+        plan.append(("atv21", f"{law} and m = {m} < k = {k}: ATV21 handles any number of outputs "
+                              "(after bjw19-fpt, which is exact from fewer samples when it applies)"))
     n_feat = d * (d + 1) // 2
     if (k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat
             and n_feat <= GKLW19_MAX_FEATURES):  # GKLW19 needs A of full column rank
@@ -324,6 +350,9 @@ def _auto(X, Y, n_hidden, options):
 
     if not any(name == "bjw19-enumeration" for name, _ in plan):
         check_n_hidden(k, d)  # only Thm 1 (rank(Y) = k) allows k > d
+
+    if plan_only:
+        return plan
 
     attempts, results, errors = [], [], []
 
@@ -424,8 +453,10 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         Number of hidden units k.
     method : str, default="auto"
         A key of :data:`METHODS`, or "auto". ``auto`` tries the certified methods in order
-        of cost and stops at the first ``exact`` result: ``bjw19-gaussian`` (when m >= k;
-        a certificate is valid whatever the input law), ``bjw19-fpt`` (rank(Y) < k),
+        of cost and stops at the first ``exact`` result: ``atv21`` first when X looks
+        standard Gaussian and the outputs show an offset or hidden biases, else
+        ``bjw19-gaussian`` (when m >= k;
+        a certificate is valid whatever the input law), ``bjw19-fpt`` (rank(Y) < k), ``atv21`` (standard Gaussian X, m < k),
         ``gklw19`` (rank(Y) >= k, symmetric-looking inputs, d (d + 1) / 2 <= 2000), then
         ``bjw19-enumeration`` (rank(Y) = k) on a subsample and then on all samples, within
         ``time_limit`` seconds (default :data:`AUTO_TIME_LIMIT`). It returns the best

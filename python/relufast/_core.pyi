@@ -127,3 +127,70 @@ def refine_rows(
     n_jobs: int = 0,
     power: float = 1.0,
 ) -> _RefineOut: ...
+
+# ---- ATV21: projected Hermite sums and activation-region refinement ----
+
+class HermiteSums:
+    """Mergeable raw sums sum_s y_si z_s^(x r), r <= order (<= 6), z = P^T x (ATV21 Alg. 4)."""
+
+    def __init__(self, k: int, m: int, order: int) -> None: ...
+    def update(
+        self,
+        X: NDArray[np.float64],
+        Y: NDArray[np.float64],
+        P: NDArray[np.float64] | None = None,
+        n_jobs: int = 0,
+        block: int = 256,
+    ) -> None: ...
+    def merge(self, other: HermiteSums) -> None: ...
+    def sums(self, r: int) -> NDArray[np.float64]: ...
+    def state(self) -> dict[str, float | NDArray[np.float64]]: ...
+    def set_state(self, count: float, **sums: NDArray[np.float64]) -> None: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def m(self) -> int: ...
+    @property
+    def order(self) -> int: ...
+    @property
+    def count(self) -> float: ...
+
+class _RegionSystems(TypedDict):
+    keys: NDArray[np.uint64]
+    counts: NDArray[np.float64]
+    gram: NDArray[np.float64]
+    cross: NDArray[np.float64]
+    sq_res: NDArray[np.float64]
+    fgram: NDArray[np.float64]
+    fcross: NDArray[np.float64]
+    sq_residual: float
+    sq_norm: float
+    n_certain: float
+    count: float
+
+def region_systems(
+    X: NDArray[np.float64],
+    Y: NDArray[np.float64],
+    V: NDArray[np.float64],
+    b: NDArray[np.float64],
+    U: NDArray[np.float64],
+    c: NDArray[np.float64],
+    margin: NDArray[np.float64],
+    mask: NDArray[np.bool_] | None = None,
+    max_regions: int = 65536,
+    n_jobs: int = 0,
+    block: int = 4096,
+) -> _RegionSystems: ...
+def region_residuals(
+    X: NDArray[np.float64],
+    Y: NDArray[np.float64],
+    V: NDArray[np.float64],
+    b: NDArray[np.float64],
+    U: NDArray[np.float64],
+    c: NDArray[np.float64],
+    margin: NDArray[np.float64],
+    dC: NDArray[np.float64],
+    dc: NDArray[np.float64],
+    n_jobs: int = 0,
+    block: int = 4096,
+) -> NDArray[np.float64]: ...

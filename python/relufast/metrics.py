@@ -18,7 +18,7 @@ from scipy.optimize import linear_sum_assignment
 from .network import as_network
 
 __all__ = ["ParameterError", "canonical", "match_hidden_units", "parameter_error", "function_error",
-           "matched_squared_error"]
+           "matched_squared_error", "relu_kernel", "population_l2"]
 
 
 class ParameterError(NamedTuple):
@@ -157,3 +157,86 @@ def matched_squared_error(estimate: Any, truth: Any) -> tuple[float, float]:
     Un, U0n = nv(U.T), nv(U0.T)
     perm = match_hidden_units(Vn, V0n)
     return float(np.sum((Vn - V0n[perm]) ** 2)), float(np.sum((Un - U0n[perm]) ** 2))
+
+
+def _bvn_cdf(h, k, rho):
+    """Phi_2(h, k; rho) = P(X <= h, Y <= k) for standard normals with correlation |rho| < 1,
+    by one-dimensional quadrature of phi(x) Phi((k - rho x) / s) (accurate to ~1e-15)."""
+    from scipy.integrate import quad
+    from scipy.special import ndtr
+
+    s = np.sqrt(1.0 - rho * rho)
+    f = lambda x: np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi) * ndtr((k - rho * x) / s)
+    # Split at the kink-free but steep part near x = k / rho to help the adaptive rule.
+    val, _ = quad(f, -np.inf, h, epsabs=1e-16, epsrel=1e-13, limit=200)
+    return float(val)
+
+
+def relu_kernel(b1: float, b2: float, rho: float) -> float:
+    """``K(b1, b2, rho) = E[(X + b1)_+ (Y + b2)_+]`` for standard normals with correlation rho.
+
+    Closed form (ATV21 population L2 distance, relufast's derivation):
+    ``K = (rho + b1 b2) Phi_2(b1, b2; rho) + b2 phi(b1) Phi((b2 - rho b1)/s)
+    + b1 phi(b2) Phi((b1 - rho b2)/s) + s phi(b1) phi((b2 - rho b1)/s)``, s = sqrt(1 - rho^2),
+    with the limits at rho = +-1.
+    """
+    from scipy.special import ndtr
+
+    b1, b2, rho = float(b1), float(b2), float(np.clip(rho, -1.0, 1.0))
+    phi = lambda t: np.exp(-0.5 * t * t) / np.sqrt(2 * np.pi)
+    if rho >= 1.0 - 1e-15:
+        mu = min(b1, b2)
+        return float((1 + b1 * b2) * ndtr(mu) + (b1 + b2 - mu) * phi(mu))
+    if rho <= -1.0 + 1e-15:
+        if b1 + b2 <= 0:
+            return 0.0
+        return float((b1 * b2 - 1) * (ndtr(b1) + ndtr(b2) - 1) + b2 * phi(b1) + b1 * phi(b2))
+    s = np.sqrt(1.0 - rho * rho)
+    return float((rho + b1 * b2) * _bvn_cdf(b1, b2, rho) + b2 * phi(b1) * ndtr((b2 - rho * b1) / s)
+                 + b1 * phi(b2) * ndtr((b1 - rho * b2) / s) + s * phi(b1) * phi((b2 - rho * b1) / s))
+
+
+def population_l2(net_a: Any, net_b: Any) -> float:
+    """Exact L2 distance ``sqrt(E ||f_a(x) - f_b(x)||^2)`` of two ReLU networks, x ~ N(0, I).
+
+    Networks may have biases and offsets (``y = U relu(V x + b) + c``) and different numbers
+    of hidden units. ``f_a - f_b`` is one network with the units of both (output weights
+    ``U_a`` and ``-U_b``) and offset ``c_a - c_b``; with unit rows ``w``,
+    ``E[relu(w_i.x + b_i) relu(w_j.x + b_j)] = K(b_i, b_j, <w_i, w_j>)`` (:func:`relu_kernel`)
+    and ``E[relu(w.x + b)] = b Phi(b) + phi(b)``. Cost O((k_a + k_b)^2) one-dimensional
+    quadratures.
+
+    Parameters
+    ----------
+    net_a, net_b : Network, PlantedNetwork, RecoveryResult or (U, V[, b[, c]]) tuples
+
+    Returns
+    -------
+    float
+    """
+    from scipy.special import ndtr
+
+    A, B = as_network(net_a), as_network(net_b)
+    if A.activation is not None or B.activation is not None:
+        raise ValueError("population_l2 needs ReLU networks (activation None)")
+    if A.V.shape[1] != B.V.shape[1] or A.U.shape[0] != B.U.shape[0]:
+        raise ValueError(f"the networks must have the same input and output dimensions; got V "
+                         f"{A.V.shape} / {B.V.shape} and U {A.U.shape} / {B.U.shape}")
+    V = np.vstack([A.V, B.V])
+    b = np.concatenate([np.asarray(A.b), np.asarray(B.b)])
+    U = np.hstack([A.U, -B.U])
+    gamma = np.asarray(A.c) - np.asarray(B.c)
+    r = np.linalg.norm(V, axis=1)
+    zero = r == 0
+    # A zero row is the constant relu(b): fold it into the offset.
+    gamma = gamma + U[:, zero] @ np.maximum(b[zero], 0.0)
+    U, V, b, r = U[:, ~zero] * r[~zero], V[~zero] / r[~zero, None], b[~zero] / r[~zero], r[~zero]
+    k = V.shape[0]
+    C = V @ V.T
+    K = np.empty((k, k))
+    for i in range(k):
+        for j in range(i, k):
+            K[i, j] = K[j, i] = relu_kernel(b[i], b[j], C[i, j])
+    mean = b * ndtr(b) + np.exp(-0.5 * b * b) / np.sqrt(2 * np.pi)
+    sq = np.einsum("oi,ij,oj->", U, K, U) + 2.0 * gamma @ (U @ mean) + gamma @ gamma
+    return float(np.sqrt(max(sq, 0.0)))

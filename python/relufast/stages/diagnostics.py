@@ -12,7 +12,7 @@ from .._validation import check_positive_int
 
 __all__ = ["RANK_TOL", "GAUSS_ROWS", "gaussianity", "numerical_rank", "whitener",
            "refinement_subset", "outputs_below_hidden_message", "input_whitening",
-           "warn_if_not_gaussian", "INPUT_RANK_TOL", "input_null_space"]
+           "warn_if_not_gaussian", "BIAS_Z", "bias_evidence", "INPUT_RANK_TOL", "input_null_space"]
 
 
 #: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
@@ -157,3 +157,27 @@ def input_null_space(X, *, block=1 << 16):
     ev, E = np.linalg.eigh(M)
     keep = ev <= (INPUT_RANK_TOL ** 2) * top
     return np.ascontiguousarray((E[:, keep].T) @ N)
+
+
+#: |z| of the bias statistic above which the outputs are taken to have an offset or biases.
+BIAS_Z = 6.0
+
+
+def bias_evidence(X, Y, W=None):
+    """Do the outputs come from a network with hidden biases or an output offset?
+
+    For a bias-free ReLU network and x ~ N(0, I), ``E[y] = tr E[y (x x^T - I)]``, because
+    ``c_0(0) = c_2(0) = 1/sqrt(2 pi)`` (ATV21 Lemma 3.5); with biases and offset the
+    difference is ``sum_j U_j b_j Phi(b_j) + c``. The statistic is the sample mean of
+    ``y (1 + d - |x|^2)`` (of ``W x`` when a whitener is given), with its z-score.
+
+    Returns a dict: ``statistic`` (m,), ``z`` (m,), ``biased`` (max |z| > BIAS_Z).
+    """
+    Xs = X if W is None else X @ W
+    Y = np.asarray(Y, dtype=np.float64).reshape(len(Xs), -1)
+    n, d = Xs.shape
+    t = Y * (1.0 + d - np.einsum("ij,ij->i", Xs, Xs))[:, None]
+    stat = t.mean(axis=0)
+    se = t.std(axis=0) / np.sqrt(max(n, 1))
+    z = np.where(se > 0, stat / np.where(se > 0, se, 1.0), np.where(stat != 0, np.inf, 0.0))
+    return {"statistic": stat, "z": z, "biased": bool(np.max(np.abs(z)) > BIAS_Z)}

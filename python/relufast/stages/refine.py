@@ -14,6 +14,8 @@ References
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .._native import core
@@ -24,6 +26,9 @@ __all__ = [
     "output_basis",
     "refine_rows",
     "refine_rows_reference",
+    "RegionRefinement",
+    "region_refine",
+    "region_systems_reference",
     "RowPool",
     "DUPLICATE_COS",
 ]
@@ -182,6 +187,308 @@ def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10
 
 
 
+# ---------------------------------------------------------------------------------------
+# Activation-region refinement (relufast's exact step for biased networks, any m).
+# ---------------------------------------------------------------------------------------
+
+#: Relative eigenvalue of the joint region system below which a direction is undetermined.
+REGION_RANK_TOL = 1e-11
+
+
+class RegionRefinement(NamedTuple):
+    """Outcome of :func:`region_refine`.
+
+    Attributes
+    ----------
+    U, V, b, c : ndarray
+        The refined network ``Y = relu(X V^T + b) U^T + c``, rows of V of unit norm.
+    residual : float
+        Relative residual ``||Y - f(X)||_F / ||Y||_F`` over all samples (the certificate).
+    history : tuple of float
+        The residual before each round, then after the final output-layer fit.
+    rounds : int
+        Region rounds run.
+    undetermined : tuple of int
+        Units whose parameters the populated regions do not determine (rank test of the
+        joint region system); empty when the system has full rank.
+    n_regions, n_certain, n_trimmed : int
+        Populated regions, samples with a certain pattern and samples trimmed, in the last round.
+    """
+
+    U: np.ndarray
+    V: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    residual: float
+    history: tuple
+    rounds: int
+    undetermined: tuple
+    n_regions: int
+    n_certain: int
+    n_trimmed: int
+
+
+def _pattern_bits(keys, k):
+    """(R, words) uint64 keys -> (R, k) 0/1 float pattern matrix (bit i: unit i active)."""
+    keys = np.asarray(keys, dtype=np.uint64).reshape(len(keys), -1)
+    S = np.zeros((keys.shape[0], k))
+    for i in range(k):
+        S[:, i] = (keys[:, i // 64] >> np.uint64(i % 64)) & np.uint64(1)
+    return S
+
+
+def _joint_solve(sys, k, d, m):
+    """The one least-squares solve across regions.
+
+    Unknowns: per unit the (d+1, m) update ``dC_i`` of ``U_i (v_i, b_i)`` and the offset
+    update ``dc``; each certain sample's residual is ``sum_{i active} dC_i^T [x; 1] + dc``.
+    The normal matrix is assembled from the per-region Gram matrices,
+    ``J_ij = sum_R S_Ri S_Rj G_R``; its rank tells which units the regions determine.
+
+    Returns (dC (k, d+1, m), dc (m,), undetermined unit indices, smallest relative eigenvalue).
+    """
+    D = d + 1
+    S = _pattern_bits(sys["keys"], k)
+    R = S.shape[0]
+    G = np.asarray(sys["gram"]).reshape(R, D, D)
+    H = np.asarray(sys["cross"]).reshape(R, D, m)
+    SS = (S[:, :, None] * S[:, None, :]).reshape(R, k * k)
+    Jk = (SS.T @ G.reshape(R, D * D)).reshape(k, k, D, D).transpose(0, 2, 1, 3).reshape(k * D, k * D)
+    N = k * D + 1
+    J = np.zeros((N, N))
+    J[: k * D, : k * D] = Jk
+    J[: k * D, -1] = (S.T @ G[:, :, d]).reshape(k * D)
+    J[-1, : k * D] = J[: k * D, -1]
+    J[-1, -1] = float(np.sum(sys["counts"]))
+    rhs = np.zeros((N, m))
+    rhs[: k * D] = (S.T @ H.reshape(R, D * m)).reshape(k * D, m)
+    rhs[-1] = H[:, d, :].sum(axis=0)
+    # Jacobi scaling, then an eigen-decomposition: the rank test and the solve in one.
+    scale = np.sqrt(np.maximum(np.diag(J), 1e-300))
+    Js = J / scale[:, None] / scale[None, :]
+    w, Q = np.linalg.eigh(0.5 * (Js + Js.T))
+    top = max(w[-1], 1e-300)
+    keep = w > REGION_RANK_TOL * top
+    sol = (Q[:, keep] / w[keep]) @ (Q[:, keep].T @ (rhs / scale[:, None]))
+    sol /= scale[:, None]
+    undetermined = set()
+    null = Q[:, ~keep]
+    if null.size:
+        weight = np.sqrt(np.sum(null[: k * D] ** 2, axis=1)).reshape(k, D).max(axis=1)
+        undetermined = {int(i) for i in np.flatnonzero(weight > 1e-3)}
+    for i in range(k):  # a unit active in no certain sample is undetermined too
+        if not np.any(S[:, i] > 0):
+            undetermined.add(i)
+    dC = sol[: k * D].reshape(k, D, m)
+    return dC, sol[-1], tuple(sorted(undetermined)), float(w[0] / top) if w.size else 0.0
+
+
+def _rank_one_update(U, V, b, dC):
+    """New (U, V, b) from ``C_i = (v_i, b_i) (x) U_i + dC_i`` by the best rank-one
+    approximation, keeping unit rows and the sign that matches the current row."""
+    k, D, m = dC.shape
+    d = D - 1
+    U2, V2, b2 = U.copy(), V.copy(), b.copy()
+    for i in range(k):
+        C = np.outer(np.append(V[i], b[i]), U[:, i]) + dC[i]
+        if m == 1:
+            w, s, u = C[:, 0], 1.0, np.ones(1)
+        else:
+            Ls, sv, Rt = np.linalg.svd(C, full_matrices=False)
+            w, s, u = Ls[:, 0], sv[0], Rt[0]
+        nv = np.linalg.norm(w[:d])
+        if not nv > 0:
+            continue
+        sign = 1.0 if w[:d] @ V[i] >= 0 else -1.0
+        V2[i] = sign * w[:d] / nv
+        b2[i] = sign * w[d] / nv
+        U2[:, i] = sign * s * nv * u
+    return U2, V2, b2
+
+
+def _canonical_biased(U, V, b):
+    s = np.linalg.norm(V, axis=1)
+    s = np.where(s > 0, s, 1.0)
+    return U * s[None, :], V / s[:, None], b / s
+
+
+def region_refine(X, Y, V, b, U=None, c=None, *, margin=0.1, max_rounds=10, trim=8.0,
+                  tol=1e-13, n_jobs=None, block_size=4096, max_regions=1 << 16):
+    """Make an approximate biased network exact by activation-region refinement.
+
+    Given ``(V, b)`` within a few tenths of a radian of the truth, the network is affine
+    on every activation region. On the samples whose pattern is certain (every
+    ``|x . v_i + b_i|`` above the margin) the residual of the current network is affine,
+    ``sum_{i active} dC_i^T [x; 1] + dc``; one pass (C++) accumulates each populated
+    region's normal equations, one solve across regions gives every ``dC_i`` (the update
+    of ``U_i (v_i, b_i)``) and ``dc``; the rank-one factors give the new ``(U, V, b)``.
+    Samples with a large residual after that solve (likely misclassified) are trimmed and
+    the solve repeated. Rounds continue until the residual over all samples stops
+    falling; a final least-squares fit of ``(U, c)`` on all samples ends it. This step is
+    relufast's own (not in any of the papers); it is a Gauss-Newton step on the
+    parameters ``U_i (v_i, b_i)`` restricted to samples with a certain pattern.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    Y : ndarray of shape (n, m)
+    V : ndarray of shape (k, d)
+        Approximate hidden rows (any norm; normalised here with b).
+    b : ndarray of shape (k,)
+        Approximate hidden biases.
+    U, c : ndarray of shape (m, k) and (m,), optional
+        Approximate output layer; by default fitted by least squares for (V, b).
+    margin : float, default=0.1
+        Margin of the first round (pre-activation units, rows of unit norm); later rounds
+        use ``min(margin, 3 sqrt(d + 1) * step)``, the size of the last update.
+    max_rounds : int, default=10
+    trim : float or None, default=8.0
+        Samples whose residual after the joint solve exceeds ``trim`` times the median
+        are dropped from the region systems (None: no trimming).
+    tol : float, default=1e-13
+        Stop once the relative residual is below this.
+    n_jobs, block_size
+        Threads and samples per block of the C++ kernels.
+    max_regions : int, default=65536
+        Refuse (ValueError) more populated regions than this (memory: one (d+1)^2 system
+        per region and thread).
+
+    Returns
+    -------
+    RegionRefinement
+    """
+    from .._blas import single_threaded_blas
+
+    with single_threaded_blas():
+        return _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size,
+                              max_regions)
+
+
+def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size, max_regions):
+    from .._validation import check_xy
+
+    X, Y = check_xy(X, Y)
+    n, d = X.shape
+    m = Y.shape[1]
+    V = np.array(np.atleast_2d(V), dtype=np.float64)
+    k = V.shape[0]
+    if V.shape[1] != d:
+        raise ValueError(f"V must have shape (k, d) with d = {d}; got {V.shape}")
+    b = np.array(b, dtype=np.float64).reshape(-1)
+    if b.shape != (k,):
+        raise ValueError(f"b must have shape ({k},); got {b.shape}")
+    if not (np.all(np.isfinite(V)) and np.all(np.isfinite(b))):
+        raise ValueError("V and b must be finite")
+    if not (np.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a number >= 0; got {margin!r}")
+    if trim is not None and not (np.isfinite(trim) and trim > 1):
+        raise ValueError(f"trim must be None or a number > 1; got {trim!r}")
+    from .._validation import check_positive_int, resolve_n_jobs
+
+    max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
+    threads = resolve_n_jobs(n_jobs)
+    block = check_positive_int(block_size, "block_size")
+    max_regions = check_positive_int(max_regions, "max_regions")
+    Uin = np.zeros((m, k)) if U is None else np.array(U, dtype=np.float64).reshape(m, k)
+    U, V, b = _canonical_biased(Uin, V, b)
+    c = np.zeros(m) if c is None else np.array(c, dtype=np.float64).reshape(m)
+
+    def systems(U, V, b, c, marg, mask=None):
+        return core.region_systems(X, Y, np.ascontiguousarray(V), b, np.ascontiguousarray(U), c,
+                                   marg, mask, max_regions, threads, block)
+
+    def fit_output(U, V, b, c):
+        # Iterative refinement of the normal equations of [relu(X V^T + b), 1]: the pass
+        # gives F1^T r for the current residual, so the correction is accurate to rounding.
+        for _ in range(2):
+            st = systems(U, V, b, c, np.full(k, np.inf))
+            delta = np.linalg.lstsq(st["fgram"], st["fcross"], rcond=1e-14)[0]
+            U, c = U + delta[:k].T, c + delta[k]
+        return U, c
+
+    if U is None or not np.any(Uin):
+        U, c = fit_output(U, V, b, c)
+    marg = np.full(k, float(margin))
+    history, best = [], None
+    undetermined, n_regions, n_certain, n_trimmed, rounds = (), 0, 0, 0, 0
+    for rounds in range(1, max_rounds + 1):
+        sys = systems(U, V, b, c, marg)
+        res = float(np.sqrt(sys["sq_residual"] / sys["sq_norm"])) if sys["sq_norm"] > 0 else float("nan")
+        history.append(res)
+        if best is None or res < best[0]:
+            best = (res, U, V, b, c)
+        if not np.isfinite(res) or res <= tol or (len(history) > 1 and res > 0.5 * history[-2]):
+            rounds -= 1
+            break
+        dC, dc, undetermined, _ = _joint_solve(sys, k, d, m)
+        n_regions, n_certain, n_trimmed = len(sys["counts"]), int(sys["n_certain"]), 0
+        if trim is not None and n_certain:
+            r = core.region_residuals(X, Y, np.ascontiguousarray(V), b, np.ascontiguousarray(U), c, marg,
+                                      np.ascontiguousarray(dC.reshape(k, -1)), dc, threads, block)
+            fin = np.isfinite(r)
+            thr = trim * float(np.median(r[fin]))
+            floor = 1e-14 * float(np.sqrt(sys["sq_norm"] / max(n, 1)))
+            mask = ~(fin & (r > max(thr, floor)))
+            n_trimmed = int(np.sum(~mask))
+            if n_trimmed:
+                sys2 = systems(U, V, b, c, marg, mask)
+                dC, dc, undetermined, _ = _joint_solve(sys2, k, d, m)
+                n_regions, n_certain = len(sys2["counts"]), int(sys2["n_certain"])
+        U_new, V_new, b_new = _rank_one_update(U, V, b, dC)
+        step = np.sqrt(np.sum((V_new - V) ** 2, axis=1) + (b_new - b) ** 2)
+        marg = np.minimum(marg, 3.0 * np.sqrt(d + 1.0) * step)
+        U, V, b, c = U_new, V_new, b_new, c + dc
+    else:
+        sys = systems(U, V, b, c, marg)
+        res = float(np.sqrt(sys["sq_residual"] / sys["sq_norm"])) if sys["sq_norm"] > 0 else float("nan")
+        history.append(res)
+        if best is None or res < best[0]:
+            best = (res, U, V, b, c)
+    _, U, V, b, c = best
+    U, c = fit_output(U, V, b, c)
+    st = systems(U, V, b, c, np.full(k, np.inf))
+    residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
+    history.append(residual)
+    return RegionRefinement(U=U, V=V, b=b, c=c, residual=residual, history=tuple(history), rounds=rounds,
+                            undetermined=tuple(undetermined), n_regions=n_regions, n_certain=n_certain,
+                            n_trimmed=n_trimmed)
+
+
+def region_systems_reference(X, Y, V, b, U, c, margin, mask=None):
+    """Plain NumPy reference of the C++ region pass (for tests).
+
+    Returns a dict with the same keys as ``core.region_systems`` (regions sorted by key).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64).reshape(X.shape[0], -1)
+    k = V.shape[0]
+    P = X @ V.T + b
+    F = np.maximum(P, 0.0)
+    R = Y - F @ U.T - c
+    F1 = np.column_stack([F, np.ones(len(X))])
+    certain = np.all(np.abs(P) > margin, axis=1)
+    if mask is not None:
+        certain &= mask
+    words = (k + 63) // 64
+    keys = np.zeros((len(X), words), dtype=np.uint64)
+    for i in range(k):
+        keys[:, i // 64] |= (P[:, i] > 0).astype(np.uint64) << np.uint64(i % 64)
+    Xt = np.column_stack([X, np.ones(len(X))])
+    uniq = sorted({tuple(row) for row in keys[certain]})
+    gram, cross, counts, sq = [], [], [], []
+    for key in uniq:
+        sel = certain & np.all(keys == np.array(key, dtype=np.uint64), axis=1)
+        A, Rg = Xt[sel], R[sel]
+        gram.append((A.T @ A).ravel())
+        cross.append((A.T @ Rg).ravel())
+        counts.append(float(sel.sum()))
+        sq.append(float(np.sum(Rg**2)))
+    D = X.shape[1] + 1
+    return {"keys": np.array(uniq, dtype=np.uint64).reshape(len(uniq), words),
+            "counts": np.array(counts), "gram": np.array(gram).reshape(len(uniq), D * D),
+            "cross": np.array(cross).reshape(len(uniq), D * Y.shape[1]), "sq_res": np.array(sq),
+            "fgram": F1.T @ F1, "fcross": F1.T @ R, "sq_residual": float(np.sum(R**2)),
+            "sq_norm": float(np.sum(Y**2)), "n_certain": float(certain.sum()), "count": float(len(X))}
 #: Rows whose |cos| exceeds this are the same hidden unit.
 DUPLICATE_COS = 1.0 - 1e-6
 #: Fields of :func:`refine_rows`' output kept as a row's certificate.

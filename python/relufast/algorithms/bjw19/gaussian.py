@@ -13,10 +13,16 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status, recovery_method
-from ...activations import RELU, get_activation, hermite_coefficient
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import (input_whitening, numerical_rank, outputs_below_hidden_message,
-                                   refinement_subset, warn_if_not_gaussian)
+from ...activations import RELU, get_activation, hermite_coefficient
+from ...stages.diagnostics import (
+    bias_evidence,
+    input_whitening,
+    numerical_rank,
+    outputs_below_hidden_message,
+    refinement_subset,
+    warn_if_not_gaussian,
+)
 from ...stages.fit import fit_and_certify, fit_from_stats, relative_residual, relu_stats
 from ...stages.moments import moment_span
 from ...stages.refine import RowPool, output_basis, refine_rows
@@ -138,6 +144,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     run.diag.update(backend=BACKEND, activation=act.name)
     diag = run.diag
 
+    if m < k and act is RELU and whiten is not True:
+        return _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads)
     if m < k:
         return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
             "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
@@ -198,8 +206,22 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
     status, message = _outcome(pool, k, residual, tol, n, len(Xr), noise_ratio, m, min_null,
                                run.counts["restarts"])
     exact = status == Status.EXACT
+    if not exact and act is RELU:
+        message += _bias_note(X, Y, Wh)
     return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
                       warn_user=not exact)
+
+
+def _bias_note(X, Y, Wh):
+    """Say so when the outputs look like a network with an offset or hidden biases (not
+    the bias-free model of BJW19); empty otherwise."""
+    rows = min(X.shape[0], 200000)
+    ev = bias_evidence(X[:rows], Y[:rows], Wh)
+    if not ev["biased"]:
+        return ""
+    return (f". The outputs look like those of a network with an output offset or hidden biases "
+            f"(mean(y) - tr E[y (x x^T - I)] has |z| = {np.max(np.abs(ev['z'])):.1f}; it is 0 without "
+            "biases), which the bias-free model of BJW19 cannot fit: use method='atv21'")
 
 
 def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened):
@@ -281,3 +303,46 @@ def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, rest
         "estimate is too crude. Try more samples, more n_restarts, or check that X is standard "
         "Gaussian and that rows of V are not nearly parallel. Outputs of a network with hidden "
         "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21")
+
+
+#: |b| and |c| (relative to the outputs) below which the m < k route reports a bias-free net.
+BIAS_FREE_TOL = 1e-8
+
+
+def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):
+    """m < k, beyond the paper (BJW19 Thm 7 needs rank(U) = k): the rows of V from the
+    fourth-order moment in the span of V (the ATV21 estimate, which for b = 0 uses T_4 only),
+    made exact by the activation-region refinement; certified bias-free at the end."""
+    import warnings
+
+    from ..._result import RelufastWarning
+    from ..atv21 import atv21 as atv21_estimate
+
+    with run.stage("atv21"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RelufastWarning)
+        res = atv21_estimate(X, Y, k, tol=tol, n_jobs=n_jobs, random_state=rng, block_size=block_size)
+    run.diag["m_below_k"] = ("m < k: rows of V from the fourth-order moment in the span of V "
+                             "(ATV21 estimate) and the activation-region refinement")
+    run.diag["atv21_status"] = res.status.value
+    run.counts["refine_rounds"] = res.counts.get("refine_rounds", 0)
+    m = Y.shape[1]
+    if res.exact:
+        scale = max(float(np.sqrt(np.mean(Y * Y))), 1e-300)
+        if np.max(np.abs(res.b)) <= BIAS_FREE_TOL and np.max(np.abs(res.c)) <= BIAS_FREE_TOL * scale:
+            residual = relative_residual(X, Y, res.V, res.U, threads, RELU)
+            if residual <= tol:
+                return run.result(Status.EXACT,
+                                  f"recovered {k} hidden units exactly from m = {m} < k outputs (beyond "
+                                  "BJW19 Thm 7: fourth-order moment in the span of V, then activation-region "
+                                  f"refinement); relative residual {residual:.2e} over {X.shape[0]} samples",
+                                  U=res.U, V=res.V, exact=True, residual=residual)
+        return run.result(Status.FAILED,
+                          f"the outputs are exactly those of a network with hidden biases or an output offset "
+                          f"(max |b| = {np.max(np.abs(res.b)):.2e}, max |c| = {np.max(np.abs(res.c)):.2e}), "
+                          "not BJW19's bias-free model: use method='atv21'",
+                          U=res.U, V=res.V, residual=res.residual)
+    return run.result(Status.FAILED,
+                      f"m = {m} < k = {k}: BJW19 Thm 7 needs m >= k; the fourth-order route (ATV21 estimate "
+                      f"and activation-region refinement) ended {res.status.value}: {res.message}. For "
+                      "m >= 2 with pairwise independent columns of U, bjw19-fpt (Alg. 7) may work",
+                      U=res.U, V=res.V, residual=res.residual)

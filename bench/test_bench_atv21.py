@@ -1,0 +1,98 @@
+"""ATV21 benchmarks: projected Hermite moment throughput by order; error and time vs n with
+and without the activation-region refinement; refinement rounds and time vs (d, k).
+
+Run: python -m pytest bench/test_bench_atv21.py --benchmark-only. Threads: the C++ kernels
+use all cores (n_jobs=None) unless a test says otherwise; NumPy runs single-threaded
+inside the pipelines. Every benchmark records its quality figure in ``extra_info``.
+"""
+import warnings
+
+import numpy as np
+import pytest
+import relufast as rf
+from relufast.algorithms import atv21 as A
+from relufast.planted import PlantedNetwork
+from relufast.stages.moments import HermiteAccumulator, projected_hermite_reference
+from relufast.stages.refine import region_refine
+
+
+def bounded_network(d, k, m, seed, c=0.0):
+    r = np.random.default_rng(seed)
+    V = r.standard_normal((k, d))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    U = r.choice([-1.0, 1.0], size=(m, k)) * r.uniform(0.5, 1.5, (m, k))
+    return PlantedNetwork(U=U, V=V, b=r.uniform(-1, 1, k), c=np.full(m, c))
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_moment_throughput(benchmark, machine, order, threads):
+    """n = 1e6 samples, d = 50 projected to k = 10, m = 1: samples per second by order."""
+    n, d, k = 1_000_000, 50, 10
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n, d))
+    y = rng.standard_normal((n, 1))
+    P = np.linalg.qr(rng.standard_normal((d, k)))[0]
+
+    def run():
+        return HermiteAccumulator(1, order=order, basis=P, n_jobs=threads).add(X, y).tensors()
+
+    T = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    ref = projected_hermite_reference(X[:2000], y[:2000], P, order=order)
+    got = HermiteAccumulator(1, order=order, basis=P).add(X[:2000], y[:2000]).tensors()
+    flops = 2.0 * n * (d * k + sum(k**r for r in range(1, order + 1)))
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update({
+        "threads": threads, "order": order, "samples_per_s": n / benchmark.stats.stats.min,
+        "gflops": flops / benchmark.stats.stats.min / 1e9,
+        "max_abs_diff_vs_numpy": float(max(np.abs(a - b).max() for a, b in zip(got, ref))),
+        "shape_T_top": T[-1].shape,
+    })
+
+
+@pytest.mark.parametrize("refine", [False, True])
+@pytest.mark.parametrize("n", [30_000, 100_000, 300_000, 1_000_000])
+def test_error_and_time_vs_n(benchmark, machine, n, refine):
+    """d = 10, k = 5, m = 1, B-bounded teacher with offset 0.5 (3 seeds: median error)."""
+    nets = [bounded_network(10, 5, 1, s, c=0.5) for s in range(3)]
+    data = [net.sample(n, random_state=100 + s) for s, net in enumerate(nets)]
+    results = []
+
+    def run():
+        results.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rf.RelufastWarning)
+            for s, (X, Y) in enumerate(data):
+                results.append(A.atv21(X, Y, 5, refine=refine, random_state=s))
+
+    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    errs = [rf.metrics.parameter_error(r, net) for r, net in zip(results, nets)]
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update({
+        "n": n, "refine": refine, "seconds_per_fit": benchmark.stats.stats.min / 3,
+        "median_V_error": float(np.median([e.V for e in errs])),
+        "median_b_error": float(np.median([e.b for e in errs])),
+        "median_max_angle": float(np.median([e.max_angle for e in errs])),
+        "statuses": [r.status.value for r in results],
+        "median_residual": float(np.median([r.residual for r in results])),
+    })
+
+
+@pytest.mark.parametrize("d,k", [(10, 4), (20, 6), (50, 10), (100, 12)])
+def test_refinement_rounds_vs_dk(benchmark, machine, d, k):
+    """Region refinement from a 0.2 rad estimate, m = 1, n = 2e5."""
+    rng = np.random.default_rng(0)
+    net = bounded_network(d, k, 1, 0, c=0.3)
+    X, Y = net.sample(200_000, random_state=1)
+    E = rng.standard_normal(net.V.shape)
+    E -= np.sum(E * net.V, axis=1, keepdims=True) * net.V
+    E /= np.linalg.norm(E, axis=1, keepdims=True)
+    Vp = np.cos(0.2) * net.V + np.sin(0.2) * E
+    bp = net.b + 0.2 * rng.standard_normal(k)
+    out = benchmark.pedantic(region_refine, args=(X, Y, Vp, bp), rounds=1, warmup_rounds=0)
+    err = rf.metrics.parameter_error((out.U, out.V, out.b, out.c), net)
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update({
+        "d": d, "k": k, "rounds": out.rounds, "history": list(out.history), "residual": out.residual,
+        "V_error": err.V, "b_error": err.b, "regions": out.n_regions,
+    })

@@ -1,0 +1,753 @@
+"""Awasthi, Tang, Vijayaraghavan: depth-2 networks with general ReLU activations (biases).
+
+References
+----------
+.. [1] P. Awasthi, A. Tang, A. Vijayaraghavan. Efficient algorithms for learning depth-2
+   neural networks with general ReLU activations. Advances in Neural Information
+   Processing Systems 34 (NeurIPS 2021). arXiv:2107.10209.
+
+Model: ``Y = relu(X V^T + b) U^T + c`` with x ~ N(0, I_d), V (k, d) with unit rows, hidden
+biases b (k,), output layer U (m, k) and offset c (m,); any m >= 1 (Y may be 1-D). The
+paper writes one output ``f(x) = sum_i a_i relu(<w_i, x> + b_i)``; with m outputs relufast
+runs the paper on a random combination ``y g`` of the outputs (``a = U^T g``) and fits
+``(U, c)`` for all outputs by least squares at the end.
+
+Functions and the paper
+-----------------------
+``atv21``
+    Theorem 3.1: Algorithm 6 (robust Algorithm 4 with l = 1, then Algorithm 3). The span
+    of V from T_2; T_0..T_4 in that k-dimensional span (C++ kernel); Jennrich on the
+    flattenings of T_3 and T_4; Algorithm 2 (RecoverScalars) from T_2 and T_3;
+    Algorithm 3 (FixSigns) from T_1; c from T_0. Then relufast's activation-region
+    refinement (:func:`relufast.stages.refine.region_refine`, not in the paper) makes the
+    estimate exact on noiseless data, certified by the residual over all samples.
+``hermite_coefficient``
+    Lemma 3.5: ``c_r(b)`` with ``E[relu(w.x + b) He_r(x)] = c_r(b) w^(x r)``.
+``population_tensors``
+    The exact coefficient tensors ``f_r`` of a network (for tests and studies).
+``recover_from_tensors``
+    Algorithms 4 (l = 1) + 2 + 3 on given tensors (dense, any dimension).
+
+Departures from the paper (``docs/atv21.md``): the two Jennrich calls on T_3 and T_4 are
+one call on the pencil of both (their third modes concatenated, each scaled by its
+estimated noise), which sees every unit since He_1 and He_2 have no common root and
+needs no rank thresholds; Algorithms 1-3 are reconstructed from the appendix; the
+refinement step is relufast's own.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import ndtr
+
+from .._blas import single_threaded_blas
+from .._native import BACKEND
+from .._result import Run, Status, warn
+from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
+from ..stages.diagnostics import gaussianity
+from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
+from ..stages.refine import region_refine
+from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
+
+__all__ = ["atv21", "atv21_general", "hermite_coefficient", "population_tensors", "recover_from_tensors",
+           "recover_general_from_tensors", "fit_network", "CITATION"]
+
+CITATION = (
+    "P. Awasthi, A. Tang, A. Vijayaraghavan. Efficient algorithms for learning depth-2 neural "
+    "networks with general ReLU activations. NeurIPS 2021 (arXiv:2107.10209)."
+)
+
+_SQRT_2PI = math.sqrt(2.0 * math.pi)
+#: Batches whose spread estimates the noise of T_3 and T_4 (weights of the joint pencil).
+NOISE_BATCHES = 8
+
+
+def _phi(b):
+    return np.exp(-0.5 * np.asarray(b, dtype=np.float64) ** 2) / _SQRT_2PI
+
+
+def _hermite_1d(r, z):
+    """Probabilists' He_r(z) by the three-term recurrence He_{j+1} = z He_j - j He_{j-1}."""
+    z = np.asarray(z, dtype=np.float64)
+    h0, h1 = np.ones_like(z), z
+    if r == 0:
+        return h0
+    for j in range(1, r):
+        h0, h1 = h1, z * h1 - j * h0
+    return h1
+
+
+def hermite_coefficient(r, b):
+    """``c_r(b)`` of ATV21 Lemma 3.5: ``E[relu(w.x + b) He_r(x)] = c_r(b) w^(x r)`` (unit w).
+
+    ``c_0 = b Phi(b) + phi(b)``, ``c_1 = Phi(b)``, ``c_r = (-1)^r He_{r-2}(b) phi(b)`` for
+    r >= 2 (the paper's f_hat_k has no 1/k! inside).
+
+    Parameters
+    ----------
+    r : int >= 0
+    b : float or ndarray
+
+    Returns
+    -------
+    float or ndarray, like b
+    """
+    r = check_positive_int(r, "r", minimum=0)
+    b = np.asarray(b, dtype=np.float64)
+    if r == 0:
+        out = b * ndtr(b) + _phi(b)
+    elif r == 1:
+        out = ndtr(b)
+    else:
+        out = (-1.0) ** r * _hermite_1d(r - 2, b) * _phi(b)
+    return out[()] if out.ndim == 0 else out
+
+
+def _network_arrays(net):
+    from ..network import as_network
+
+    net = as_network(net)
+    U, V, b, c = (np.array(a, dtype=np.float64) for a in (net.U, net.V, net.b, net.c))
+    s = np.linalg.norm(V, axis=1)
+    if np.any(s == 0):
+        raise ValueError("every row of V must be nonzero")
+    return U * s, V / s[:, None], b / s, c
+
+
+def population_tensors(net, order=4):
+    """Exact Hermite coefficient tensors ``f_r = E[y He_r(x)]`` of a network, r = 0..order.
+
+    ``f_r[i] = sum_j U_ij c_r(b_j) v_j^(x r)`` (+ c_i for r = 0) with unit rows v_j (rows
+    of other norms are canonicalised first; ATV21 Lemma 3.5).
+
+    Parameters
+    ----------
+    net : Network, PlantedNetwork, result or tuple (U, V[, b[, c]])
+    order : int, default=4
+
+    Returns
+    -------
+    list of ndarray, ``f_r`` of shape (m,) + (d,) * r
+    """
+    U, V, b, c = _network_arrays(net)
+    order = check_positive_int(order, "order", minimum=0)
+    out = []
+    for r in range(order + 1):
+        coef = U * hermite_coefficient(r, b)[None, :]  # (m, k)
+        T = coef
+        letters = "abcdefghij"[:r]
+        if r:
+            T = np.einsum("ij," + ",".join(f"j{ch}" for ch in letters) + "->i" + letters, coef, *([V] * r))
+        else:
+            T = coef.sum(axis=1) + c
+        out.append(T)
+    return out
+
+
+def _sympow_ls(T, Z, j):
+    """SymPowLS (ATV21 Sec. 3.0): ``zeta = argmin ||T - sum_i zeta_i z_i^(x j)||_F`` by the
+    normal equations ``(Z^T Z)^(o j) zeta = h``, ``h_i = <T, z_i^(x j)>``."""
+    kz = Z.shape[1]
+    h = np.empty(kz)
+    for i in range(kz):
+        t = T
+        for _ in range(j):
+            t = np.tensordot(t, Z[:, i], axes=([0], [0]))
+        h[i] = float(t)
+    G = (Z.T @ Z) ** j
+    return np.linalg.lstsq(G, h, rcond=1e-13)[0]
+
+
+def _flattening_ranks(T3, T4, noise3, noise4):
+    """Singular values of flatten(T_3; 1, 2) and flatten(T_4; 1, 3) and their ranks above
+    3x the noise (ATV21 Alg. 4, steps 2-3; for exact tensors noise is relative rounding)."""
+    k = T3.shape[0]
+    s3 = np.linalg.svd(T3.reshape(k, -1), compute_uv=False)
+    s4 = np.linalg.svd(T4.reshape(k, -1), compute_uv=False)
+    floor3 = max(3.0 * noise3, 1e-10 * s3[0])
+    floor4 = max(3.0 * noise4, 1e-10 * s4[0])
+    return s3, s4, int(np.sum(s3 > floor3)), int(np.sum(s4 > floor4))
+
+
+def _jennrich_t2(P, T2, rng, n_draws):
+    """Jennrich with T_2 as the second matrix: for ``P = sum_i u_i (x) u_i (x) z_i`` and
+    ``T_2 = sum_i beta_i u_i u_i^T`` (beta_i = a_i phi(b_i) != 0), the contraction
+    ``M = P(alpha)`` gives ``M T_2^{-1} = Z diag(<z_i, alpha> / beta_i) Z^{-1}``: the
+    eigenvectors are the u_i whatever the scale of a_i, and T_2 is the least noisy tensor.
+    Of ``n_draws`` random alpha the draw with the largest relative eigen-gap and a real
+    spectrum is kept. Returns (Z (k, k) unit columns, gap)."""
+    k = T2.shape[0]
+    try:
+        T2inv = np.linalg.inv(T2)
+    except np.linalg.LinAlgError:
+        return jennrich(P, rng, n_draws=n_draws)
+    best = (None, -1.0)
+    for _ in range(n_draws):
+        alpha = rng.standard_normal(P.shape[0])
+        M = np.tensordot(alpha, P, axes=1) @ T2inv
+        lam, Zc = np.linalg.eig(M)
+        if not np.all(np.isfinite(lam)):
+            continue
+        scale = max(np.max(np.abs(lam)), 1e-300)
+        imag = np.max(np.abs(lam.imag)) / scale
+        lr = lam.real
+        diff = np.abs(lr[:, None] - lr[None, :])
+        np.fill_diagonal(diff, np.inf)
+        gap = float(diff.min() / scale) if k > 1 else 1.0
+        if imag > 1e-6:
+            gap *= 1e-3
+        if gap > best[1]:
+            Zr = np.real(Zc)
+            best = (Zr / np.maximum(np.linalg.norm(Zr, axis=0), 1e-300), gap)
+    if best[0] is None:
+        return jennrich(P, rng, n_draws=n_draws)
+    return best
+
+
+def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
+    """Algorithm 6 in a k-dimensional basis: T = [T_0 (), T_1 (k,), ..., T_4 (k,)*4].
+
+    Returns (Z (k, k) unit directions as columns with signs fixed, a (k,), b (k,), c0,
+    diagnostics dict).
+    """
+    T0, T1, T2, T3, T4 = T
+    diag = {}
+    s3, s4, r3, r4 = _flattening_ranks(T3, T4, noise3, noise4)
+    diag.update(flattening_singular_values_T3=s3, flattening_singular_values_T4=s4,
+                flattening_rank_T3=r3, flattening_rank_T4=r4)
+    # Alg. 4 steps 1-4: Jennrich on the flattenings of T_3 (k x k x k) and T_4 (k x k x k^2),
+    # as one pencil: the third modes concatenated, each scaled by its noise level, so a
+    # unit invisible in one tensor (b at a root of He_1 or He_2) is seen in the other.
+    w3 = 1.0 / noise3 if noise3 > 0 else 1.0 / max(np.linalg.norm(T3), 1e-300)
+    w4 = 1.0 / noise4 if noise4 > 0 else 1.0 / max(np.linalg.norm(T4), 1e-300)
+    P = np.concatenate([w3 * T3, w4 * T4.reshape(k * k, k, k)], axis=0)
+    Z0, gap = _jennrich_t2(P, T2, rng, n_draws)
+    A, Bf, Cf = cp_als(P, Z0)
+    Z = merge_symmetric_factors(Bf, Cf)
+    fit0 = np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, Bf, Cf)) / max(np.linalg.norm(P), 1e-300)
+    if polish == "jennrich" or not np.all(np.isfinite(Z)):
+        Z = Z0
+    diag.update(jennrich_gap=gap, cp_relative_error=float(fit0))
+    # Alg. 2 (l = 1): zeta_2 = a phi(b), zeta_3 = -a phi(b) xi b (errata: T_2, T_3, not T_1).
+    z2 = _sympow_ls(T2, Z, 2)
+    z3 = _sympow_ls(T3, Z, 3)
+    z4 = _sympow_ls(T4, Z, 4)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bt = -z3 / z2
+    bt = np.where(np.isfinite(bt), bt, 0.0)
+    at = _SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * z2
+    diag.update(zeta2=z2, zeta3=z3, zeta4=z4)
+    # Which tensor sees each unit: lambda' = -a phi(b) b (T_3), lambda'' = a phi(b) He_2(b) (T_4).
+    diag["visible_T3"] = np.abs(z3) > 3.0 * max(noise3, 1e-12 * np.abs(z3).max(initial=0.0))
+    diag["visible_T4"] = np.abs(z4) > 3.0 * max(noise4, 1e-12 * np.abs(z4).max(initial=0.0))
+    # Alg. 3 (FixSigns): T_1 = sum_i a_i Phi(b_i) w_i = sum_i z_i (a~_i w~_i), z_i = xi_i Phi(b_i).
+    M = Z * at[None, :]
+    zz = np.linalg.lstsq(M, T1, rcond=1e-13)[0]
+    xi = np.where(zz >= 0, 1.0, -1.0)
+    diag["fixsigns_z"] = zz
+    diag["fixsigns_margin"] = float(np.min(np.abs(zz))) if zz.size else 0.0
+    Z = Z * xi[None, :]
+    bb = xi * bt
+    c0 = float(T0 - np.sum(at * hermite_coefficient(0, bb)))
+    return Z, at, bb, c0, diag
+
+
+def recover_from_tensors(tensors, n_hidden, *, random_state=None):
+    """ATV21 Algorithm 6 (Alg. 4 with l = 1, Alg. 2, Alg. 3) on given tensors T_0..T_4.
+
+    Parameters
+    ----------
+    tensors : sequence of 5 arrays
+        ``T_r`` of shape (p,) * r (one output), p >= n_hidden: exact ``f_r`` (e.g. from
+        :func:`population_tensors`) or estimates.
+    n_hidden : int
+    random_state : None, int or Generator
+        Seeds Jennrich's random contractions.
+
+    Returns
+    -------
+    a : ndarray (k,), V : ndarray (k, p) unit rows, b : ndarray (k,), c : float, diagnostics : dict
+    """
+    T = [np.asarray(t, dtype=np.float64) for t in tensors]
+    if len(T) != 5 or any(T[r].shape != (T[1].shape[0],) * r for r in range(5)):
+        raise ValueError("tensors must be T_0..T_4 with T_r of shape (p,) * r")
+    p = T[1].shape[0]
+    k = check_positive_int(n_hidden, "n_hidden")
+    if k > p:
+        raise ValueError(f"n_hidden must be at most the dimension p = {p} (l = 1 needs k <= d); got {k}")
+    rng = check_random_state(random_state)
+    with single_threaded_blas():
+        W, ev = input_span(T[2][None], k)
+        Tp = [T[0], T[1] @ W, W.T @ T[2] @ W, np.einsum("abc,ai,bj,ck->ijk", T[3], W, W, W),
+              np.einsum("abcd,ai,bj,ck,dl->ijkl", T[4], W, W, W, W)]
+        Z, a, b, c0, diag = _algorithm6(Tp, k, rng)
+    return a, (W @ Z).T, b, c0, diag
+
+
+def _validate_common(X, Y, n_hidden, tol, block_size):
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    block_size = check_positive_int(block_size, "block_size")
+    if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
+    n_min = max(2 * (d + 1), 20 * k)
+    if n < n_min:
+        raise ValueError(f"atv21 needs at least max(2 (d + 1), 20 k) = {n_min} samples for d = {d}, "
+                         f"k = {k}; got n = {n}")
+    return X, Y, n, d, m, k, block_size
+
+
+def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, n_restarts=4,
+          n_refine=200000, n_jobs=None, random_state=None, block_size=256):
+    """Recover ``Y = relu(X V^T + b) U^T + c`` for Gaussian X, k <= d, any m (ATV21 Thm 3.1).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs, i.i.d. N(0, I_d) for the guarantee.
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+        Outputs; noiseless for an exact result.
+    n_hidden : int
+        Number of hidden units k <= n_features.
+    refine : bool, default=True
+        Run the activation-region refinement after the paper's estimate (exact on noiseless
+        data). False returns the paper's estimate with status ``approximate``.
+    tol : float, default=1e-10
+        Largest relative residual ``||Y - f(X)||_F / ||Y||_F`` accepted as exact.
+    max_rounds : int, default=10
+        Rounds of the region refinement.
+    margin : float, default=0.1
+        First-round margin of the region refinement.
+    n_refine : int or None, default=200000
+        Samples (a random subset) used by the rounds of the region refinement; the final
+        fit of (U, c) and the certificate use all samples. None: all samples throughout.
+    n_restarts : int, default=4
+        Tensor steps (new random contractions; CP-ALS polish on every other one) tried
+        until the refinement certifies the network; the best is returned.
+    n_jobs : int or None, default=None
+        Threads for the C++ kernels (None or -1: all cores).
+    random_state : None, int or numpy Generator
+        Seeds the output combination and Jennrich's random contractions.
+    block_size : int, default=256
+        Samples per block of the moment kernels.
+
+    Returns
+    -------
+    RecoveryResult
+        With ``b`` and ``c``. ``exact`` when the refinement reached ``tol`` over all samples
+        and the region system determined every unit; ``non_identifiable`` when the fit is
+        exact but some unit is undetermined (``diagnostics["undetermined_units"]``);
+        ``failed`` when the estimate was outside the refinement's basin; ``approximate``
+        with ``refine=False``.
+
+    Notes
+    -----
+    Steps (ATV21, Algorithm 6 = Algorithm 4 with l = 1 + Algorithm 3):
+
+    1. ``y = Y g`` for a random unit g (the paper's single output; a = U^T g).
+    2. T_2 of the outputs (C++, 2 n m d^2 flops), span W (d, k) of V from its top-k
+       eigenvectors (the practical option of ATV21 Sec. 3.6).
+    3. T_0..T_4 of y in the span, z = W^T x (C++, ~2 n k^4 flops), in 8 mergeable batches
+       whose spread gives the noise of T_3 and T_4.
+    4. Alg. 4 steps 1-4: Jennrich on the joint pencil of the flattenings of T_3 and T_4,
+       CP-ALS polish: directions up to sign.
+    5. Alg. 2: zeta_j = SymPowLS(T_j), ``b = -zeta_3 / zeta_2``, ``a = sqrt(2 pi) e^{b^2/2} zeta_2``.
+    6. Alg. 3 (FixSigns) from T_1; ``c = T_0 - sum_i a_i c_0(b_i)``.
+    7. (U, c) for all outputs by least squares; region refinement (beyond the paper);
+       the residual over all samples is the certificate.
+    """
+    with single_threaded_blas():
+        return _atv21(X, Y, n_hidden, refine=refine, tol=tol, max_rounds=max_rounds, margin=margin,
+                      n_restarts=n_restarts, n_refine=n_refine, n_jobs=n_jobs, random_state=random_state,
+                      block_size=block_size)
+
+
+def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state,
+           block_size):
+    run = Run("atv21")
+    X, Y, n, d, m, k, block_size = _validate_common(X, Y, n_hidden, tol, block_size)
+    n_restarts = check_positive_int(n_restarts, "n_restarts")
+    if n_refine is not None:
+        n_refine = check_positive_int(n_refine, "n_refine", minimum=max(2 * (d + 1), 20 * k))
+    max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
+    if not (np.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a number >= 0; got {margin!r}")
+    threads = resolve_n_jobs(n_jobs)
+    rng = check_random_state(random_state)
+    run.counts.update(n_samples=n, n_hidden=k)
+    diag = run.diag
+    diag.update(backend=BACKEND, threads=threads)
+    diag.update(gaussianity(X))
+    if not diag["gaussian_ok"]:
+        warn("X does not look like standard Gaussian input (second-moment deviation "
+             f"{diag['second_moment_deviation']:.3g} vs {diag['second_moment_tolerance']:.3g}, kurtosis "
+             f"statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); ATV21's "
+             "Hermite moments assume x ~ N(0, I). An 'exact' status remains trustworthy (it is a "
+             "residual certificate over all samples), but the estimate may fail.")
+
+    # Steps 1-2: output combination, T_2 and the span of V.
+    with run.stage("moments"):
+        if m > k:
+            Yc = Y[: min(n, 20000)] - Y[: min(n, 20000)].mean(axis=0)
+            Q = np.ascontiguousarray(np.linalg.svd(Yc, full_matrices=False)[2][:k].T)
+            acc2 = SecondMomentAccumulator(d, k, n_jobs=n_jobs, block_size=block_size, compress=Q).add(X, Y)
+        else:
+            Q = np.eye(m)
+            acc2 = SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size).add(X, Y)
+        T2all = acc2.tensor()
+        W, evals = input_span(T2all, k)
+        W = np.ascontiguousarray(W)
+        # The paper has one output. With m > 1 the combination y = Y g gives a_j = U_j . g;
+        # of 32 random g keep the one whose projected T_2 (sum_j a_j phi(b_j) w_j w_j^T) is
+        # best conditioned, so that no unit is nearly invisible.
+        best = (-1.0, None)
+        for _ in range(32 if m > 1 else 1):
+            gq = rng.standard_normal(Q.shape[1])
+            gq /= np.linalg.norm(gq)
+            ev = np.abs(np.linalg.eigvalsh(W.T @ np.tensordot(gq, T2all, axes=1) @ W))
+            score = float(ev.min() / max(ev.max(), 1e-300))
+            if score > best[0]:
+                best = (score, gq)
+        g = Q @ best[1]
+        g /= np.linalg.norm(g)
+        diag["output_combination"] = g
+        diag["combination_condition"] = best[0]
+        y = np.ascontiguousarray(Y @ g[:, None])
+        diag["span_eigenvalues"] = evals[: min(len(evals), k + 3)]
+        diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
+        cuts = np.linspace(0, n, min(NOISE_BATCHES, n) + 1).astype(int)
+        accs = [HermiteAccumulator(1, order=4, basis=W, n_jobs=n_jobs, block_size=block_size)
+                .add(X[a:e], y[a:e]) for a, e in zip(cuts[:-1], cuts[1:])]
+        parts = [[t[0] for t in acc.tensors()] for acc in accs]
+        total = accs[0]
+        for acc in accs[1:]:
+            total.merge(acc)
+        T = [t[0] for t in total.tensors()]
+        wts = np.diff(cuts) / n
+        noise = [float(np.sqrt(np.sum(np.tensordot(wts, np.stack([p[r] - T[r] for p in parts]) ** 2, axes=1))
+                               / max(len(parts) - 1, 1))) for r in range(5)]
+        diag["tensor_noise"] = np.array(noise)
+    if diag["span_eigenvalue_ratio"] < 1e-12:
+        return run.result(Status.FAILED,
+                          f"T_2 has fewer than k = {k} nonzero eigenvalues (ratio "
+                          f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
+                          "|b_i| very large) or two units are parallel")
+
+    Xs = Ys = None
+    if n_refine is not None and n > n_refine:
+        idx = np.sort(rng.choice(n, size=n_refine, replace=False))
+        Xs, Ys = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
+    run.counts["n_refine"] = n if Xs is None else len(Xs)
+    # Steps 4-7, restarted with new random contractions until the certificate passes: the
+    # residual over all samples decides, so a restart can only help.
+    best, attempts = None, []
+    for attempt in range(n_restarts if refine else 1):
+        with run.stage("tensor"):
+            Z, a, bb, c0, d6 = _algorithm6(T, k, rng, noise3=noise[3], noise4=noise[4],
+                                           polish="cp" if attempt % 2 == 0 else "jennrich")
+            V0 = (W @ Z).T
+            V0 = np.ascontiguousarray(V0 / np.linalg.norm(V0, axis=1, keepdims=True))
+        if not (np.all(np.isfinite(V0)) and np.all(np.isfinite(bb)) and np.all(np.isfinite(a))):
+            attempts.append(float("nan"))
+            continue
+        # Step 7: (U, c) for every output, then the region refinement.
+        with run.stage("refine"):
+            # Rounds on a random subset (the region systems need far fewer samples than the
+            # moments), then (U, c) refitted and certified on all samples.
+            if refine and Xs is not None:
+                sub = region_refine(Xs, Ys, V0, bb, margin=margin, max_rounds=max_rounds, n_jobs=n_jobs,
+                                    block_size=4096, tol=min(1e-14, tol))
+                rr = region_refine(X, Y, sub.V, sub.b, sub.U, sub.c, max_rounds=0, n_jobs=n_jobs,
+                                   block_size=4096)
+                rr = rr._replace(history=sub.history + (rr.residual,), rounds=sub.rounds,
+                                 undetermined=sub.undetermined, n_regions=sub.n_regions,
+                                 n_certain=sub.n_certain, n_trimmed=sub.n_trimmed)
+            else:
+                rr = region_refine(X, Y, V0, bb, margin=margin, max_rounds=max_rounds if refine else 0,
+                                   n_jobs=n_jobs, block_size=4096, tol=min(1e-14, tol))
+        attempts.append(rr.residual)
+        if best is None or rr.residual < best[0].residual:
+            best = (rr, d6, a, bb, c0)
+        if rr.residual <= tol:
+            break
+    if best is None:
+        return run.result(Status.FAILED, "the tensor step produced non-finite parameters (degenerate "
+                          "Jennrich pencil) in every restart; try more samples or another random_state")
+    rr, d6, a, bb, c0 = best
+    diag.update(d6)
+    diag.update(estimate_a=a, estimate_b=bb, estimate_c_combined=c0, restarts=len(attempts),
+                restart_residuals=np.array(attempts))
+    large = np.flatnonzero(np.abs(bb) > math.sqrt(2.0 * math.log(max(n, 3))))
+    diag["units_large_bias"] = tuple(int(i) for i in large)
+    # A unit whose T_2 weight a phi(b) is within 3 noise levels is invisible at this n:
+    # |b| too large (phi(b) ~ e^{-b^2/2}) or a ~ 0 (ATV21 Sec. 1.3, the set P of Lemma D.13).
+    weak = np.flatnonzero(np.abs(d6["zeta2"]) <= 3.0 * noise[2])
+    diag["units_below_noise"] = tuple(int(i) for i in weak)
+    unreliable = sorted(set(diag["units_large_bias"]) | set(diag["units_below_noise"]))
+    note = ("" if not unreliable else
+            f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
+            f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
+            "nearly always or never active and cannot be recovered at this n")
+    diag.update(refine_history=np.array(rr.history), refine_rounds=rr.rounds,
+                undetermined_units=rr.undetermined, n_regions=rr.n_regions, n_certain=rr.n_certain,
+                n_trimmed=rr.n_trimmed)
+    run.counts.update(refine_rounds=rr.rounds, regions=rr.n_regions, restarts=len(attempts))
+    order = np.argsort(-np.linalg.norm(rr.U, axis=0), kind="stable")
+    U, V, b, c = rr.U[:, order], rr.V[order], rr.b[order], rr.c
+    residual = rr.residual
+    start = rr.history[0]
+    if not refine:
+        return run.result(Status.APPROXIMATE,
+                          f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
+                          f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
+                          U=U, V=V, b=b, c=c, residual=residual)
+    if residual <= tol and not rr.undetermined:
+        return run.result(Status.EXACT,
+                          f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
+                          f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
+                          f"{rr.rounds} rounds of activation-region refinement; relative residual "
+                          f"{residual:.2e} over {n} samples",
+                          U=U, V=V, b=b, c=c, residual=residual, exact=True)
+    if residual <= tol:
+        return run.result(Status.NON_IDENTIFIABLE,
+                          f"the network fits exactly (residual {residual:.2e}) but the activation regions "
+                          f"populated by the samples do not determine units {list(rr.undetermined)} (the "
+                          "region system has rank < k: such a unit is active on all or on no samples, or "
+                          "always together with others); more samples, or a smaller |b|, may fix it" + note,
+                          U=U, V=V, b=b, c=c, residual=residual)
+    return run.result(Status.FAILED,
+                      f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
+                      f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
+                      f"{len(attempts)} tensor steps (exact needs "
+                      f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
+                      "random_state, or check that the outputs are noiseless (for noisy outputs use "
+                      "refine=False) and X standard Gaussian" + note,
+                      U=U, V=V, b=b, c=c, residual=residual)
+
+
+# ---------------------------------------------------------------------------------------
+# Theorem 3.2: l = 2 (k up to d (d + 1) / 2), signs ambiguous; Algorithm 5 (fit).
+# ---------------------------------------------------------------------------------------
+
+def _algorithm4_l2(T, k, rng, noise5=0.0, noise6=0.0, n_draws=10):
+    """Algorithm 4 with l = 2 on dense T_0..T_6 (one output, dimension d).
+
+    Steps 1-4: the joint pencil of flatten(T_5; 2, 2, 1) and flatten(T_6; 2, 2, 2), whitened
+    by the top-k left singular vectors of [flatten(T_5; 2, 3), flatten(T_6; 2, 4)]; the
+    eigenvectors are +-vec(w_i w_i^T), whose top eigenvector is +-w_i. Step 5: Algorithm 2
+    with Hermite indices r = 0..3 (j = 2..5) and q = argmax_{r in {1, 2}} |gamma_r|
+    (errata: Lemma 4.5 with k = l - 2 >= 0, q the Hermite index).
+
+    Returns (Wt (k, d) unit rows with unknown per-unit sign, a (k,), b (k,) = xi_i b_i,
+    diagnostics).
+    """
+    d = T[1].shape[0]
+    w5 = 1.0 / noise5 if noise5 > 0 else 1.0 / max(np.linalg.norm(T[5]), 1e-300)
+    w6 = 1.0 / noise6 if noise6 > 0 else 1.0 / max(np.linalg.norm(T[6]), 1e-300)
+    F = np.hstack([w5 * T[5].reshape(d * d, -1), w6 * T[6].reshape(d * d, -1)])
+    Ul, sv, _ = np.linalg.svd(F, full_matrices=False)
+    P = Ul[:, :k]
+    T5 = T[5].reshape(d * d, d * d, d)
+    T6 = T[6].reshape(d * d, d * d, d * d)
+    T5p = np.einsum("ap,bq,abc->cpq", P, P, T5)
+    T6p = np.einsum("ap,bq,abc->cpq", P, P, T6)
+    pencil = np.concatenate([w5 * T5p, w6 * T6p], axis=0)
+    Z0, gap = jennrich(pencil, rng, n_draws=n_draws)
+    A_, Bf, Cf = cp_als(pencil, Z0)
+    Z = merge_symmetric_factors(Bf, Cf)
+    if not np.all(np.isfinite(Z)):
+        Z = Z0
+    Wt = np.empty((k, d))
+    for i in range(k):
+        Mi = (P @ Z[:, i]).reshape(d, d)
+        ev, E = np.linalg.eigh(0.5 * (Mi + Mi.T))
+        Wt[i] = E[:, np.argmax(np.abs(ev))]
+    Zt = Wt.T
+    gam = np.array([_sympow_ls(T[j], Zt, j) for j in range(2, 6)])  # gamma_r, r = j - 2
+    q = np.where(np.abs(gam[1]) >= np.abs(gam[2]), 1, 2)
+    idx = np.arange(k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bt = -(gam[q + 1, idx] + q * gam[q - 1, idx]) / gam[q, idx]
+        bt = np.where(np.isfinite(bt), bt, 0.0)
+        hq = np.where(q == 1, bt, bt * bt - 1.0)
+        at = (-1.0) ** q * _SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * gam[q, idx] / hq
+    diag = {"flattening_singular_values": sv, "jennrich_gap": gap, "gamma": gam, "hermite_index_q": q}
+    return Wt, at, bt, diag
+
+
+def recover_general_from_tensors(tensors, n_hidden, *, random_state=None):
+    """ATV21 Algorithm 4 with l = 2 (+ Algorithm 2) on given tensors T_0..T_6 (one output).
+
+    Needs the w_i (x) w_i linearly independent (k <= d (d + 1) / 2). The signs of (w_i, b_i)
+    are not identified (Theorem 3.2, Sec. 3.8): each unit is returned up to one common flip.
+
+    Returns
+    -------
+    a : ndarray (k,), V : ndarray (k, d) unit rows, b : ndarray (k,), diagnostics : dict
+    """
+    T = [np.asarray(t, dtype=np.float64) for t in tensors]
+    if len(T) != 7 or any(T[r].shape != (T[1].shape[0],) * r for r in range(7)):
+        raise ValueError("tensors must be T_0..T_6 with T_r of shape (d,) * r")
+    d = T[1].shape[0]
+    k = check_positive_int(n_hidden, "n_hidden")
+    if k > d * (d + 1) // 2:
+        raise ValueError(f"l = 2 needs n_hidden <= d (d + 1) / 2 = {d * (d + 1) // 2}; got {k}")
+    with single_threaded_blas():
+        Wt, a, b, diag = _algorithm4_l2(T, k, check_random_state(random_state))
+    return a, Wt, b, diag
+
+
+def fit_network(X, Y, V, b):
+    """ATV21 Algorithm 5, steps 3-5: a network of at most k + 2 units with small L2 error.
+
+    Least squares on the features ``relu(v_i . x + b_i)``, ``relu(-v_i . x - b_i)`` (both
+    signs, since Theorem 3.2 leaves the sign of each unit open) and ``(x, 1)``; the affine
+    part absorbs the units that were not recovered (Lemma D.13). The fit is rewritten as a
+    ReLU network (Claim D.14): ``sigma(-z) = sigma(z) - z`` folds the second feature into the
+    first and into the linear part, and the linear part ``v' . x`` becomes the two units
+    ``||v'|| (relu(u . x) - relu(-u . x))``; the constant is the output offset c.
+
+    Parameters
+    ----------
+    X : ndarray (n, d), Y : ndarray (n, m), V : ndarray (k, d), b : ndarray (k,)
+
+    Returns
+    -------
+    U : ndarray (m, k + 2 r), V : ndarray (k + 2 r, d), b : ndarray (k + 2 r,), c : ndarray (m,)
+        r = rank of the linear part (at most 1 for one output: k + 2 units, as in the paper).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
+    V = np.asarray(V, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    n, d = X.shape
+    k = V.shape[0]
+    Zp = X @ V.T + b
+    F = np.hstack([np.maximum(Zp, 0.0), np.maximum(-Zp, 0.0), X, np.ones((n, 1))])
+    coef = np.linalg.lstsq(F, Y, rcond=None)[0]  # (2k + d + 1, m)
+    alpha, alpha2, lin, const = coef[:k], coef[k:2 * k], coef[2 * k:2 * k + d], coef[-1]
+    # relu(-z) = relu(z) - z with z = v.x + b:
+    U_units = (alpha + alpha2).T  # (m, k)
+    lin = lin - V.T @ alpha2  # (d, m)
+    const = const - b @ alpha2
+    # The linear part lin^T x (m outputs) has rank r <= min(d, m); each rank-one piece
+    # s u v^T becomes two units, s v (relu(u.x) - relu(-u.x)): k + 2 units for one output.
+    Ul, s, Vt = np.linalg.svd(lin, full_matrices=False)
+    r = int(np.sum(s > 1e-12 * max(s[0], 1e-300))) if s.size else 0
+    V_out = np.vstack([V] + [np.vstack([Ul[:, j], -Ul[:, j]]) for j in range(r)])
+    b_out = np.concatenate([b, np.zeros(2 * r)])
+    U_out = np.hstack([U_units] + [np.column_stack([s[j] * Vt[j], -s[j] * Vt[j]]) for j in range(r)])
+    return U_out, V_out, b_out, const
+
+
+def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None,
+                  block_size=256):
+    """ATV21 Theorem 3.2: Algorithm 4 with l = 2 (k up to d (d + 1) / 2, k > d allowed).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+        Inputs, i.i.d. N(0, I_d). The order-6 moment costs ~2 n d^6 flops: small d only.
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+    n_hidden : int
+        k <= d (d + 1) / 2.
+    fit : bool, default=False
+        Algorithm 5: tensors from the first half of the samples, then a least-squares fit on
+        the second half over both signs of every recovered unit and (x, 1), rewritten as a
+        network of at most k + 2 units (one output). The result is then sign-free: a network
+        with small L2 error, status ``approximate`` (``exact`` if its residual over all
+        samples is at most ``tol``).
+    tol, n_jobs, random_state, block_size
+        As in :func:`atv21`.
+
+    Returns
+    -------
+    RecoveryResult
+        Without ``fit``: the recovered units with ``diagnostics["sign_ambiguous"]`` (each
+        (v_i, b_i) is known only up to one common sign, Theorem 3.2; ``a`` has no ambiguity),
+        U from T_2 of every output (sign-free), status ``approximate``. Units with
+        ``|b_i| > sqrt(2 log n)`` (too large to recover at this n) are listed in
+        ``diagnostics["units_large_bias"]`` and named in the message, never dropped.
+
+    Notes
+    -----
+    Sampled l = 2 is far more sample-hungry than l = 1 (T_5 and T_6 errors decay like
+    N^-1/2 from a large constant); expect a usable estimate only at N >> 1e7 for d = 4.
+    """
+    with single_threaded_blas():
+        return _atv21_general(X, Y, n_hidden, fit=fit, tol=tol, n_jobs=n_jobs,
+                              random_state=random_state, block_size=block_size)
+
+
+def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size):
+    run = Run("atv21-general")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden, k_at_most_d=False)
+    block_size = check_positive_int(block_size, "block_size")
+    if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
+    if k > d * (d + 1) // 2:
+        raise ValueError(f"atv21-general (l = 2) needs n_hidden <= d (d + 1) / 2 = {d * (d + 1) // 2} "
+                         f"(the w_i (x) w_i must be independent); got n_hidden = {k}")
+    if d > 12:
+        raise ValueError(f"atv21-general forms order-6 tensors in the input space (d^6 = {d ** 6} entries "
+                         f"per output); got d = {d} > 12")
+    n_min = max(4 * (d + 1), 50 * k)
+    if n < n_min:
+        raise ValueError(f"atv21-general needs at least {n_min} samples for d = {d}, k = {k}; got n = {n}")
+    rng = check_random_state(random_state)
+    run.counts.update(n_samples=n, n_hidden=k)
+    diag = run.diag
+    diag.update(backend=BACKEND)
+    diag.update(gaussianity(X))
+    half = n // 2 if fit else n
+    Xt, Yt = X[:half], Y[:half]
+    with run.stage("moments"):
+        g = rng.standard_normal(m)
+        g /= np.linalg.norm(g)
+        y = np.ascontiguousarray(Yt @ g[:, None])
+        cuts = np.linspace(0, half, NOISE_BATCHES + 1).astype(int)
+        accs = [HermiteAccumulator(1, order=6, n_features=d, n_jobs=n_jobs, block_size=block_size)
+                .add(np.ascontiguousarray(Xt[a:e]), y[a:e]) for a, e in zip(cuts[:-1], cuts[1:])]
+        parts = [[t[0] for t in acc.tensors()] for acc in accs]
+        total = accs[0]
+        for acc in accs[1:]:
+            total.merge(acc)
+        T = [t[0] for t in total.tensors()]
+        noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts)))
+                 for r in range(7)]
+        diag["tensor_noise"] = np.array(noise)
+        T2all = SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size).add(Xt, Yt).tensor()
+    with run.stage("tensor"):
+        Wt, a, bt, d4 = _algorithm4_l2(T, k, rng, noise5=noise[5], noise6=noise[6])
+        diag.update(d4)
+    large = tuple(int(i) for i in np.flatnonzero(np.abs(bt) > math.sqrt(2.0 * math.log(max(n, 3)))))
+    diag["units_large_bias"] = large
+    diag["sign_ambiguous"] = tuple(range(k))
+    note = (f"; units {list(large)} have |b| > sqrt(2 log n) = {math.sqrt(2 * math.log(n)):.2f}: too large "
+            "to recover at this n (their parameters are unreliable)" if large else "")
+    if fit:
+        with run.stage("fit"):
+            U, V, b, c = fit_network(X[half:], Y[half:], Wt, bt)
+            resid = Y - (np.maximum(X @ V.T + b, 0.0) @ U.T + c)
+            residual = float(np.linalg.norm(resid) / max(np.linalg.norm(Y), 1e-300))
+        exact = residual <= tol
+        return run.result(Status.EXACT if exact else Status.APPROXIMATE,
+                          f"ATV21 Algorithm 5: a network of {V.shape[0]} units (the {k} recovered units with "
+                          f"both signs folded in, plus the linear part as unit pairs) fitted on {n - half} "
+                          f"held-out samples; relative residual {residual:.2e} over all {n} samples" + note,
+                          U=U, V=V, b=b, c=c, residual=residual, exact=exact)
+    # Output layer from T_2 of every output (sign-free: zeta_2 = U_oi phi(b_i)).
+    Zt = Wt.T
+    U = np.array([_sympow_ls(T2all[o], Zt, 2) for o in range(m)]) / _phi(bt)[None, :]
+    c = np.zeros(m)
+    resid = Y - np.maximum(X @ Wt.T + bt, 0.0) @ U.T
+    c = resid.mean(axis=0)
+    residual = float(np.linalg.norm(resid - c) / max(np.linalg.norm(Y), 1e-300))
+    diag["residual_is_sign_dependent"] = True
+    return run.result(Status.APPROXIMATE,
+                      f"ATV21 Theorem 3.2 (Algorithm 4 with l = 2): {k} units, each (v_i, b_i) known only up "
+                      "to one common sign flip (not identifiable when the units are linearly dependent); "
+                      "U from T_2 is sign-free, the offset c and the residual "
+                      f"({residual:.2e}) depend on the signs. Use fit=True (Algorithm 5) for a network "
+                      "with small L2 error" + note,
+                      U=U, V=Wt, b=bt, c=c, residual=residual)
