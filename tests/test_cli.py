@@ -51,13 +51,13 @@ def test_missing_input_file_and_output_folder_are_one_line_errors(tmp_path, caps
 
 
 def test_recover_never_saves_none_arrays(tmp_path, capsys):
-    # m = 1 < k = 2 with Gaussian-looking inputs: no method returns a network.
+    # Zero outputs: rank(Y) = 0 < k, no network is returned.
     rng = np.random.default_rng(0)
     data, out = tmp_path / "data.npz", tmp_path / "out.npz"
-    np.savez(data, X=rng.standard_normal((300, 3)), Y=rng.standard_normal((300, 1)))
-    main(["recover", str(data), "--n-hidden", "2", "--method", "bjw19-gaussian", "--out", str(out)])
+    np.savez(data, X=rng.standard_normal((300, 3)), Y=np.zeros((300, 1)))
+    main(["recover", str(data), "--n-hidden", "1", "--method", "bjw19-gaussian", "--out", str(out)])
     got = np.load(out)  # allow_pickle=False: an object array (a saved None) would raise here
-    assert "U" not in got and str(got["status"]) == "unsupported"
+    assert "U" not in got and str(got["status"]) == "rank_deficient"
     assert "warning:" in capsys.readouterr().err
 
 
