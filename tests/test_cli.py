@@ -3,6 +3,7 @@ import sys
 
 import numpy as np
 import pytest
+
 import relufast as rf
 from relufast.__main__ import main
 
@@ -94,3 +95,60 @@ def test_recover_mpi_flag_without_mpiexec_is_one_rank(tmp_path, capsys):
                  "--method", "bjw19-gaussian", "--mpi", "--n-estimate", "all"])
     assert code == 0
     assert "status='exact'" in capsys.readouterr().out
+def test_missing_input_file_and_output_folder_are_one_line_errors(tmp_path, capsys):
+    assert main(["recover", str(tmp_path / "missing.npz"), "--n-hidden", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such input file" in err and "Traceback" not in err
+    data = tmp_path / "data.npz"
+    np.savez(data, X=np.zeros((5, 2)), Y=np.zeros((5, 1)))
+    assert main(["recover", str(data), "--n-hidden", "1", "--out", str(tmp_path / "no" / "out.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "output folder" in err and "does not exist" in err
+
+
+def test_recover_never_saves_none_arrays(tmp_path, capsys):
+    # Zero outputs: rank(Y) = 0 < k, no network is returned.
+    rng = np.random.default_rng(0)
+    data, out = tmp_path / "data.npz", tmp_path / "out.npz"
+    np.savez(data, X=rng.standard_normal((300, 3)), Y=np.zeros((300, 1)))
+    main(["recover", str(data), "--n-hidden", "1", "--method", "bjw19-gaussian", "--out", str(out)])
+    got = np.load(out)  # allow_pickle=False: an object array (a saved None) would raise here
+    assert "U" not in got and str(got["status"]) == "rank_deficient"
+    assert "warning:" in capsys.readouterr().err
+
+
+def test_demo_with_fewer_outputs_than_hidden_units(capsys):
+    assert main(["demo", "--n", "5000", "--d", "8", "--k", "4", "--m", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "method:   bjw19-fpt" in out and "status:   exact" in out
+
+
+def test_options_are_validated_documented_and_versioned(capsys):
+    with pytest.raises(SystemExit):
+        main(["reproduce", "gklw19-fig2", "--trials", "0"])
+    assert "expected an integer >= 1; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"relufast {rf.__version__}"
+    for command in ("demo", "recover", "reproduce"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        options = [line.split()[0] for line in text.splitlines() if line.strip().startswith("--")]
+        assert options
+        for line in text.split("options:")[1].split("\n  --")[1:]:
+            assert len(line.split()) > 2, f"option without help: {line}"  # name, metavar, words
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "bjw19-gaussian" in capsys.readouterr().out
+
+
+def test_warnings_are_printed_once_and_readably(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    data = tmp_path / "data.npz"
+    np.savez(data, X=rng.laplace(size=(400, 4)), Y=rng.standard_normal((400, 3)))
+    main(["recover", str(data), "--n-hidden", "2", "--method", "bjw19-gaussian"])
+    err = capsys.readouterr().err
+    starts = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert starts and len(starts) == len(set(starts))
+    assert "RelufastWarning" not in err and ".py:" not in err

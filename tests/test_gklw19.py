@@ -126,7 +126,8 @@ def test_degenerate_cases():
     # Asymmetric input: a warning that names the assumption.
     Xa = np.abs(X) + 0.5
     with pytest.warns(rf.RelufastWarning, match="does not look symmetric"):
-        rf.recover(Xa, net(Xa), n_hidden=4, method="gklw19")
+        res = rf.recover(Xa, net(Xa), n_hidden=4, method="gklw19")
+    assert not res.exact
     # Rank-deficient distinguishing matrix: W with two equal rows never separates them.
     W = net.V.copy()
     W[1] = W[0]
@@ -160,3 +161,25 @@ def test_reproduce_writes_csv_and_png(tmp_path, monkeypatch):
     assert (tmp_path / "gklw19-fig2.csv").stat().st_size > 0
     assert (tmp_path / "gklw19-fig2.png").stat().st_size > 0
     assert rows[0]["error_W"] < 0.1
+
+
+def test_reproduce_figure_labels_axes_and_shows_the_spread():
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from relufast import reproduce
+
+    rows = []
+    for x, bad in ((500, 0.25), (1000, 0.1)):
+        row = {"panel": "10x10", "x_name": "n", "x": x, "trials": 5}
+        for key in ("error_W", "error_A", "mse"):
+            row.update({key: bad, key + "_q25": 0.04, key + "_median": 0.05, key + "_q75": 0.06})
+        rows.append(row)
+    fig = reproduce.figure(rows, "gklw19-fig2")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "number of training samples n" and ax.get_ylabel()
+    assert len(ax.collections) == 3  # one interquartile band per quantity
+    assert all(np.allclose(line.get_ydata(), 0.05) for line in ax.get_lines())  # medians, not means
+    assert "median and interquartile band over 5 trials" in fig._suptitle.get_text()
+    plt.close(fig)

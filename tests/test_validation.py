@@ -79,7 +79,7 @@ def test_bad_options():
         rf.recover(X, Y, n_hidden=2, random_state="seed")
     with pytest.raises(ValueError, match="tol must be a positive number"):
         rf.recover(X, Y, n_hidden=2, tol=-1.0)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+    with pytest.raises(TypeError, match=r"unknown option\(s\) 'bogus'; the options of its methods are "):
         rf.recover(X, Y, n_hidden=2, bogus=1)
 
 

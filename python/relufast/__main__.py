@@ -2,9 +2,59 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 import warnings
+
+
+class _CommandError(Exception):
+    """A user mistake on the command line: printed as one line, no traceback."""
+
+
+def _positive_int(text):
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {value}")
+    return value
+
+
+def _nonnegative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0; got {text}")
+    return value
+
+
+class _Warnings:
+    """Collect RelufastWarnings during a command and print each distinct one once, readably."""
+
+    def __enter__(self):
+        import relufast as rf
+
+        self._ctx = warnings.catch_warnings(record=True)
+        self.caught = self._ctx.__enter__()
+        warnings.simplefilter("always", rf.RelufastWarning)
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+        return False
+
+    def print(self, stream=None):
+        import textwrap
+
+        stream = stream or sys.stderr
+        for text in dict.fromkeys(str(w.message) for w in self.caught):
+            print(textwrap.fill(text, width=100, initial_indent="warning:  ", subsequent_indent="          "),
+                  file=stream)
 
 
 def _demo(args):
@@ -16,23 +66,26 @@ def _demo(args):
     net = rf.planted.two_layer(d=args.d, k=args.k, m=args.m, random_state=args.seed)
     X, Y = net.sample(args.n, random_state=args.seed + 1, noise=args.noise)
     t = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", rf.RelufastWarning)
+    with _Warnings() as caught:
         options = {"random_state": args.seed}
         if args.n_jobs is not None:
             options["n_jobs"] = args.n_jobs
         res = rf.recover(X, Y, n_hidden=args.k, method=args.method, **options)
     elapsed = time.perf_counter() - t
-    err = rf.metrics.parameter_error(res, net)
     print(f"method:   {res.method}")
+    if "auto" in res.diagnostics:
+        print(f"auto:     {res.diagnostics['auto']}")
     print(f"status:   {res.status.value} (exact = {res.exact})")
     print(f"message:  {res.message}")
     print(f"residual: {res.residual:.3e}")
-    print(f"error:    U {err.U:.3e}, V {err.V:.3e} (relative, after best permutation)")
+    if res.U is not None and res.V is not None:
+        err = rf.metrics.parameter_error(res, net)
+        print(f"error:    U {err.U:.3e}, V {err.V:.3e} (relative, after best permutation)")
+    else:
+        print("error:    - (no network returned)")
     print("seconds:  " + ", ".join(f"{k} {v:.3f}" for k, v in res.seconds.items()))
     print(f"wall:     {elapsed:.3f} s")
-    for w in caught:
-        print(f"warning:  {w.message}")
+    caught.print(sys.stdout)
     return 0 if res.success else 1
 
 
@@ -103,8 +156,8 @@ def _recover(args):
         try:
             from mpi4py import MPI
         except ImportError:
-            raise ValueError("--mpi needs mpi4py: pip install 'relufast[mpi]', then run under "
-                             "mpiexec -n R relufast recover ... --mpi") from None
+            raise _CommandError("--mpi needs mpi4py: pip install 'relufast[mpi]', then run under "
+                                "mpiexec -n R relufast recover ... --mpi") from None
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
 
@@ -112,8 +165,19 @@ def _recover(args):
         if rank == 0 and not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
+    for path in (args.out, args.diagnostics):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                raise _CommandError(f"the output folder {folder} does not exist")
+    for path in (args.data, args.x, args.y):
+        if path and not os.path.exists(path):
+            raise _CommandError(f"no such input file: {path}")
     t0 = time.perf_counter()
-    X, Y, n = _load_inputs(args, rank, size)
+    try:
+        X, Y, n = _load_inputs(args, rank, size)
+    except (OSError, ValueError) as exc:
+        raise _CommandError(f"cannot read the inputs: {exc}") from None
     kind = "dask arrays" if hasattr(X, "chunks") and not isinstance(X, np.ndarray) else \
         "memory-mapped" if isinstance(X, np.memmap) else "in memory"
     say(f"relufast: {n} samples, d = {X.shape[1]}, m = {1 if Y.ndim == 1 else Y.shape[1]} ({kind}"
@@ -127,17 +191,21 @@ def _recover(args):
         options["comm"] = comm
     method = args.method
     if method == "auto" and (comm is not None or kind != "in memory"):
-        raise ValueError("--method auto looks at the data in memory on one process; name the method "
-                         "(e.g. --method bjw19-gaussian) for memory-mapped, zarr or MPI inputs")
-    res = rf.recover(X, Y, n_hidden=args.n_hidden, method=method, **options)
+        raise _CommandError("--method auto looks at the data in memory on one process; name the method "
+                            "(e.g. --method bjw19-gaussian) for memory-mapped, zarr or MPI inputs")
+    with _Warnings() as caught:
+        res = rf.recover(X, Y, n_hidden=args.n_hidden, method=method, **options)
     say(f"relufast: done in {time.perf_counter() - t0:.2f} s")
     if rank == 0:
         print(res)
         print(res.message)
+        caught.print()
         if args.out:
-            np.savez(args.out, U=res.U, V=res.V, b=res.b, c=res.c, status=res.status.value,
-                     residual=res.residual, exact=res.exact)
-            print(f"wrote {args.out}")
+            # Only the arrays the result has (never None saved as an object array).
+            arrays = {name: getattr(res, name) for name in ("U", "V", "b", "c") if getattr(res, name) is not None}
+            np.savez(args.out, status=res.status.value, message=res.message, exact=res.exact,
+                     residual=res.residual, method=res.method, **arrays)
+            print(f"wrote {args.out}" + ("" if arrays else " (status and message only: no network returned)"))
         if args.diagnostics:
             report = {"method": res.method, "status": res.status.value, "exact": res.exact,
                       "residual": res.residual, "message": res.message, "n_samples": n,
@@ -151,6 +219,10 @@ def _recover(args):
 
 def _reproduce(args):
     from relufast import reproduce
+
+    parent = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(parent):
+        raise _CommandError(f"the folder {parent} (parent of --out {args.out}) does not exist")
 
     reproduce.main(args.experiment, full=args.full, trials=args.trials, out=args.out, seed=args.seed,
                    progress=False if args.no_progress else None)
@@ -168,48 +240,68 @@ def _info(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="relufast", description="Provable recovery of two-layer ReLU networks.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    import relufast as rf
 
-    p = sub.add_parser("demo", help="plant a network, recover it, print errors and timings")
-    p.add_argument("--d", type=int, default=20, help="input dimension (default 20)")
-    p.add_argument("--k", type=int, default=5, help="hidden units (default 5)")
-    p.add_argument("--m", type=int, default=8, help="outputs (default 8)")
-    p.add_argument("--n", type=int, default=20000, help="samples (default 20000)")
-    p.add_argument("--noise", type=float, default=0.0, help="output noise standard deviation")
-    p.add_argument("--method", default="bjw19-gaussian")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-jobs", type=int, default=None)
+    methods = ["auto"] + sorted(rf.METHODS)
+    method_help = ("recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
+                   "order of cost; docs/results.md)")
+    parser = argparse.ArgumentParser(
+        prog="relufast", description="Provable weight recovery of two-layer ReLU networks "
+        "y = U relu(V x) from inputs X and outputs Y.")
+    parser.add_argument("--version", action="version", version=f"relufast {rf.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="plant a network, recover it, print errors and timings",
+                       description="Plant a random network, sample Gaussian inputs, recover it and "
+                       "print the status, errors and timings.")
+    p.add_argument("--d", type=_positive_int, default=20, help="input dimension d (default 20)")
+    p.add_argument("--k", type=_positive_int, default=5, help="hidden units k (default 5)")
+    p.add_argument("--m", type=_positive_int, default=8,
+                   help="outputs m (default 8; m < k is handled by bjw19-fpt under auto)")
+    p.add_argument("--n", type=_positive_int, default=20000, help="samples n (default 20000)")
+    p.add_argument("--noise", type=_nonnegative_float, default=0.0,
+                   help="standard deviation of Gaussian output noise (default 0: exact outputs)")
+    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+    p.add_argument("--seed", type=int, default=0, help="seed of the planted network and samples (default 0)")
+    p.add_argument("--n-jobs", type=_positive_int, default=None,
+                   help="threads for the C++ kernels (default: all cores)")
     p.set_defaults(func=_demo)
 
-    p = sub.add_parser("recover", help="recover a network from .npz/.npy files or a zarr store")
-    p.add_argument("data", nargs="?", help=".npz file holding arrays X and Y, or a zarr store "
+    p = sub.add_parser("recover", help="recover a network from .npz/.npy files or a zarr store",
+                       description="Recover U and V (and b, c) from inputs X (n, d) and outputs Y (n, m).")
+    p.add_argument("data", nargs="?", help=".npz file holding arrays named X and Y, or a zarr store "
                                            "(folder) with arrays X and Y (read as dask arrays)")
-    p.add_argument("--x", help=".npy file of inputs (n, d), memory-mapped")
-    p.add_argument("--y", help=".npy file of outputs (n, m), memory-mapped")
-    p.add_argument("--n-hidden", type=int, required=True)
-    p.add_argument("--method", default="auto", help="a method of relufast.METHODS (default auto)")
-    p.add_argument("--out", help="write the network (U, V, b, c, status, residual) to this .npz file")
+    p.add_argument("--x", help=".npy file of inputs X of shape (n, d), memory-mapped (with --y, instead of DATA)")
+    p.add_argument("--y", help=".npy file of outputs Y of shape (n, m), memory-mapped (with --x, instead of DATA)")
+    p.add_argument("--n-hidden", type=_positive_int, required=True, help="number of hidden units k")
+    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+    p.add_argument("--out", help="write U, V (when recovered), b, c, status, message and residual to "
+                   "this .npz file")
     p.add_argument("--diagnostics", help="write status, timings, counts and diagnostics to this JSON file")
     p.add_argument("--n-estimate", default=None, help="samples of the moment estimate: an integer or 'all' "
                                                       "(default: adaptive)")
     p.add_argument("--mpi", action="store_true", help="run under mpiexec -n R: each rank reads its "
                                                       "share of the rows; rank 0 writes the outputs")
     p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-jobs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the method (default 0)")
+    p.add_argument("--n-jobs", type=_positive_int, default=None,
+                   help="threads for the C++ kernels (default: all cores)")
     p.set_defaults(func=_recover)
 
-    p = sub.add_parser("reproduce", help="reproduce a paper's experiment to a CSV and a PNG figure")
-    p.add_argument("experiment", choices=["gklw19-fig2", "gklw19-fig3", "gklw19-fig4"])
-    p.add_argument("--full", action="store_true", help="the paper's sizes (slow)")
-    p.add_argument("--trials", type=int, default=5, help="trials per point (paper: 5)")
-    p.add_argument("--out", default=".", help="output folder (default: current folder)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
+    from relufast.reproduce import EXPERIMENTS
+
+    p = sub.add_parser("reproduce", help="reproduce a paper's experiment to a CSV and a PNG figure",
+                       description="Reproduce a figure of a paper: " + "; ".join(
+                           f"{k}: {v}" for k, v in EXPERIMENTS.items()))
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="experiment: " + ", ".join(sorted(EXPERIMENTS)))
+    p.add_argument("--full", action="store_true", help="the paper's sizes (slow: hours on 2 cores)")
+    p.add_argument("--trials", type=_positive_int, default=5, help="trials per point, >= 1 (paper: 5)")
+    p.add_argument("--out", default=".", help="output folder for the CSV and PNG (default: current folder)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of the trials (default 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_reproduce)
 
-    p = sub.add_parser("info", help="version, kernel build and methods")
+    p = sub.add_parser("info", help="version, kernel build and methods with their citations")
     p.set_defaults(func=_info)
 
     args = parser.parse_args(argv)
@@ -217,9 +309,13 @@ def main(argv=None):
         parser.error("recover needs an .npz file with X and Y, or both --x and --y")
     try:
         return args.func(args)
-    except (ValueError, TypeError) as exc:
-        print(f"relufast: error: {exc}", file=sys.stderr)
+    except (ValueError, TypeError, _CommandError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"relufast: error: {text[:500]}", file=sys.stderr)  # one line, never a traceback
         return 2
+    except KeyboardInterrupt:
+        print("relufast: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

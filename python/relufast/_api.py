@@ -1,15 +1,38 @@
-"""``relufast.recover``: one entry point dispatching over the registry of methods."""
+"""``relufast.recover``: one entry point dispatching over the registry of methods.
+
+Every call through :func:`recover` gets the same treatment whatever the method:
+
+* options are checked against the method's signature (a misspelled option is a TypeError
+  that lists the method's options);
+* X and Y are rescaled by exact powers of two to unit root-mean-square entries and the
+  parameters are mapped back (``diagnostics["units"]``), so the units of the data do not
+  matter;
+* a numerical breakdown inside the method (``LinAlgError``) becomes a ``failed`` result
+  with the cause, never an exception;
+* an ``exact`` result whose inputs span a subspace becomes ``non_identifiable`` with the
+  minimum-norm representative (rows of V projected on the row space of X);
+* a non-exact result says what its cause may be (float32 data, an offset in the outputs,
+  inputs with a nonzero mean, n_hidden against the rank of Y).
+
+``method="auto"`` tries the certified methods in order of cost and returns the best
+result, with every attempt in ``diagnostics["auto_attempts"]`` (see :func:`recover`).
+"""
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
+import time
+import warnings
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ._result import RecoveryResult, RelufastWarning
+from ._result import RecoveryResult, RelufastWarning, Run, Status, warn
+from ._units import map_back, plain_array, rescale
 from .algorithms import atv21, bjw19, gklw19, gp19
 
-__all__ = ["recover", "METHODS", "Method"]
+__all__ = ["recover", "METHODS", "Method", "AUTO_TIME_LIMIT"]
 
 
 class Method(NamedTuple):
@@ -42,54 +65,387 @@ METHODS = {
                             "(fit=True: Algorithm 5)."),
 }
 
+#: Default wall-time budget (seconds) of ``auto``'s enumeration stage (``time_limit=``).
+AUTO_TIME_LIMIT = 60.0
+#: ``auto`` runs gklw19 only while its detector has at most this many rows (d (d + 1) / 2):
+#: the streaming covariance costs O(n d^4).
+GKLW19_MAX_FEATURES = 2000
+#: Symmetry statistic above which inputs do not look symmetric (gklw19 warns at the same level).
+SYMMETRY_LIMIT = 6.0
+#: A coordinate mean this many standard errors from zero (and above 5% of its standard
+#: deviation) means X is not centred.
+MEAN_Z_LIMIT = 6.0
+#: Samples ``auto`` uses for its cheap checks and for the first enumeration run.
+AUTO_CHECK_ROWS = 20000
+
+#: Order of preference of statuses (best first); ties go to the smaller residual.
+_PREFERENCE = (Status.EXACT, Status.NON_IDENTIFIABLE, Status.APPROXIMATE, Status.FAILED,
+               Status.RANK_DEFICIENT, Status.INSUFFICIENT_SAMPLES, Status.UNSUPPORTED)
+
+
+# --------------------------------------------------------------------------- options
+def _accepted_options(function):
+    """Names of the keyword options of a method (None when it takes ``**kwargs``)."""
+    params = list(inspect.signature(function).parameters.values())[3:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _check_options(name, function, options):
+    valid = _accepted_options(function)
+    if valid is None:
+        return
+    unknown = [o for o in options if o not in valid]
+    if unknown:
+        hints = []
+        for o in unknown:
+            close = difflib.get_close_matches(o, valid, n=1)
+            hints.append(f"{o!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise TypeError(f"method {name!r} got unknown option(s) {', '.join(hints)}; its options are "
+                        + ", ".join(valid))
+
+
+# --------------------------------------------------------------------------- causes
+def _float32_note(X, Y, options):
+    tol = options.get("tol", 1e-10)
+    notes = []
+    for name, A in (("X", X), ("Y", Y)):
+        dt = getattr(A, "dtype", None)
+        if dt is not None and np.issubdtype(dt, np.floating) and np.finfo(dt).eps > 1e-12:
+            eps = float(np.finfo(dt).eps)
+            notes.append(f"{name} is {np.dtype(dt).name} (relative precision {eps:.1e}), so a relative "
+                         f"residual below tol = {tol:.0e} is out of reach unless the data are exact in "
+                         f"that precision; pass float64 data, or tol={10 * eps:.0e} to certify at "
+                         f"{np.dtype(dt).name} precision")
+    return notes
+
+
+def _identify(res, X):
+    """An exact result is identified only if the inputs span R^d: otherwise the rows of V
+    are free along the null space of X; return the minimum-norm representative."""
+    from .stages.diagnostics import input_null_space
+
+    if res.status != Status.EXACT or res.V is None or res.activation is not None:
+        return res
+    Xa = plain_array(X)
+    if Xa is None or Xa.ndim != 2:
+        return res
+    N = input_null_space(np.asarray(Xa, dtype=np.float64))
+    if not N.shape[0]:
+        return res
+    return non_identifiable_from_null_space(res, N)
+
+
+def non_identifiable_from_null_space(res, N):
+    """Turn an exact fit into ``non_identifiable``: rows of V projected on the orthogonal
+    complement of span(N) (the minimum-norm representatives, since X N^T = 0 leaves the
+    fit unchanged), renormalised, with U rescaled to keep the network's outputs."""
+    V = res.V - (res.V @ N.T) @ N
+    s = np.linalg.norm(V, axis=1)
+    if not np.all(s > 0):  # a row entirely in the null space: its unit never fires
+        s = np.where(s > 0, s, 1.0)
+    diag = dict(res.diagnostics)
+    diag["input_null_space"] = N
+    diag["undetermined_rows"] = tuple(range(V.shape[0]))
+    d = V.shape[1]
+    message = (f"{res.message}. The fit is exact but not unique: the inputs span only a "
+               f"{d - N.shape[0]}-dimensional subspace of R^{d}, so every row of V is free along "
+               f"the {N.shape[0]} input direction(s) in diagnostics['input_null_space']; returned "
+               "the minimum-norm representative (rows projected on the row space of X)")
+    return dataclasses.replace(res, U=res.U * s[None, :], V=V / s[:, None], b=None if res.b is None else res.b / s,
+                               status=Status.NON_IDENTIFIABLE, exact=False, message=message,
+                               diagnostics=diag)
+
+
+def _causes(res, X, Y, n_hidden, options):
+    """Notes on what may have caused a non-exact result, appended to its message."""
+    if res.status == Status.EXACT:
+        return []
+    notes = _float32_note(X, Y, options)
+    Xa, Ya = plain_array(X), plain_array(Y)
+    if Xa is None or Ya is None or Xa.ndim != 2:
+        return notes
+    Ya = Ya.reshape(len(Ya), -1)
+    Xs = np.asarray(Xa[:AUTO_CHECK_ROWS], dtype=np.float64)
+    Ys = np.asarray(Ya[: min(len(Ya), 2000)], dtype=np.float64)
+    if len(Xs) > 2:
+        mz, rel = _mean_statistic(Xs)
+        if mz > MEAN_Z_LIMIT and rel > 0.05:
+            notes.append(f"X has a nonzero mean (largest |mean| / sd = {rel:.2f}): the methods assume "
+                         "centred inputs, and an input offset acts as hidden biases b = V mean(X); "
+                         "use atv21 (biases and offsets)")
+    if Ys.shape[0] > Ys.shape[1] and isinstance(n_hidden, (int, np.integer)):
+        from .stages.diagnostics import numerical_rank
+
+        r = numerical_rank(np.linalg.svd(Ys, compute_uv=False))
+        rc = numerical_rank(np.linalg.svd(Ys - Ys.mean(axis=0), compute_uv=False))
+        m = Ys.shape[1]
+        if r < n_hidden:
+            notes.append(f"rank(Y) = {r} < n_hidden = {n_hidden}: either n_hidden is larger than the number "
+                         "of hidden units the outputs show, or U has rank < k (bjw19-fpt handles "
+                         "rank-deficient U)")
+        elif r > n_hidden and r < min(m, Ys.shape[0]) and not (rc < r and rc == n_hidden):
+            notes.append(f"rank(Y) = {r} > n_hidden = {n_hidden} with a clear gap after sigma_{r}: the "
+                         f"outputs look like a network with {r} hidden units; try n_hidden = {r}")
+        if rc < r and rc >= 1:
+            notes.append(f"the centred outputs have rank {rc} < rank(Y) = {r}: Y looks like it has a "
+                         "constant offset c (y = U relu(V x + b) + c); use atv21 (biases and offsets)")
+    return notes
+
+
+def _mean_statistic(Xs):
+    """(largest |mean_j| in standard errors, largest |mean_j| / sd_j) over the coordinates."""
+    mu = Xs.mean(axis=0)
+    sd = Xs.std(axis=0)
+    ok = sd > 0
+    if not np.any(ok):
+        return 0.0, 0.0
+    z = np.abs(mu[ok]) / (sd[ok] / np.sqrt(len(Xs)))
+    return float(z.max()), float((np.abs(mu[ok]) / sd[ok]).max())
+
+
+# --------------------------------------------------------------------------- running a method
+def _run(name, X, Y, n_hidden, options, *, quiet=False):
+    """One method through the common treatment (see the module docstring)."""
+    function = METHODS[name].function
+    _check_options(name, function, options)
+    # Methods marked by relufast._result.recovery_method rescale units themselves.
+    if getattr(function, "rescales_units", False):
+        Xs, Ys, opts, scale = X, Y, options, (0, 0, 1.0)
+    else:
+        Xs, Ys, opts, scale = rescale(X, Y, options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RelufastWarning)
+        try:
+            res = function(Xs, Ys, n_hidden, **opts)
+        except np.linalg.LinAlgError as exc:
+            res = Run(name).result(Status.FAILED, f"{name}: a linear-algebra step broke down ({exc}); the "
+                                   "data are numerically degenerate for this method (collinear or "
+                                   "constant inputs, or outputs of extreme dynamic range)")
+    method_message, method_status = res.message, res.status
+    res = _identify(map_back(res, scale), X)
+    notes = _causes(res, X, Y, n_hidden, options)
+    if notes:
+        res = dataclasses.replace(res, message=res.message.rstrip(". ") + ". " + ". ".join(notes))
+    texts = tuple(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, RelufastWarning)))
+    for w in caught:
+        if not issubclass(w.category, RelufastWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if texts:
+        diag = dict(res.diagnostics)
+        diag["warnings"] = texts
+        res = dataclasses.replace(res, diagnostics=diag)
+    if not quiet:
+        # Each distinct warning once; the method's final message replaced by the full one
+        # (methods that return an expected status quietly, like bjw19-noisy, stay quiet).
+        for t in texts:
+            if t != method_message:
+                warn(t)
+        if method_message in texts or res.status != method_status:
+            warn(res.message)
+    return res
+
+
+def _rank_key(res):
+    s = res.status
+    has = res.U is not None and res.V is not None and res.has_finite_parameters
+    pos = float(_PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE))
+    if s in (Status.NON_IDENTIFIABLE, Status.APPROXIMATE) and not has:
+        pos = _PREFERENCE.index(Status.FAILED) + 0.5
+    if has and not res.residual < 1.0:  # a fit that explains no more than Y = 0 does
+        pos = len(_PREFERENCE) - 0.5
+    r = res.residual if np.isfinite(res.residual) else np.inf
+    return (pos, r)
+
 
 def _choose(X, Y, n_hidden):
-    """Pick a method from what the data allow (cheap checks on at most 2000 samples)."""
-    import numpy as np
+    """The methods ``auto`` would try, in order (a name, or a tuple of names), and why."""
+    plan = _auto(X, Y, n_hidden, {}, plan_only=True)
+    names = tuple(name for name, _ in plan)
+    return (names[0] if len(names) == 1 else names), "; ".join(reason for _, reason in plan)
 
+
+def _auto(X, Y, n_hidden, options, *, plan_only=False):
+    """``method="auto"``: the certified methods in order of cost, best status wins."""
     from ._validation import check_positive_int, check_xy
-    from .stages.diagnostics import gaussianity as _gaussianity
+    from .stages.diagnostics import gaussianity, numerical_rank, whitener
+    from .stages.fit import fit_and_certify
 
-    # Cheap: look at a subsample only; the chosen method validates all of the data.
-    Xa, Ya = np.asarray(X), np.asarray(Y)
-    if Xa.ndim != 2 or Ya.ndim not in (1, 2) or len(Xa) != len(Ya):
-        return "bjw19-gaussian", "the data's shape is invalid; bjw19-gaussian reports why"
-    X, Y = check_xy(Xa[:20000], Ya[:20000])
+    t0 = time.perf_counter()
+    options = dict(options)
+    budget = options.pop("time_limit", None)
+    budget = AUTO_TIME_LIMIT if budget is None else budget
+    if not (isinstance(budget, (int, float)) and np.isfinite(budget) and budget > 0):
+        raise ValueError(f"time_limit must be a positive number of seconds; got {budget!r}")
+    known: set = set()
+    for entry in METHODS.values():
+        known.update(_accepted_options(entry.function) or ())
+    unknown = [o for o in options if o not in known]
+    if unknown:
+        hints = [f"{o!r}" + (f" (did you mean {c[0]!r}?)" if (c := difflib.get_close_matches(o, known, n=1)) else "")
+                 for o in unknown]
+        raise TypeError(f"method 'auto' got unknown option(s) {', '.join(hints)}; the options of its methods "
+                        "are " + ", ".join(sorted(known | {"time_limit"})))
     k = check_positive_int(n_hidden, "n_hidden")
-    sub = Y[: min(len(Y), 2000)]
-    sv = np.linalg.svd(sub, compute_uv=False)
-    rank = int(np.sum(sv > 1e-8 * sv[0])) if sv.size and sv[0] > 0 else 0
-    gaussian = _gaussianity(X)["gaussian_ok"]
-    Wh = None
-    if not gaussian:  # Gaussian with another covariance? (bjw19-gaussian whitens those)
-        ev, E = np.linalg.eigh(X.T @ X / len(X))
-        if ev.min() > 1e-12 * ev.max():
-            Wh = (E / np.sqrt(ev)) @ E.T
-            gaussian = _gaussianity(X, Wh)["gaussian_ok"]
-    if gaussian and k <= X.shape[1]:
+    Xc, Yc = check_xy(X, Y)
+    # Caller errors in the shared options raise here, before any method runs.
+    from ._validation import check_n_hidden, check_random_state, resolve_n_jobs
+
+    resolve_n_jobs(options.get("n_jobs"))
+    check_random_state(options.get("random_state"))
+    tol = options.get("tol", 1e-10)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive number; got {tol!r}")
+    n, d = Xc.shape
+    m = Yc.shape[1]
+    Xh = Xc[:AUTO_CHECK_ROWS]
+    Xh_s, Yh_s, _, _ = rescale(Xh, Yc[: len(Xh)], {})
+    Xh_s = np.asarray(Xh_s, dtype=np.float64)
+    sub = np.asarray(Yh_s, dtype=np.float64)[:2000]
+    rank = numerical_rank(np.linalg.svd(sub, compute_uv=False))
+    mean_z, mean_rel = _mean_statistic(Xh_s) if len(Xh_s) > 2 else (0.0, 0.0)
+    centred = not (mean_z > MEAN_Z_LIMIT and mean_rel > 0.05)
+    g = gaussianity(Xh_s)
+    gaussian = g["gaussian_ok"] and centred
+    gaussian_sigma = False
+    if not g["gaussian_ok"] and centred:
+        W, _ = whitener(Xh_s)
+        gaussian_sigma = W is not None and gaussianity(Xh_s, W)["gaussian_ok"]
+    sym = gklw19.symmetry_statistic(Xh_s)
+    facts = {"n": n, "d": d, "m": m, "k": k, "rank_Y": rank, "standard_gaussian": gaussian,
+             "gaussian_other_covariance": gaussian_sigma, "centred": centred,
+             "largest_mean_over_sd": mean_rel, "symmetry_statistic": sym, "time_limit": float(budget)}
+    if gaussian:
+        law = "X looks standard Gaussian"
+    elif gaussian_sigma:
+        law = "X looks Gaussian with a non-identity covariance (whitened, BJW19 Remark 3)"
+    elif not centred:
+        law = f"X is not centred (largest |mean| / sd = {mean_rel:.2f}; the methods assume centred inputs)"
+    else:
+        law = "X does not look Gaussian"
+
+    biased = False
+    if gaussian and k <= d and "atv21" in METHODS:
         from .stages.diagnostics import bias_evidence
 
-        bias = bias_evidence(X, Y, Wh)
-        if bias["biased"] and Wh is None:
-            return "atv21", (f"X looks standard Gaussian and the outputs have an offset or hidden biases "
-                             f"(bias statistic |z| = {np.max(np.abs(bias['z'])):.1f} > 6): ATV21's model")
-        if Y.shape[1] == 1 and k > 1 and Wh is None:
-            return "atv21", (f"X looks standard Gaussian and m = 1 < k = {k}: ATV21 handles any number "
-                             "of outputs")
-        if Y.shape[1] < k and Wh is None:
-            # Alg. 7 is exact from few samples when it applies; ATV21 needs ~1e5 samples.
-            return ("bjw19-fpt", "atv21"), (f"X looks standard Gaussian and m = {Y.shape[1]} < k = {k}, no "
-                                            "sign of biases: bjw19-fpt (Alg. 7), then atv21 if that is "
-                                            "not exact")
-    if gaussian and rank >= k:
-        return "bjw19-gaussian", f"X looks standard Gaussian and rank(Y) = {rank} >= k = {k}"
-    if gaussian and Y.shape[1] >= 2:
-        return "bjw19-fpt", (f"X looks standard Gaussian and rank(Y) = {rank} < k = {k}: "
-                             "rank-deficient U needs Alg. 7")
-    if rank == k:
-        return "bjw19-enumeration", f"X is not Gaussian and rank(Y) = k = {k}: Thm 1 holds for any X"
-    return "bjw19-gaussian", (f"no method's assumptions hold (Gaussian X: {gaussian}, rank(Y) = "
-                              f"{rank}, k = {k}); running bjw19-gaussian, which reports why it fails")
+        bias = bias_evidence(Xh_s, np.asarray(Yh_s, dtype=np.float64))
+        biased = bias["biased"]
+        facts["bias_statistic"] = float(np.max(np.abs(bias["z"])))
+    facts["biased"] = biased
+
+    plan = []
+    if biased:
+        plan.append(("atv21", f"{law}, and the outputs have an offset or hidden biases (bias statistic "
+                              f"|z| = {facts['bias_statistic']:.1f} > 6): ATV21's model"))
+    if k <= d and m >= k and not biased:
+        plan.append(("bjw19-gaussian", f"{law}; tried first whatever X is (a certified row is exact "
+                                       "for any input law), cost O(n k d^2)"))
+    if k <= d and rank < k and m >= 2:
+        plan.append(("bjw19-fpt", f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"))
+    if gaussian and k <= d and m < k and not biased and "atv21" in METHODS:
+        plan.append(("atv21", f"{law} and m = {m} < k = {k}: ATV21 handles any number of outputs "
+                              "(after bjw19-fpt, which is exact from fewer samples when it applies)"))
+    n_feat = d * (d + 1) // 2
+    if (k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat
+            and n_feat <= GKLW19_MAX_FEATURES):  # GKLW19 needs A of full column rank
+        plan.append(("gklw19", f"X looks symmetric (statistic {sym:.1f} <= {SYMMETRY_LIMIT})"))
+    if rank == k and n >= k:
+        plan.append(("bjw19-enumeration", f"rank(Y) = k = {k}: Thm 1 holds for any X (time budget "
+                                          f"{budget:g} s, on a subsample first)"))
+
+    if not any(name == "bjw19-enumeration" for name, _ in plan):
+        check_n_hidden(k, d)  # only Thm 1 (rank(Y) = k) allows k > d
+
+    if plan_only:
+        return plan
+
+    attempts, results, errors = [], [], []
+
+    def record(name, res=None, error=None, seconds=0.0, note=""):
+        entry = {"method": name, "seconds": seconds, "note": note}
+        if res is not None:
+            entry.update(status=res.status.value, residual=float(res.residual), message=res.message)
+            results.append((name, res))
+        else:
+            entry.update(status="refused", residual=float("nan"), message=error)
+        attempts.append(entry)
+
+    for name, reason in plan:
+        accepted = _accepted_options(METHODS[name].function)
+        opts = {o: v for o, v in options.items() if accepted is None or o in accepted}
+        t = time.perf_counter()
+        remaining = budget - (t - t0)
+        try:
+            if name == "bjw19-enumeration":
+                res = _auto_enumeration(Xc, Yc, k, opts, remaining, fit_and_certify)
+            else:
+                res = _run(name, Xc, Yc, k, opts, quiet=True)
+        except (ValueError, TypeError) as exc:  # the method refuses these data: recorded, next one
+            record(name, error=str(exc), seconds=time.perf_counter() - t, note=reason)
+            errors.append(exc)
+            continue
+        record(name, res, seconds=time.perf_counter() - t, note=reason)
+        if res.status == Status.EXACT:
+            break
+
+    if not results and errors:
+        # Every applicable method refused these data: the first refusal says why.
+        raise errors[0]
+    if not results:
+        run = Run("auto")
+        run.diag.update(auto_attempts=tuple(attempts), auto_facts=facts,
+                        auto="no method could run on these data")
+        why = "; ".join(f"{a['method']}: {a['message']}" for a in attempts) or (
+            f"no method applies (k = {k}, d = {d}, m = {m}, rank(Y) = {rank})")
+        return run.result(Status.UNSUPPORTED, f"auto: no method could run: {why}")
+    name, best = min(results, key=lambda nr: _rank_key(nr[1]))
+    diag = dict(best.diagnostics)
+    diag["auto_attempts"] = tuple(attempts)
+    diag["auto_facts"] = facts
+    reason = next(a["note"] for a in attempts if a["method"] == name)
+    diag["auto"] = f"chose {name}: {reason}"
+    tried = ", ".join(f"{a['method']} -> {a['status']}" for a in attempts)
+    message = best.message if len(attempts) == 1 else f"{best.message} [auto tried: {tried}]"
+    best = dataclasses.replace(best, diagnostics=diag, message=message)
+    if best.status != Status.EXACT:
+        warn(best.message)
+    return best
+
+
+def _auto_enumeration(X, Y, k, opts, budget, fit_and_certify):
+    """Enumeration on a subsample first (cheap, C(n, k-1) grows fast), certified on all samples;
+    then, if time is left and the subsample did not settle it, on all samples."""
+    if budget <= 0:
+        raise ValueError("no time left in auto's budget for bjw19-enumeration")
+    n, d = X.shape
+    n_sub = min(n, max(4 * d, 20 * k, 200))
+    opts = dict(opts)
+    opts.setdefault("progress", False)
+    t = time.perf_counter()
+    if n_sub < n:
+        idx = np.sort(np.random.default_rng(0).choice(n, size=n_sub, replace=False))
+        small = _run("bjw19-enumeration", X[idx], Y[idx], k, dict(opts, time_limit=budget / 2), quiet=True)
+        if small.V is not None and small.has_finite_parameters and small.status in (Status.EXACT,
+                                                                                   Status.NON_IDENTIFIABLE):
+            # Certify the subsample's rows on all samples (rescaled like every method's input).
+            Xs, Ys, _, (ex, ey, _p) = rescale(X, Y, {})
+            U, residual, _ = fit_and_certify(np.asarray(Xs), np.asarray(Ys), small.V)
+            run = Run("bjw19-enumeration")
+            run.diag.update(small.diagnostics)
+            run.diag["subsample"] = n_sub
+            tol = opts.get("tol", 1e-10)
+            if np.isfinite(residual) and residual <= tol:
+                res = run.result(Status.EXACT, f"rows found by Thm 1 on {n_sub} of {n} samples; the fit over "
+                                 f"all {n} samples has relative residual {residual:.2e}",
+                                 U=U * 2.0 ** (ey - ex), V=small.V, exact=True, residual=residual,
+                                 warn_user=False)
+                return _identify(res, X)
+        remaining = budget - (time.perf_counter() - t)
+        if remaining <= 0:
+            return small
+    return _run("bjw19-enumeration", X, Y, k, dict(opts, time_limit=budget - (time.perf_counter() - t)),
+                quiet=True)
 
 
 def _explain(res, X, Y, n_hidden, options):
@@ -122,18 +478,27 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
     n_hidden : int
         Number of hidden units k.
     method : str, default="auto"
-        A key of :data:`METHODS`, or "auto" to choose from what the data allow (the
-        choice and its reason are recorded in ``result.diagnostics["auto"]``):
-        standard Gaussian X with an output offset or hidden biases, or with fewer outputs
-        than hidden units (m < k) -> "atv21"; Gaussian-looking X with rank(Y) >= k ->
-        "bjw19-gaussian"; Gaussian X with rank(Y) < k -> "bjw19-fpt"; other X with
-        rank(Y) = k -> "bjw19-enumeration".
+        A key of :data:`METHODS`, or "auto". ``auto`` tries the certified methods in order
+        of cost and stops at the first ``exact`` result: ``atv21`` first when X looks
+        standard Gaussian and the outputs show an offset or hidden biases, else
+        ``bjw19-gaussian`` (when m >= k;
+        a certificate is valid whatever the input law), ``bjw19-fpt`` (rank(Y) < k), ``atv21`` (standard Gaussian X, m < k),
+        ``gklw19`` (rank(Y) >= k, symmetric-looking inputs, d (d + 1) / 2 <= 2000), then
+        ``bjw19-enumeration`` (rank(Y) = k) on a subsample and then on all samples, within
+        ``time_limit`` seconds (default :data:`AUTO_TIME_LIMIT`). It returns the best
+        status (exact, non_identifiable, approximate, failed, ...; ties to the smaller
+        residual) with every attempt in ``diagnostics["auto_attempts"]`` and the checks of
+        the data in ``diagnostics["auto_facts"]``.
     **options
-        Passed to the method's function (see its docstring).
+        Passed to the method's function (see its docstring); an unknown option is a
+        TypeError listing the valid ones. With ``auto``, each method gets the options it
+        takes.
 
     Returns
     -------
     RecoveryResult
+        Parameters in the caller's units (the data are rescaled internally by powers of two,
+        ``diagnostics["units"]``).
     """
     if method == "auto":
         from .stages.reduce import is_dask
@@ -141,25 +506,8 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         if options.get("comm") is not None or is_dask(X) or is_dask(Y):
             raise ValueError("method='auto' looks at the data in memory on one process; with comm= or "
                              "dask arrays name the method (e.g. method='bjw19-gaussian')")
-        names, reason = _choose(X, Y, n_hidden)
-        names = (names,) if isinstance(names, str) else names
-        for i, name in enumerate(names):
-            last = i == len(names) - 1
-            if last:
-                res = METHODS[name][0](X, Y, n_hidden, **options)
-            else:
-                import warnings
-
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RelufastWarning)
-                    res = METHODS[name][0](X, Y, n_hidden, **options)
-                if res.exact:
-                    break
-                reason += f"; {name} ended {res.status.value}"
-        diag = dict(res.diagnostics)
-        diag["auto"] = f"chose {name}: {reason}"
-        return _explain(dataclasses.replace(res, diagnostics=diag), X, Y, n_hidden, options)
+        return _explain(_auto(X, Y, n_hidden, options), X, Y, n_hidden, options)
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"unknown method {method!r}; valid methods are 'auto', "
                          + ", ".join(repr(k) for k in sorted(METHODS)))
-    return _explain(METHODS[method][0](X, Y, n_hidden, **options), X, Y, n_hidden, options)
+    return _explain(_run(method, X, Y, n_hidden, options), X, Y, n_hidden, options)

@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 
 from .network import Network
 
-__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run"]
+__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run", "recovery_method"]
 
 
 class RelufastWarning(UserWarning):
@@ -214,11 +214,43 @@ class Run:
         if Status(status) in (Status.EXACT, Status.APPROXIMATE) and not finite:
             status, exact = Status.FAILED, False
             message = f"{message} [the parameters are not finite: no estimate could be formed]"
-        if exact and not (np.isfinite(residual)):
-            exact = False
+        if (exact or Status(status) == Status.EXACT) and not np.isfinite(residual):
+            # inf/NaN is never a certificate (an overflowed or 0/0 residual).
+            status, exact = Status.FAILED, False
+            message = f"{message} [the residual is not finite: not a certificate]"
         res = RecoveryResult(U=U, V=V, b=b, c=c, status=status, message=message, method=self.method,
                              exact=exact, residual=residual, seconds=self.seconds, counts=self.counts,
                              diagnostics=self.diag, activation=activation, precision=self.precision)
         if (Status(status) != Status.EXACT) if warn_user is None else warn_user:
             warn(message)
         return res
+
+
+def recovery_method(name):
+    """Decorator for a public method function: units-free and never a raw ``LinAlgError``.
+
+    X and Y are rescaled by exact powers of two (:mod:`relufast._units`) before the method
+    runs and its parameters are mapped back; a numerical breakdown inside it (numpy or scipy
+    ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
+    """
+    import functools
+
+    def wrap(function):
+        @functools.wraps(function)
+        def method(X, Y, n_hidden, **options):
+            from ._units import map_back, rescale
+
+            Xs, Ys, opts, scale = rescale(X, Y, options)
+            try:
+                res = function(Xs, Ys, n_hidden, **opts)
+            except np.linalg.LinAlgError as exc:
+                res = Run(name).result(
+                    Status.FAILED,
+                    f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
+                    "degenerate for this method (collinear or constant inputs, or outputs of extreme "
+                    "dynamic range)")
+            return map_back(res, scale)
+
+        method.rescales_units = True  # type: ignore[attr-defined]
+        return method
+    return wrap

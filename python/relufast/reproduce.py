@@ -1,6 +1,8 @@
 """Reproduction of the experiments of GKLW19 (Section 4, Figures 2-4) to CSV and PNG.
 
-Every point is the mean over ``trials`` runs of the paper's practical variant
+Every point is summarised over ``trials`` runs (mean, median and quartiles in the CSV; the
+figure shows the median with the interquartile band, since one bad trial can move the
+mean far from the typical error) of the paper's practical variant
 (``gklw19.recover(practical=True)``) on fresh planted networks, with the paper's metric
 (:func:`relufast.metrics.matched_squared_error`) and the mean squared error on 5000 fresh
 samples, against the noisy labels (``mse``) and the clean ones (``mse_clean``).
@@ -20,9 +22,17 @@ from . import metrics, planted
 from ._progress import Progress
 from .algorithms import gklw19
 
-__all__ = ["EXPERIMENTS", "run", "write_csv", "plot"]
+__all__ = ["EXPERIMENTS", "run", "write_csv", "plot", "figure"]
 
 TEST_SAMPLES = 5000
+
+#: The quantity on each x axis.
+AXIS_LABELS = {
+    "n": "number of training samples n",
+    "dimension": "input dimension d = hidden units k = outputs m",
+    "noise": "standard deviation of the label noise",
+    "kappa": "condition number",
+}
 
 
 def _trial(d, n, seed, *, input="gaussian", noise=0.0, condition_A=None, condition_W=None):
@@ -90,13 +100,17 @@ def run(name, *, full=False, trials=5, seed=0, progress=None):
                 done += 1
                 bar.update(done)
             row = {"panel": panel, "x_name": xname, "x": x, "trials": trials}
-            for key in ("error_W", "error_A", "mse", "mse_clean", "seconds"):
-                vals = np.array([o[key] for o in outs], dtype=float)
-                row[key] = float(np.nanmean(vals))
-                row[key + "_median"] = float(np.nanmedian(vals))
             d = kw["d"]
-            row["sqrt_error_W_per_dim"] = float(np.sqrt(row["error_W"] / d))
-            row["sqrt_error_A_per_dim"] = float(np.sqrt(row["error_A"] / d))
+            for o in outs:
+                o["sqrt_error_W_per_dim"] = float(np.sqrt(o["error_W"] / d))
+                o["sqrt_error_A_per_dim"] = float(np.sqrt(o["error_A"] / d))
+            for key in ("error_W", "error_A", "mse", "mse_clean", "seconds",
+                        "sqrt_error_W_per_dim", "sqrt_error_A_per_dim"):
+                vals = np.array([o[key] for o in outs], dtype=float)
+                row[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+                q = np.nanquantile(vals, [0.25, 0.5, 0.75]) if np.isfinite(vals).any() else [np.nan] * 3
+                row[key + "_q25"], row[key + "_median"], row[key + "_q75"] = (float(v) for v in q)
+            row["failed_trials"] = int(sum(not np.isfinite(o["error_W"]) for o in outs))
             rows.append(row)
     finally:
         bar.close()
@@ -120,32 +134,52 @@ def plot(rows, name, path):
         import matplotlib.ticker
     except ImportError:
         return False
+    fig = figure(rows, name, plt)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def figure(rows, name, plt=None):
+    """The matplotlib figure of one experiment: per panel, the median of each quantity over
+    the trials with its interquartile band, every axis labelled with its quantity."""
+    import matplotlib.ticker
+
+    if plt is None:
+        import matplotlib.pyplot as plt
     panels = list(dict.fromkeys(r["panel"] for r in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         pr = [r for r in rows if r["panel"] == panel]
-        x = [r["x"] for r in pr]
+        x = np.array([r["x"] for r in pr], dtype=float)
         xname = pr[0]["x_name"]
         if xname == "dimension":
-            ax.plot(x, [r["sqrt_error_W_per_dim"] for r in pr], "o-", label="sqrt(error(W) / dim)")
-            ax.plot(x, [r["sqrt_error_A_per_dim"] for r in pr], "s-", label="sqrt(error(A) / dim)")
+            series = [("sqrt_error_W_per_dim", "o", "sqrt(error(W) / d)"),
+                      ("sqrt_error_A_per_dim", "s", "sqrt(error(A) / d)")]
+            ylabel = "sqrt(squared parameter error / d)"
         else:
-            ax.plot(x, [r["error_W"] for r in pr], "o-", label="error(W)")
-            ax.plot(x, [r["error_A"] for r in pr], "s-", label="error(A)")
-            ax.plot(x, [r["mse"] for r in pr], "^-", label="MSE (fresh samples)")
+            series = [("error_W", "o", "error(W)"), ("error_A", "s", "error(A)"),
+                      ("mse", "^", "test MSE (noisy labels)")]
+            ylabel = "squared error (GKLW19 metric) / test MSE"
+        for key, marker, label in series:
+            med = np.array([r[key + "_median"] for r in pr])
+            lo = np.array([r[key + "_q25"] for r in pr])
+            hi = np.array([r[key + "_q75"] for r in pr])
+            line, = ax.plot(x, med, marker + "-", label=f"{label}: median")
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         if xname in ("n", "kappa"):
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_yscale("log")
-        ax.set_xlabel(xname)
-        ax.set_title(f"{panel}")
+        ax.set_xlabel(AXIS_LABELS.get(xname, xname) + (f" {panel}" if xname == "kappa" else ""))
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{panel}", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{name}: {EXPERIMENTS[name]} (mean of {rows[0]['trials']} trials)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{name}: {EXPERIMENTS[name]}\nmedian and interquartile band over {rows[0]['trials']} trials",
+                 fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def main(name, *, full=False, trials=5, out=".", seed=0, progress=None):
@@ -161,6 +195,6 @@ def main(name, *, full=False, trials=5, out=".", seed=0, progress=None):
         print("matplotlib is not installed: no figure. Install it with  pip install '.[plot]'  "
               "(or pip install matplotlib) and rerun.")
     for r in rows:
-        print(f"  {r['panel']:>22}  {r['x_name']}={r['x']:<7}  error(W) {r['error_W']:.4f}  "
-              f"error(A) {r['error_A']:.4f}  MSE {r['mse']:.5f}")
+        print(f"  {r['panel']:>22}  {r['x_name']}={r['x']:<7}  median error(W) {r['error_W_median']:.4f}  "
+              f"error(A) {r['error_A_median']:.4f}  MSE {r['mse_median']:.5f}")
     return rows

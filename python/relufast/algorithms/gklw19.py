@@ -33,9 +33,10 @@ import time
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._result import Run, Status, warn
+from .._result import Run, Status, recovery_method, warn
 from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
-from ..stages.fit import certify, residual_from_stats
+from ..stages.diagnostics import input_null_space
+from ..stages.fit import certify, max_abs, residual_from_stats
 from ..stages.moments import detector_matrix, detector_matrix_reference  # noqa: F401 (re-exported for tests)
 from ..stages.reduce import Samples, SampleStream
 from ..stages.refine import output_basis, refine_rows
@@ -140,6 +141,7 @@ def _refit_W(X, Y, A, V, steps):
     return W
 
 
+@recovery_method("gklw19")
 def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20, n_slices=None,
             als_restarts=10, als_iter=300, refit_steps=200, tol=1e-9, n_jobs=None, random_state=None,
             comm=None):
@@ -212,6 +214,19 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     # A random probe sample (the same on every rank) for the cheap checks and the choice
     # among candidates; the detector and the residual read every sample.
     Xs, Ys = data.extend(SampleStream(n, rng), min(n, PROBE_ROWS))
+    on = "the outputs" if len(Xs) == n else f"a random sample of {len(Xs)} rows"
+    if max_abs(Ys) == 0:
+        return stop(Status.NON_IDENTIFIABLE,
+                    f"the outputs are all zero ({on}): the network U = 0 fits them with any W, so W is "
+                    "not determined by the data (nothing to recover)")
+    null = input_null_space(Xs)
+    if null.shape[0]:
+        diag["input_null_space"] = null
+        return stop(Status.NON_IDENTIFIABLE,
+                    f"the inputs span a subspace of dimension {d - null.shape[0]} < d = {d} on {on} "
+                    "(duplicated, zero or linearly dependent input columns): W is not determined along the "
+                    f"{null.shape[0]} direction(s) in diagnostics['input_null_space'], and Algorithm 1 "
+                    "needs E[x x^T] invertible. Drop the redundant columns and map W back")
     sym = symmetry_statistic(Xs)
     diag["symmetry_statistic"] = sym
     if sym > 6.0:
@@ -310,8 +325,16 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
         certified = int(np.sum(refine_rows(output_basis(Yr, k)[0], Xr, V, n_jobs=threads)["certified"]))
     counts["certified_rows"] = certified
     seconds["fit"] = time.perf_counter() - t
-    exact = residual <= tol and certified == k
+    exact = bool(residual <= tol and certified == k)
     status = Status.EXACT if exact else Status.APPROXIMATE
+    if np.isfinite(residual) and residual >= 1.0:
+        return run.result(Status.FAILED, f"the recovered network explains none of the outputs (relative "
+                          f"residual {residual:.3g} >= 1, no better than predicting 0): the data are not "
+                          "those of a network with symmetric inputs and n_hidden units", U=A, V=V,
+                          residual=residual)
+    if not np.isfinite(residual):
+        return run.result(Status.FAILED, "the fitted network is not finite (the detector's null space "
+                          "gave no usable directions)", U=A, V=V, residual=residual)
     msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
            f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}, "
            f"{certified} of {k} rows certified")

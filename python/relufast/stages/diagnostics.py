@@ -12,8 +12,7 @@ from .._validation import check_positive_int
 
 __all__ = ["RANK_TOL", "GAUSS_ROWS", "gaussianity", "numerical_rank", "whitener",
            "refinement_subset", "outputs_below_hidden_message", "input_whitening",
-           "warn_if_not_gaussian", "BIAS_Z",
-           "bias_evidence"]
+           "warn_if_not_gaussian", "BIAS_Z", "bias_evidence", "INPUT_RANK_TOL", "input_null_space"]
 
 
 #: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
@@ -132,6 +131,43 @@ def outputs_below_hidden_message(method, m, k, reason):
     return (f"{method} needs at least as many outputs as hidden units (m >= k): {reason}; "
             f"got m = {m} < k = {k}. For fewer outputs than hidden units use bjw19-fpt "
             "(Alg. 7) or, with Gaussian inputs, atv21.")
+
+
+#: Input directions z with ||X z|| <= INPUT_RANK_TOL * ||X||_2 are in the null space of X
+#: (a few hundred ulps: duplicated or zero columns give exact zeros up to rounding).
+INPUT_RANK_TOL = 1e-10
+
+
+def input_null_space(X, *, block=1 << 16):
+    """Orthonormal basis (r, d) of the input directions the samples do not see: the null
+    space of X (r = 0 when X has rank d). Along them no row of V is determined by the data.
+
+    Cost: an SVD of the first max(4 d, 2000) rows; only when those are rank-deficient, one
+    blockwise pass over all rows restricted to the candidate directions (memory O(block d)).
+    """
+    n, d = X.shape
+    head = np.asarray(X[: min(n, max(4 * d, 2000))], dtype=np.float64)
+    _, s, Vt = np.linalg.svd(head, full_matrices=True)
+    smax = float(s[0]) if s.size else 0.0
+    if smax == 0.0:
+        if n <= head.shape[0]:
+            return np.eye(d)
+    elif s.size == d and s[-1] > INPUT_RANK_TOL * smax:
+        return np.zeros((0, d))
+    r_head = int(np.sum(s > INPUT_RANK_TOL * smax)) if smax > 0 else 0
+    N = Vt[r_head:]  # candidates: null space of the first rows
+    if n <= head.shape[0]:
+        return np.ascontiguousarray(N)
+    M = np.zeros((N.shape[0], N.shape[0]))
+    top = 0.0  # an upper bound of ||X||_2^2: the sum over blocks of ||X_block||_2^2
+    for a in range(0, n, block):
+        Z = np.asarray(X[a : a + block], dtype=np.float64)
+        P = Z @ N.T
+        M += P.T @ P
+        top += float(np.linalg.norm(Z, 2)) ** 2
+    ev, E = np.linalg.eigh(M)
+    keep = ev <= (INPUT_RANK_TOL ** 2) * top
+    return np.ascontiguousarray((E[:, keep].T) @ N)
 
 
 #: |z| of the bias statistic above which the outputs are taken to have an offset or biases.

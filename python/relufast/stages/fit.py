@@ -15,9 +15,10 @@ import scipy.linalg
 from .._native import core
 from ..activations import RELU
 
-__all__ = ["fit_output_layer", "fit_from_stats", "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "fit_network", "Fit", "certify",
-           "polish"]
+__all__ = ["max_abs", "power_of_two_scale", "scaled_norm", "fit_output_layer", "fit_from_stats",
+           "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
+           "fit_network", "Fit", "certify", "polish", "gauss_newton_system", "local_rank_deficiency",
+           "undetermined_directions", "minimum_norm_rows"]
 
 
 def _features(X, V, b, activation, intercept):
@@ -57,6 +58,42 @@ def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU, b
         out["sq_residual"] = float(np.sum((Y - F @ Uc.T) ** 2))
         out["sq_norm"] = float(np.sum(Y * Y))
     return out
+
+
+#: Largest |Y| whose sums of squares are safe without scaling: (2^400)^2 times 1e15 entries
+#: stays far below the overflow threshold, and squares of entries above 2^-400 do not underflow.
+_SAFE_EXPONENT = 400
+
+#: Rows per block when the residual pass has to scale the outputs (bounded extra memory).
+_SCALE_BLOCK = 1 << 16
+
+
+def max_abs(A):
+    """``max |A|`` without an n x m temporary (NaN when A holds a NaN)."""
+    A = np.asarray(A)
+    if A.size == 0:
+        return 0.0
+    hi, lo = float(np.max(A)), float(np.min(A))
+    return max(hi, -lo) if np.isfinite(hi) and np.isfinite(lo) else float("nan")
+
+
+def power_of_two_scale(a):
+    """The power of two s with ``a * s`` in [0.5, 1): scaling by it is exact (1 for a = 0)."""
+    if not (np.isfinite(a) and a > 0):
+        return 1.0
+    return float(np.ldexp(1.0, -int(np.frexp(a)[1])))
+
+
+def scaled_norm(A):
+    """Frobenius norm computed on ``A / max|A|`` (no overflow near 1e154, no underflow near
+    1e-154); inf or NaN when A holds one."""
+    a = max_abs(A)
+    if not np.isfinite(a):
+        return float("nan") if np.isnan(a) else float("inf")
+    if a == 0:
+        return 0.0
+    s = power_of_two_scale(a)
+    return float(np.linalg.norm(np.asarray(A) * s) / s)
 
 
 def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4096, normal_equations=None):
@@ -111,8 +148,36 @@ def _as_samples(X, Y, threads):
 
 def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
     """``||Y - f(X V^T + b) U^T - c||_F / ||Y||_F`` over all samples (one fused pass); X may
-    be a :class:`relufast.stages.reduce.Samples` (Y is then ignored)."""
-    return residual_from_stats(certify(_as_samples(X, Y, threads), V, U, activation=activation, b=b, c=c))
+    be a :class:`relufast.stages.reduce.Samples` (Y is then ignored).
+
+    For in-memory outputs the sums of squares are formed on outputs scaled by an exact power
+    of two when max|Y| lies outside [2^-400, 2^400] (block by block, so the extra memory
+    stays bounded): a residual never overflows to 0 or underflows to NaN because of the
+    units of Y. Zero outputs, or any inf/NaN on the way, give NaN, which is never a
+    certificate.
+    """
+    samples = _as_samples(X, Y, threads)
+    if not (np.all(np.isfinite(U)) and (c is None or np.all(np.isfinite(c)))):
+        return float("nan")
+    if samples.distributed or samples.lazy:
+        return residual_from_stats(certify(samples, V, U, activation=activation, b=b, c=c))
+    X, Y = samples.X, samples.Y
+    ymax = max_abs(Y)
+    if not (np.isfinite(ymax) and ymax > 0):
+        return float("nan")
+    e = int(np.frexp(ymax)[1])
+    if -_SAFE_EXPONENT <= e <= _SAFE_EXPONENT:
+        return residual_from_stats(certify(samples, V, U, activation=activation, b=b, c=c))
+    s = power_of_two_scale(ymax)
+    Us = np.asarray(U, dtype=np.float64) * s
+    cs = None if c is None else np.asarray(c, dtype=np.float64) * s
+    num = den = 0.0
+    for a in range(0, X.shape[0], _SCALE_BLOCK):
+        Ys = np.ascontiguousarray(Y[a : a + _SCALE_BLOCK]) * s
+        st = certify(_as_samples(np.ascontiguousarray(X[a : a + _SCALE_BLOCK]), Ys, threads), V, Us,
+                     activation=activation, b=b, c=cs)
+        num, den = num + st["sq_residual"], den + st["sq_norm"]
+    return residual_from_stats({"sq_residual": num, "sq_norm": den})
 
 
 def residual_from_stats(stats):
@@ -129,6 +194,59 @@ def _masked_residual(X, Y, U, V, M):
     return R if M is None else M * R
 
 
+def gauss_newton_system(X, U, V, R, mask=None):
+    """Normal equations ``H = J^T J``, ``g = J^T r`` of ``||M o (Y - relu(X V^T) U^T)||_F^2`` in
+    the unknowns (vec U, vec V) (row-major), at the residual ``R = M o (Y - relu(X V^T) U^T)``.
+
+    The rank of H is at most ``m k + k d - k`` (positive rescaling of each unit is a symmetry);
+    a smaller rank means the masked entries do not determine the network locally.
+    """
+    n, d = X.shape
+    m, k = U.shape
+    Mf = np.ones((n, m)) if mask is None else mask
+    Z = X @ V.T
+    A = (Z > 0).astype(np.float64)
+    F = A * Z
+    nu, nv = m * k, k * d
+    H = np.zeros((nu + nv, nu + nv))
+    g = np.zeros(nu + nv)
+    for j in range(m):  # U block: rows of U are independent given V
+        Fj = F * Mf[:, j : j + 1]
+        H[j * k : (j + 1) * k, j * k : (j + 1) * k] = Fj.T @ F
+        g[j * k : (j + 1) * k] = Fj.T @ R[:, j]
+    for i in range(k):
+        Xi = X * A[:, i : i + 1]
+        g[nu + i * d : nu + (i + 1) * d] = Xi.T @ (R @ U[:, i])
+        for l in range(k):
+            # U(j, i) x v_l coupling: sum_s M_sj F_si U_jl A_sl x_s
+            C = (Mf * (F[:, i] * A[:, l])[:, None]).T @ X  # (m, d)
+            H[np.arange(m) * k + i, nu + l * d : nu + (l + 1) * d] = U[:, l][:, None] * C
+            if l >= i:
+                w = (Mf * (U[:, i] * U[:, l])[None, :]).sum(axis=1) * A[:, l]
+                blk = Xi.T @ (X * w[:, None])
+                H[nu + i * d : nu + (i + 1) * d, nu + l * d : nu + (l + 1) * d] = blk
+                H[nu + l * d : nu + (l + 1) * d, nu + i * d : nu + (i + 1) * d] = blk.T
+    H[nu:, :nu] = H[:nu, nu:].T
+    return H, g
+
+
+#: Eigenvalues of the Jacobi-scaled Gauss-Newton matrix below this count as zero.
+LOCAL_RANK_TOL = 1e-10
+
+
+def local_rank_deficiency(X, U, V, mask=None):
+    """How many directions, beyond the k rescaling symmetries, leave the masked fit unchanged
+    to first order (0: the masked entries determine the network locally)."""
+    m, k = U.shape
+    H, _ = gauss_newton_system(X, U, V, np.zeros((X.shape[0], m)), mask)
+    dg = np.sqrt(np.maximum(np.diag(H), 0.0))
+    dead = dg == 0
+    dg[dead] = 1.0
+    ev = np.linalg.eigvalsh(H / dg[:, None] / dg[None, :])
+    rank = int(np.sum(ev > LOCAL_RANK_TOL * max(ev.max(), 1e-300))) if ev.size else 0
+    return int(H.shape[0] - k - rank)
+
+
 def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
     """Gauss-Newton on ``||M o (Y - relu(X V^T) U^T)||_F^2`` jointly in (U, V) (beyond the paper).
 
@@ -141,39 +259,17 @@ def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
 
     Returns (U, V) with unit-norm rows of V.
     """
-    n, d = X.shape
-    k, m = V.shape[0], Y.shape[1]
     M = None if mask is None else mask.astype(np.float64)
-    Mf = np.ones((n, m)) if M is None else M
     U, V = np.array(U, dtype=np.float64), np.array(V, dtype=np.float64)
+    m, k = U.shape
+    d = X.shape[1]
+    nu = m * k
     R = _masked_residual(X, Y, U, V, M)
     cost = float(np.sum(R * R))
     for _ in range(n_iter):
         if cost <= tol * tol * max(float(np.sum(Y * Y)), 1e-300):
             break
-        Z = X @ V.T
-        A = (Z > 0).astype(np.float64)
-        F = A * Z
-        nu, nv = m * k, k * d
-        H = np.zeros((nu + nv, nu + nv))
-        g = np.zeros(nu + nv)
-        for j in range(m):  # U block: rows of U are independent given V
-            Fj = F * Mf[:, j : j + 1]
-            H[j * k : (j + 1) * k, j * k : (j + 1) * k] = Fj.T @ F
-            g[j * k : (j + 1) * k] = Fj.T @ R[:, j]
-        for i in range(k):
-            Xi = X * A[:, i : i + 1]
-            g[nu + i * d : nu + (i + 1) * d] = Xi.T @ (R @ U[:, i])
-            for l in range(k):
-                # U(j, i) x v_l coupling: sum_s M_sj F_si U_jl A_sl x_s
-                C = (Mf * (F[:, i] * A[:, l])[:, None]).T @ X  # (m, d)
-                H[np.arange(m) * k + i, nu + l * d : nu + (l + 1) * d] = U[:, l][:, None] * C
-                if l >= i:
-                    w = (Mf * (U[:, i] * U[:, l])[None, :]).sum(axis=1) * A[:, l]
-                    blk = Xi.T @ (X * w[:, None])
-                    H[nu + i * d : nu + (i + 1) * d, nu + l * d : nu + (l + 1) * d] = blk
-                    H[nu + l * d : nu + (l + 1) * d, nu + i * d : nu + (i + 1) * d] = blk.T
-        H[nu:, :nu] = H[:nu, nu:].T
+        H, g = gauss_newton_system(X, U, V, R, M)
         step = np.linalg.lstsq(H, g, rcond=1e-13)[0]
         t = 1.0
         for _ in range(30):
@@ -233,3 +329,86 @@ def fit_and_certify(X, Y, V, *, subset=None, threads=0, activation=RELU):
     """:func:`fit_network` for the bias-free model: returns (U, residual, condition)."""
     fit = fit_network(X, Y, V, subset=subset, threads=threads, activation=activation)
     return fit.U, fit.residual, fit.condition
+
+
+#: Relative size of X v below which a sample sits on the hyperplane of a hidden unit.
+ACTIVE_TOL = 1e-9
+#: Singular values of X restricted to a unit's active and boundary samples below this
+#: (relative to the largest singular value of X) leave a direction undetermined.
+DIRECTION_TOL = 1e-10
+
+
+def undetermined_directions(X, V):
+    """For each row v_i of V: an orthonormal basis (r_i, d) of null(X_S), S the samples where
+    the unit is active, when v_i can move in it without changing ``relu(X v_i)``; else (0, d).
+
+    A direction z with ``X_S z = 0`` keeps the active values; samples strictly off stay off
+    for small steps; samples on the boundary (X v_i = 0) stay off when ``x.z <= 0``. So the
+    row is free iff the cone {z in null(X_S): X_B z <= 0} is not {0} (B the boundary
+    samples), decided exactly: with A = X_B N^T, the cone is {0} iff A has full column rank
+    and some y > 0 has A^T y = 0 (Stiemke's alternative, one small LP). Then ``v_i + t z``
+    for small t > 0 fits the data exactly as well: the row is not identified.
+    Cost O(n d^2) per row.
+    """
+    smax = float(np.linalg.norm(X, 2)) if X.size else 0.0
+    d = X.shape[1]
+    out = []
+    for v in np.atleast_2d(V):
+        z = X @ v
+        scale = max_abs(z)
+        S = z > ACTIVE_TOL * scale
+        B = np.abs(z) <= ACTIVE_TOL * scale
+        if not S.any():
+            out.append(np.eye(d))
+            continue
+        _, sv, Vt = np.linalg.svd(X[S], full_matrices=True)
+        r = int(np.sum(sv > DIRECTION_TOL * max(smax, 1e-300)))
+        N = np.ascontiguousarray(Vt[r:])
+        if N.shape[0] and B.any() and not _cone_is_free(X[B] @ N.T, smax):
+            N = np.zeros((0, d))
+        out.append(N)
+    return out
+
+
+def _cone_is_free(A, smax):
+    """Is {w : A w <= 0} larger than {0}? (Stiemke: no iff rank A = cols and y > 0, A^T y = 0.)"""
+    from scipy.optimize import linprog
+
+    sv = np.linalg.svd(A, compute_uv=False)
+    if int(np.sum(sv > DIRECTION_TOL * max(smax, 1e-300))) < A.shape[1]:
+        return True
+    p = A.shape[0]
+    res = linprog(np.zeros(p), A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=[(1.0, None)] * p,
+                  method="highs")
+    return res.status != 0
+
+
+def minimum_norm_rows(X, V, U, directions, input_null=None):
+    """The minimum-norm representative of a non-unique fit: each row projected off its
+    undetermined directions (the least-norm solution of its active equations), kept only
+    where it leaves the inactive samples non-positive (then it is also the least-norm row
+    with the same rectified vector); rows renormalised with U rescaled so the outputs are
+    unchanged.
+
+    Elsewhere the row is projected off ``input_null`` (the null space of X, which never
+    changes X v).
+
+    Returns (U, V, per-row flags: True where the projection was the minimum-norm one).
+    """
+    V = np.array(V, dtype=np.float64)
+    flags = []
+    for i, N in enumerate(directions):
+        if N.shape[0] == 0:
+            flags.append(True)
+            continue
+        v = V[i] - (V[i] @ N.T) @ N
+        z0, z = X @ V[i], X @ v
+        off = z0 <= ACTIVE_TOL * max_abs(z0)
+        ok = bool(np.all(z[off] <= ACTIVE_TOL * max_abs(z0))) and np.linalg.norm(v) > 0
+        if ok:
+            V[i] = v
+        elif input_null is not None and input_null.shape[0]:
+            V[i] = V[i] - (V[i] @ input_null.T) @ input_null
+        flags.append(ok)
+    s = np.linalg.norm(V, axis=1)
+    return np.asarray(U) * s[None, :], V / s[:, None], tuple(flags)

@@ -13,10 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status
+from ..._result import Run, Status, recovery_method
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ...stages.diagnostics import RANK_TOL, numerical_rank
-from ...stages.fit import fit_and_certify
+from ...activations import RELU
+from ...stages.diagnostics import RANK_TOL, input_null_space, numerical_rank
+from ...stages.fit import fit_and_certify, minimum_norm_rows, relative_residual, undetermined_directions
 from ...stages.highs import INF, LPSession
 from ...stages.patterns import PatternStream
 from ...stages.precision import polish_at_precision, resolve_precision
@@ -136,6 +137,7 @@ def _try_pattern(S, coeff, X, B, found, rng, time_limit, zt=ZERO_TESTS):
     return (w, f, _determined(S, X, B, zt["rank"]), "lp"), lps
 
 
+@recovery_method("bjw19-enumeration")
 def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
                 progress=None, random_state=None, precision=None):
     """Exact recovery for any input distribution (BJW19 Thm 1; Algorithms 1 and 2).
@@ -342,6 +344,28 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     if exact and not prec.is_double:
         U, V, _, _, residual = polish_at_precision(X, Y, U, V, threads=threads)
     if exact:
+        # An exact fit is identified only if no row can move: a row whose active and boundary
+        # samples leave a direction of R^d unseen gives another exact fit (always so with n < d).
+        free = undetermined_directions(X, V)
+        loose = [i for i, N in enumerate(free) if N.shape[0]]
+        if loose:
+            null = input_null_space(X)
+            U, V, minimal = minimum_norm_rows(X, V, U, free, null)
+            residual = relative_residual(X, Y, V, U, threads, RELU)
+            diag.update(undetermined_rows=tuple(loose), undetermined_directions=tuple(free),
+                        minimum_norm=minimal, all_rows_determined=False)
+            if null.shape[0]:
+                diag["input_null_space"] = null
+            seconds["fit"] = time.perf_counter() - t
+            span_note = f" (the inputs span only {d - null.shape[0]} of {d} dimensions)" if null.shape[0] else ""
+            return run.result(
+                Status.NON_IDENTIFIABLE,
+                f"found {k} rows fitting Y exactly (relative residual {residual:.2e}), but the fit is not "
+                f"unique: row(s) {loose} can move along {[free[i].shape[0] for i in loose]} input "
+                "direction(s) each (diagnostics['undetermined_directions']) that their active samples do "
+                f"not see{span_note}"
+                " without changing the outputs; returned the minimum-norm representative",
+                U=U, V=V, residual=residual)
         msg = (f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "
                f"patterns and {lps} LPs; "
                + ("each row is determined by its sign pattern (a single ray of the output span "

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._result import Run, Status
+from ..._result import Run, Status, recovery_method
 from ..._validation import check_n_hidden, check_positive_int, check_random_state
 from ...stages.fit import certify, fit_and_certify
-from ...stages.reduce import Samples, SampleStream
 from ...stages.precision import polish_at_precision, resolve_precision
+from ...stages.reduce import Samples, SampleStream
 from .gaussian import check_n_estimate
 
 __all__ = ["fpt"]
@@ -28,6 +28,7 @@ def _classes(Y, m, min_size, class_tol, rng):
     return [keep[order[r]] for r in runs if len(r) >= min_size]
 
 
+@recovery_method("bjw19-fpt")
 def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None,
         n_estimate=None, comm=None, precision=None):
     """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
@@ -130,8 +131,9 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         return run.result(status,
                        f"found {len(classes)} classes of at least {min_size} samples with parallel "
                        f"outputs, expected k = {k}: "
-                       + ("too few samples with a single active unit (Lemma 21 needs n of order "
-                          "d (k kappa)^(2k)); add samples. Noisy outputs also give no classes: "
+                       + (f"either the outputs come from only {len(classes)} hidden unit(s) (n_hidden "
+                          "too large), or too few samples have a single active unit (Lemma 21 needs n of "
+                          "order d (k kappa)^(2k): add samples). Noisy outputs also give no classes: "
                           "Alg. 7 needs outputs that are exactly parallel" if len(classes) < k else
                           "the columns of U are not pairwise independent or k is too small"))
     V = np.empty((k, d))

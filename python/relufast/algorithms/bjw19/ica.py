@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status
+from ..._result import Run, Status, recovery_method
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import certify, fit_and_certify
@@ -67,6 +67,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
     return K @ W.T, it, converged
 
 
+@recovery_method("bjw19-ica")
 def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12, max_iter=1000,
         n_jobs=None, random_state=None, n_estimate=None, comm=None):
     """Exact recovery for orthonormal V by ICA (BJW19 Theorem 4, Algorithm 3).

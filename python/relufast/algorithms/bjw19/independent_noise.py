@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status
+from ..._result import Run, Status, recovery_method
 from ...stages.fit import fit_and_certify
 from ..._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
 
@@ -36,6 +36,7 @@ def _fit(X, Y, V):
     return U, rel * float(np.linalg.norm(Y))
 
 
+@recovery_method("bjw19-independent-noise")
 def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, max_guesses=100000,
                       smoothing=(0.0, 0.25, 1.0), random_state=None):
     """Approximate recovery under arbitrary noise independent of X (BJW19 Thm 13; Alg. 8).

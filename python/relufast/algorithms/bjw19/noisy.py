@@ -10,7 +10,7 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
-from ..._result import Run, Status, warn
+from ..._result import Run, Status, recovery_method, warn
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import certify, fit_from_stats, polish, residual_from_stats
@@ -67,6 +67,7 @@ def sign_by_projection(X, Y, V):
 
 
 
+@recovery_method("bjw19-noisy")
 def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=None,
           random_state=None, block_size=256, comm=None):
     """Approximate recovery under i.i.d. sub-Gaussian output noise (BJW19 Thm 10; Alg. 6).

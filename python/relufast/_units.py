@@ -1,0 +1,93 @@
+"""Units-free recovery: exact power-of-two rescaling of X and Y around a method.
+
+X and Y are divided by powers of two chosen so that their root-mean-square entries are near
+1; the method runs on the rescaled data and its parameters are mapped back. Powers of two make
+the scaling exact, so data in any units give the same certified network.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["rescale", "map_back", "rms_exponent", "plain_array"]
+
+
+def rms_exponent(A):
+    """e with 2^e closest (in log scale) to the root-mean-square entry of the first rows of A."""
+    from .stages.fit import max_abs, power_of_two_scale
+
+    head = np.asarray(A[:65536], dtype=np.float64)
+    a = max_abs(head)
+    if not (np.isfinite(a) and a > 0):
+        return 0
+    s = power_of_two_scale(a)
+    rms = float(np.sqrt(np.mean((head * s) ** 2))) / s
+    return int(np.round(np.log2(rms)))
+
+
+def plain_array(A):
+    """A as a float64 ndarray when it is an in-memory numeric array; else None (dask arrays,
+    lists of strings, ...: the method's own validation deals with them)."""
+    if hasattr(A, "compute") and hasattr(A, "chunks") and not isinstance(A, np.ndarray):
+        return None
+    try:
+        arr = np.asarray(A)
+    except Exception:  # noqa: BLE001 - ragged input: the method's validation reports it
+        return None
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        return None
+    if np.issubdtype(arr.dtype, np.complexfloating) or arr.ndim not in (1, 2) or arr.size == 0:
+        return None
+    return arr
+
+
+def _degree(options):
+    """Homogeneity degree p of the method's activation (relu: 1), or None if not homogeneous."""
+    from .activations import get_activation
+
+    act = get_activation(options.get("activation", "relu"))
+    return float(act.degree) if act.homogeneous else None
+
+
+def rescale(X, Y, options):
+    """Exact power-of-two rescaling of X and Y: returns (X', Y', options', (ex, ey, p)) with
+    X' = X 2^-ex, Y' = Y 2^-ey; (0, 0, 1) when nothing is rescaled."""
+    if "comm" in options:  # each MPI rank holds other samples: no common scale without a reduction
+        return X, Y, options, (0, 0, 1.0)
+    Xa, Ya = plain_array(X), plain_array(Y)
+    if Xa is None or Ya is None or Xa.ndim != 2:
+        return X, Y, options, (0, 0, 1.0)
+    if not (np.all(np.isfinite(Xa[:65536])) and np.all(np.isfinite(Ya[:65536]))):
+        return X, Y, options, (0, 0, 1.0)
+    try:
+        p = _degree(options)
+    except (TypeError, ValueError):
+        return X, Y, options, (0, 0, 1.0)
+    ex = rms_exponent(Xa) if p is not None else 0
+    ey = rms_exponent(Ya)
+    if ex == 0 and ey == 0:
+        return X, Y, options, (0, 0, 1.0)
+    Xs = Xa if ex == 0 else np.ldexp(np.asarray(Xa, dtype=np.float64), -ex)
+    Ys = Ya if ey == 0 else np.ldexp(np.asarray(Ya, dtype=np.float64), -ey)
+    options = dict(options)
+    if options.get("given_M") is not None:  # an approximate left inverse of U: U' = U 2^(p ex - ey)
+        options["given_M"] = np.ldexp(np.asarray(options["given_M"], dtype=np.float64), ey - int(p * ex))
+    return Xs, Ys, options, (ex, ey, p if p is not None else 1.0)
+
+
+def map_back(res, scale):
+    """Parameters of a result on rescaled data mapped to the caller's units."""
+    ex, ey, p = scale
+    diag = dict(res.diagnostics)
+    diag["units"] = {"x_scale": float(np.ldexp(1.0, ex)), "y_scale": float(np.ldexp(1.0, ey)),
+                     "note": "X and Y were divided by these powers of two inside the method; the "
+                             "parameters are in the caller's units, other diagnostics are not"}
+    if (ex, ey) == (0, 0):
+        return res
+    if res.U is None or res.V is None:
+        return dataclasses.replace(res, diagnostics=diag)
+    U = res.U * (2.0 ** (ey - p * ex))
+    b = None if res.b is None else np.ldexp(res.b, ex)
+    c = None if res.c is None else np.ldexp(res.c, ey)
+    return dataclasses.replace(res, U=U, b=b, c=c, diagnostics=diag)
