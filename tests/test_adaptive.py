@@ -112,7 +112,7 @@ def test_certificate_failure_escalates_and_is_never_exact():
     Y[bad] += 5.0
     with pytest.warns(rf.RelufastWarning, match="not exactly those of one network"):
         res = rf.recover(X, Y, n_hidden=3, method="bjw19-gaussian", random_state=0)
-    assert not res.exact and res.status == "failed"
+    assert not res.exact and res.status == "approximate"  # an estimate; the data are not exactly realizable
     assert res.counts["escalations"] >= 1 and res.counts["certify_passes"] >= 2
 
 

@@ -41,9 +41,11 @@ class Method(NamedTuple):
 
     function: Callable
     citation: str
+    #: False where the model fixes the units of X (GP19's known threshold t): no rescaling.
+    units_free: bool = True
 
 
-#: name -> Method(function, citation).
+#: name -> Method(function, citation[, units_free]).
 METHODS = {
     "bjw19-gaussian": Method(bjw19.gaussian, bjw19.CITATION),
     "bjw19-enumeration": Method(bjw19.enumeration, bjw19.CITATION + " Theorem 1, Algorithms 1-2."),
@@ -55,10 +57,10 @@ METHODS = {
     "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
     # GP19: f = P(u(W x - t)); X, Y may be None with f=callable (query mode).
     "gp19": Method(gp19.lowest_layer, gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 "
-                   "(Algorithms 1-2)."),
-    "gp19-halfspaces": Method(gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6."),
-    "gp19-support": Method(gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8."),
-    "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10."),
+                   "(Algorithms 1-2).", units_free=False),
+    "gp19-halfspaces": Method(gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6.", units_free=False),
+    "gp19-support": Method(gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8.", units_free=False),
+    "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10.", units_free=False),
     "atv21": Method(atv21.atv21, atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), "
                     "then activation-region refinement (relufast)."),
     "atv21-general": Method(atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 "
@@ -211,7 +213,7 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
     function = METHODS[name].function
     _check_options(name, function, options)
     # Methods marked by relufast._result.recovery_method rescale units themselves.
-    if getattr(function, "rescales_units", False):
+    if getattr(function, "rescales_units", False) or not METHODS[name].units_free:
         Xs, Ys, opts, scale = X, Y, options, (0, 0, 1.0)
     else:
         Xs, Ys, opts, scale = rescale(X, Y, options)

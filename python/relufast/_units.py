@@ -50,6 +50,15 @@ def _degree(options):
     return float(act.degree) if act.homogeneous else None
 
 
+def _ldexp_keep_precision(A, e):
+    """A 2^e, exact, in A's own floating type (a float32 array stays float32, so the methods
+    still certify it at its precision); integer arrays become float64."""
+    A = np.asarray(A)
+    if not np.issubdtype(A.dtype, np.floating):
+        A = A.astype(np.float64)
+    return np.ldexp(A, e).astype(A.dtype, copy=False)
+
+
 def rescale(X, Y, options):
     """Exact power-of-two rescaling of X and Y: returns (X', Y', options', (ex, ey, p)) with
     X' = X 2^-ex, Y' = Y 2^-ey; (0, 0, 1) when nothing is rescaled."""
@@ -68,8 +77,8 @@ def rescale(X, Y, options):
     ey = rms_exponent(Ya)
     if ex == 0 and ey == 0:
         return X, Y, options, (0, 0, 1.0)
-    Xs = Xa if ex == 0 else np.ldexp(np.asarray(Xa, dtype=np.float64), -ex)
-    Ys = Ya if ey == 0 else np.ldexp(np.asarray(Ya, dtype=np.float64), -ey)
+    Xs = Xa if ex == 0 else _ldexp_keep_precision(Xa, -ex)
+    Ys = Ya if ey == 0 else _ldexp_keep_precision(Ya, -ey)
     options = dict(options)
     if options.get("given_M") is not None:  # an approximate left inverse of U: U' = U 2^(p ex - ey)
         options["given_M"] = np.ldexp(np.asarray(options["given_M"], dtype=np.float64), ey - int(p * ex))

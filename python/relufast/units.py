@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .stages.fit import max_abs, power_of_two_scale
+
 from .stages.diagnostics import RANK_TOL
 from .stages.precision import resolve_precision
 
@@ -79,6 +81,8 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     Y = np.asarray(Y, dtype=np.float64).reshape(len(np.asarray(Y)), -1)[:VISIBLE_ROWS]
     n, d = X.shape
     m = Y.shape[1]
+    # Every test below is invariant to the scale of Y: scale it (exactly) to avoid overflow.
+    Y = Y * power_of_two_scale(max_abs(Y))
     Yc = Y - Y.mean(axis=0)
     sv = np.linalg.svd(Yc, compute_uv=False)
     rank_tol = prec.tol(RANK_TOL, d, 0)
