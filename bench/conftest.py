@@ -1,4 +1,5 @@
 """Shared fixtures for the pytest-benchmark suites (run: python -m pytest bench/ --benchmark-only)."""
+
 import os
 import platform
 import time
@@ -40,6 +41,10 @@ def machine():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--adaptive-large", action="store_true", default=False,
-                     help="bench/test_bench_adaptive.py and test_bench_scale.py: add n = 1e7 "
-                          "(a memmap of several GB written once under the temporary folder)")
+    parser.addoption(
+        "--adaptive-large",
+        action="store_true",
+        default=False,
+        help="bench/test_bench_adaptive.py and test_bench_scale.py: add n = 1e7 "
+        "(a memmap of several GB written once under the temporary folder)",
+    )

@@ -1,12 +1,14 @@
 """Run under ``mpiexec -n R python bench/mpi_timing.py N``: each rank draws its share of N
 samples (d = 50, k = 10, m = 20), times ``recover(..., comm=COMM_WORLD)`` for the adaptive
 and the "all" estimate, and rank 0 prints a dict of the slowest rank's seconds."""
+
 import sys
 import time
 import warnings
 
-import relufast as rf
 from mpi4py import MPI
+
+import relufast as rf
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()

@@ -4,6 +4,7 @@ Same steps as relufast.algorithms.bjw19.gaussian: the moment by blocked NumPy pr
 the tensor stage (already NumPy), the exact refinement by the NumPy reference, U by
 least squares, residual by NumPy products.
 """
+
 import numpy as np
 
 from relufast.stages.fit import fit_output_layer

@@ -12,6 +12,7 @@ memmap written once under /tmp; about a minute to write). Quality figures (statu
 are in ``extra_info`` beside every time; the issue's bars are checked at n = 1e6:
 recovery <= 2x the checking pass and >= 3x faster than the NumPy pipeline.
 """
+
 import os
 import tempfile
 import time
@@ -19,8 +20,9 @@ import warnings
 
 import numpy as np
 import pytest
-import relufast as rf
 from threadpoolctl import threadpool_limits
+
+import relufast as rf
 
 from .numpy_pipeline import recover_numpy
 
@@ -110,12 +112,23 @@ def test_recovery_vs_checking_pass(benchmark, n, mode, machine):
     err = rf.metrics.parameter_error(res, net)
     t = benchmark.stats.stats.min
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "n": n, "mode": mode or "adaptive", "memmap": isinstance(X, np.memmap) or n > 1_000_000,
-        "status": res.status.value, "error_U": err.U, "error_V": err.V, "residual": res.residual,
-        "counts": dict(res.counts), "seconds": dict(res.seconds), "kernel_threads": os.cpu_count(),
-        "numpy_check_seconds_best": check, "numpy_check_seconds_by_threads": per_thread,
-        "ratio_to_check": t / check})
+    benchmark.extra_info.update(
+        {
+            "n": n,
+            "mode": mode or "adaptive",
+            "memmap": isinstance(X, np.memmap) or n > 1_000_000,
+            "status": res.status.value,
+            "error_U": err.U,
+            "error_V": err.V,
+            "residual": res.residual,
+            "counts": dict(res.counts),
+            "seconds": dict(res.seconds),
+            "kernel_threads": os.cpu_count(),
+            "numpy_check_seconds_best": check,
+            "numpy_check_seconds_by_threads": per_thread,
+            "ratio_to_check": t / check,
+        }
+    )
     assert res.exact and err.U < 1e-10 and err.V < 1e-10
     if n == 1_000_000 and mode is None:
         assert t <= 2.0 * check, f"recovery {t:.3f} s > 2 x checking pass {check:.3f} s"
@@ -131,9 +144,13 @@ def test_numpy_pipeline_at_1e6(benchmark):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", rf.RelufastWarning)
         rf.recover(X, Y, n_hidden=K, method="bjw19-gaussian", random_state=0)
-        ours = min(_timed(rf.recover, X, Y, n_hidden=K, method="bjw19-gaussian", random_state=0)
-                   for _ in range(3))
+        ours = min(_timed(rf.recover, X, Y, n_hidden=K, method="bjw19-gaussian", random_state=0) for _ in range(3))
     benchmark.pedantic(lambda: None, rounds=1)
-    benchmark.extra_info.update({"numpy_pipeline_seconds_by_threads": times, "relufast_adaptive_seconds": ours,
-                                 "speedup": min(times.values()) / ours})
+    benchmark.extra_info.update(
+        {
+            "numpy_pipeline_seconds_by_threads": times,
+            "relufast_adaptive_seconds": ours,
+            "speedup": min(times.values()) / ours,
+        }
+    )
     assert min(times.values()) >= 3.0 * ours

@@ -5,10 +5,12 @@ Run: python -m pytest bench/test_bench_atv21.py --benchmark-only. Threads: the C
 use all cores (n_jobs=None) unless a test says otherwise; NumPy runs single-threaded
 inside the pipelines. Every benchmark records its quality figure in ``extra_info``.
 """
+
 import warnings
 
 import numpy as np
 import pytest
+
 import relufast as rf
 from relufast.algorithms import atv21 as A
 from relufast.planted import PlantedNetwork
@@ -42,12 +44,16 @@ def test_moment_throughput(benchmark, machine, order, threads):
     got = HermiteAccumulator(1, order=order, basis=P).add(X[:2000], y[:2000]).tensors()
     flops = 2.0 * n * (d * k + sum(k**r for r in range(1, order + 1)))
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "threads": threads, "order": order, "samples_per_s": n / benchmark.stats.stats.min,
-        "gflops": flops / benchmark.stats.stats.min / 1e9,
-        "max_abs_diff_vs_numpy": float(max(np.abs(a - b).max() for a, b in zip(got, ref))),
-        "shape_T_top": T[-1].shape,
-    })
+    benchmark.extra_info.update(
+        {
+            "threads": threads,
+            "order": order,
+            "samples_per_s": n / benchmark.stats.stats.min,
+            "gflops": flops / benchmark.stats.stats.min / 1e9,
+            "max_abs_diff_vs_numpy": float(max(np.abs(a - b).max() for a, b in zip(got, ref))),
+            "shape_T_top": T[-1].shape,
+        }
+    )
 
 
 @pytest.mark.parametrize("refine", [False, True])
@@ -68,14 +74,18 @@ def test_error_and_time_vs_n(benchmark, machine, n, refine):
     benchmark.pedantic(run, rounds=1, warmup_rounds=0)
     errs = [rf.metrics.parameter_error(r, net) for r, net in zip(results, nets)]
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "n": n, "refine": refine, "seconds_per_fit": benchmark.stats.stats.min / 3,
-        "median_V_error": float(np.median([e.V for e in errs])),
-        "median_b_error": float(np.median([e.b for e in errs])),
-        "median_max_angle": float(np.median([e.max_angle for e in errs])),
-        "statuses": [r.status.value for r in results],
-        "median_residual": float(np.median([r.residual for r in results])),
-    })
+    benchmark.extra_info.update(
+        {
+            "n": n,
+            "refine": refine,
+            "seconds_per_fit": benchmark.stats.stats.min / 3,
+            "median_V_error": float(np.median([e.V for e in errs])),
+            "median_b_error": float(np.median([e.b for e in errs])),
+            "median_max_angle": float(np.median([e.max_angle for e in errs])),
+            "statuses": [r.status.value for r in results],
+            "median_residual": float(np.median([r.residual for r in results])),
+        }
+    )
 
 
 @pytest.mark.parametrize("d,k", [(10, 4), (20, 6), (50, 10), (100, 12)])
@@ -92,7 +102,15 @@ def test_refinement_rounds_vs_dk(benchmark, machine, d, k):
     out = benchmark.pedantic(region_refine, args=(X, Y, Vp, bp), rounds=1, warmup_rounds=0)
     err = rf.metrics.parameter_error((out.U, out.V, out.b, out.c), net)
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "d": d, "k": k, "rounds": out.rounds, "history": list(out.history), "residual": out.residual,
-        "V_error": err.V, "b_error": err.b, "regions": out.n_regions,
-    })
+    benchmark.extra_info.update(
+        {
+            "d": d,
+            "k": k,
+            "rounds": out.rounds,
+            "history": list(out.history),
+            "residual": out.residual,
+            "V_error": err.V,
+            "b_error": err.b,
+            "regions": out.n_regions,
+        }
+    )

@@ -10,12 +10,14 @@ approximate cryptanalytic query count (:func:`relufast.extraction.cryptanalytic_
 Run: python -m pytest bench/test_bench_extract.py --benchmark-only. Threads: relufast's C++
 kernels use all cores (n_jobs=None); torch is set to the same number of threads.
 """
+
 import os
 import time
 import warnings
 
 import numpy as np
 import pytest
+
 import relufast as rf
 from relufast import metrics
 
@@ -81,11 +83,23 @@ def test_extract_vs_distill(benchmark, machine, d, k, m, dtype_name):
     runs = [distill(model, d, k, m, target, n=res.counts["queries"], seed=s) for s in range(3)]
     best = min(runs, key=lambda r: (r[1] > target, r[0] if r[1] <= target else r[1]))
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "threads": threads, "d": d, "k": k, "m": m, "precision": dtype_name,
-        "status": res.status.value, "method": res.method, "queries": res.counts["queries"],
-        "cryptanalytic_queries_approx": res.diagnostics["cryptanalytic_queries"],
-        "extract_seconds": res.seconds.get("total", float("nan")), "extract_V_error": err.V,
-        "extract_b_error": err.b, "distill_seconds": best[0], "distill_V_error": best[1],
-        "distill_steps": best[2], "distill_reached_target": bool(best[1] <= target),
-    })
+    benchmark.extra_info.update(
+        {
+            "threads": threads,
+            "d": d,
+            "k": k,
+            "m": m,
+            "precision": dtype_name,
+            "status": res.status.value,
+            "method": res.method,
+            "queries": res.counts["queries"],
+            "cryptanalytic_queries_approx": res.diagnostics["cryptanalytic_queries"],
+            "extract_seconds": res.seconds.get("total", float("nan")),
+            "extract_V_error": err.V,
+            "extract_b_error": err.b,
+            "distill_seconds": best[0],
+            "distill_V_error": best[1],
+            "distill_steps": best[2],
+            "distill_reached_target": bool(best[1] <= target),
+        }
+    )

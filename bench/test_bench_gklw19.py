@@ -1,4 +1,5 @@
 """GKLW19: detector accumulation (C++ vs NumPy) and end-to-end error and time vs n."""
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
@@ -21,8 +22,12 @@ def test_detector_relufast(benchmark, data32, machine):
     S, _, _ = detector_matrix(X[:20000], Y[:20000])
     D1 = D2 = 32 * 33 // 2
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({"gflops_2nD1D2": 2.0 * len(X) * D1 * D2 / benchmark.stats.stats.min / 1e9,
-                                 "max_rel_diff_vs_numpy": float(np.abs(S - R).max() / np.abs(R).max())})
+    benchmark.extra_info.update(
+        {
+            "gflops_2nD1D2": 2.0 * len(X) * D1 * D2 / benchmark.stats.stats.min / 1e9,
+            "max_rel_diff_vs_numpy": float(np.abs(S - R).max() / np.abs(R).max()),
+        }
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -42,11 +47,20 @@ def test_detector_numpy(benchmark, data32, threads):
 def test_gklw19_end_to_end(benchmark, n, practical):
     net = rf.planted.gklw19_network(10, random_state=0)
     X, Y = net.sample(n, random_state=1)
-    res = benchmark.pedantic(rf.recover, args=(X, Y), kwargs={"n_hidden": 10, "method": "gklw19",
-                                                                "practical": practical, "random_state": 0},
-                             rounds=3, warmup_rounds=1)
+    res = benchmark.pedantic(
+        rf.recover,
+        args=(X, Y),
+        kwargs={"n_hidden": 10, "method": "gklw19", "practical": practical, "random_state": 0},
+        rounds=3,
+        warmup_rounds=1,
+    )
     eW, eA = rf.metrics.matched_squared_error(res, net)
     Xt, Yt = net.sample(5000, random_state=2)
-    benchmark.extra_info.update({"error_W": eW, "error_A": eA,
-                                 "mse_fresh": float(np.mean((res.predict(Xt) - Yt) ** 2)),
-                                 "status": res.status.value})
+    benchmark.extra_info.update(
+        {
+            "error_W": eW,
+            "error_A": eA,
+            "mse_fresh": float(np.mean((res.predict(Xt) - Yt) ** 2)),
+            "status": res.status.value,
+        }
+    )

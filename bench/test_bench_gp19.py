@@ -6,6 +6,7 @@ Run: python -m pytest bench/test_bench_gp19.py --benchmark-only -s
 Thread counts: the kernel runs with n_jobs threads (recorded); NumPy is single-threaded
 inside the pipelines.
 """
+
 import math
 
 import numpy as np
@@ -34,14 +35,25 @@ def test_active_row_filtering(benchmark, machine, teacher_data, filtered, n_jobs
     c0 = float(np.median(y))
     Z = np.random.default_rng(0).standard_normal((5, 10))
     tol = 0.0 if filtered else -1.0
-    sums = benchmark.pedantic(hermite4_contraction, args=(X, y, Z),
-                              kwargs=dict(offset=c0, active_tol=tol, n_jobs=n_jobs), rounds=5, warmup_rounds=1)
+    sums = benchmark.pedantic(
+        hermite4_contraction,
+        args=(X, y, Z),
+        kwargs=dict(offset=c0, active_tol=tol, n_jobs=n_jobs),
+        rounds=5,
+        warmup_rounds=1,
+    )
     other = hermite4_contraction(X, y, Z, offset=c0, active_tol=-1.0 if filtered else 0.0, n_jobs=n_jobs)
     diff = float(np.max(np.abs(sums["G3"] - other["G3"])) / np.max(np.abs(other["G3"])))
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({"threshold": t, "n_jobs": n_jobs, "filtered": filtered,
-                                 "active_fraction": sums["n_active"] / sums["count"] if filtered else 1.0,
-                                 "max_rel_diff_filtered_vs_all": diff})
+    benchmark.extra_info.update(
+        {
+            "threshold": t,
+            "n_jobs": n_jobs,
+            "filtered": filtered,
+            "active_fraction": sums["n_active"] / sums["count"] if filtered else 1.0,
+            "max_rel_diff_filtered_vs_all": diff,
+        }
+    )
     assert diff <= 1e-10  # the filter is exact
 
 
@@ -67,8 +79,15 @@ def test_samples_for_005_rad(benchmark, machine, d, t):
 
     angles = benchmark.pedantic(sweep, rounds=1, iterations=1)
     needed = next((N for N, a in angles.items() if a <= 0.05), None)
-    benchmark.extra_info.update({"d": d, "t": t, "max_angle_by_N": {str(k): v for k, v in angles.items()},
-                                 "samples_for_0.05": needed, "cpu_count": machine["cpu_count"]})
+    benchmark.extra_info.update(
+        {
+            "d": d,
+            "t": t,
+            "max_angle_by_N": {str(k): v for k, v in angles.items()},
+            "samples_for_0.05": needed,
+            "cpu_count": machine["cpu_count"],
+        }
+    )
 
 
 def _start(w, angle, seed):
@@ -86,14 +105,27 @@ def test_refinement_iterations_per_halving(benchmark, machine, method, n):
 
     def run():
         angles = []
-        gp19.refine_estimate(gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), _start(w, 0.1, 1), 2.0,
-                             np.random.default_rng(2), eps=1e-4, max_iter=max_iter, method=method,
-                             callback=lambda i, z, ta: angles.append(math.acos(min(1.0, z @ w))))
+        gp19.refine_estimate(
+            gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
+            _start(w, 0.1, 1),
+            2.0,
+            np.random.default_rng(2),
+            eps=1e-4,
+            max_iter=max_iter,
+            method=method,
+            callback=lambda i, z, ta: angles.append(math.acos(min(1.0, z @ w))),
+        )
         return np.array(angles)
 
     angles = benchmark.pedantic(run, rounds=1, iterations=1)
-    halvings = [int(np.argmax(angles <= 0.1 / 2**h)) if np.any(angles <= 0.1 / 2**h) else None
-                for h in (1, 2, 3)]
-    benchmark.extra_info.update({"method": method, "n": n, "iterations_to_0.05_0.025_0.0125": halvings,
-                                 "final_angle": float(angles[-1]), "iterations": len(angles) - 1,
-                                 "cpu_count": machine["cpu_count"]})
+    halvings = [int(np.argmax(angles <= 0.1 / 2**h)) if np.any(angles <= 0.1 / 2**h) else None for h in (1, 2, 3)]
+    benchmark.extra_info.update(
+        {
+            "method": method,
+            "n": n,
+            "iterations_to_0.05_0.025_0.0125": halvings,
+            "final_angle": float(angles[-1]),
+            "iterations": len(angles) - 1,
+            "cpu_count": machine["cpu_count"],
+        }
+    )

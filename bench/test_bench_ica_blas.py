@@ -1,4 +1,5 @@
 """Figures quoted in docstrings: FastICA contrasts, and OpenBLAS spinning after NumPy calls."""
+
 import time
 
 import numpy as np
@@ -52,5 +53,6 @@ def test_blas_spin_slows_the_next_kernel(benchmark):
 
     spinning = benchmark.pedantic(after_gemm, args=(2,), rounds=1, iterations=1)
     quiet = after_gemm(1)
-    benchmark.extra_info.update({"seconds_after_2_thread_gemm": spinning,
-                                 "seconds_after_1_thread_gemm": quiet, "slowdown": spinning / quiet})
+    benchmark.extra_info.update(
+        {"seconds_after_2_thread_gemm": spinning, "seconds_after_1_thread_gemm": quiet, "slowdown": spinning / quiet}
+    )

@@ -3,6 +3,7 @@
 Issue 2 bar: counting 2 n m d^2 flops, the kernel reaches at least half of the machine's
 dense GEMM rate (square NumPy matmul, measured in the same run).
 """
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
@@ -32,12 +33,14 @@ def test_relufast_moment(benchmark, data, machine):
     got = hermite_moment(X[:20000], Y[:20000])
     gflops = _flops(X, Y) / benchmark.stats.stats.min / 1e9
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "gflops": gflops,
-        "fraction_of_gemm_rate": gflops / machine["numpy_gemm_gflops_default_threads"],
-        "max_rel_diff_vs_numpy": float(np.abs(got - ref).max() / np.abs(ref).max()),
-        "shape": T.shape,
-    })
+    benchmark.extra_info.update(
+        {
+            "gflops": gflops,
+            "fraction_of_gemm_rate": gflops / machine["numpy_gemm_gflops_default_threads"],
+            "max_rel_diff_vs_numpy": float(np.abs(got - ref).max() / np.abs(ref).max()),
+            "shape": T.shape,
+        }
+    )
     assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max()
 
 
@@ -46,8 +49,7 @@ def test_numpy_blocked_moment(benchmark, data, machine, threads):
     X, Y = data
     with threadpool_limits(threads):
         benchmark.pedantic(moment_numpy, args=(X, Y), rounds=3, warmup_rounds=1)
-    benchmark.extra_info.update({"threads": threads,
-                                 "gflops": _flops(X, Y) / benchmark.stats.stats.min / 1e9})
+    benchmark.extra_info.update({"threads": threads, "gflops": _flops(X, Y) / benchmark.stats.stats.min / 1e9})
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -59,5 +61,4 @@ def test_numpy_tall_skinny_product(benchmark, machine, threads):
     Z = rng.standard_normal((n, m * d))
     with threadpool_limits(threads):
         benchmark.pedantic(lambda: X.T @ Z, rounds=3, warmup_rounds=1)
-    benchmark.extra_info.update({"threads": threads,
-                                 "gflops": 2.0 * n * m * d * d / benchmark.stats.stats.min / 1e9})
+    benchmark.extra_info.update({"threads": threads, "gflops": 2.0 * n * m * d * d / benchmark.stats.stats.min / 1e9})

@@ -2,6 +2,7 @@
 
 Every entry records its quality figure (errors, residual, slope) in extra_info.
 """
+
 import numpy as np
 import pytest
 
@@ -10,8 +11,9 @@ from relufast.stages.robust_pca import principal_component_pursuit
 
 
 def _net(seed):
-    return rf.planted.two_layer(d=8, k=3, m=6, random_state=seed, max_condition=3.0, max_cos=0.7,
-                                max_output_condition=10.0)
+    return rf.planted.two_layer(
+        d=8, k=3, m=6, random_state=seed, max_condition=3.0, max_cos=0.7, max_output_condition=10.0
+    )
 
 
 def _noisy_errors(n, sigma, seeds, polish_steps=0):
@@ -29,23 +31,35 @@ def _noisy_errors(n, sigma, seeds, polish_steps=0):
 def test_noisy_error_vs_n(benchmark, polish_steps):
     """Median |V - V*|_F over 5 seeds vs n at sigma = 0.5, and the fitted log-log slope."""
     ns = [10_000, 30_000, 100_000, 300_000]
-    table = benchmark.pedantic(lambda: [_noisy_errors(n, 0.5, range(5), polish_steps) for n in ns],
-                               rounds=1, iterations=1)
+    table = benchmark.pedantic(
+        lambda: [_noisy_errors(n, 0.5, range(5), polish_steps) for n in ns], rounds=1, iterations=1
+    )
     v = np.array([t[0] for t in table])
     slope = float(np.polyfit(np.log(ns), np.log(v), 1)[0])
-    benchmark.extra_info.update({"n": ns, "median_V_error": v.tolist(),
-                                 "median_U_rel_error": [float(t[1]) for t in table],
-                                 "loglog_slope_V": slope, "sigma": 0.5, "polish_steps": polish_steps})
+    benchmark.extra_info.update(
+        {
+            "n": ns,
+            "median_V_error": v.tolist(),
+            "median_U_rel_error": [float(t[1]) for t in table],
+            "loglog_slope_V": slope,
+            "sigma": 0.5,
+            "polish_steps": polish_steps,
+        }
+    )
     assert -0.8 < slope < -0.3  # n^-1/2
 
 
 def test_noisy_error_vs_sigma(benchmark):
     sigmas = [0.0, 0.1, 0.3, 1.0, 3.0]
-    table = benchmark.pedantic(lambda: [_noisy_errors(50_000, s, range(5)) for s in sigmas],
-                               rounds=1, iterations=1)
-    benchmark.extra_info.update({"sigma": sigmas, "n": 50_000,
-                                 "median_V_error": [float(t[0]) for t in table],
-                                 "median_U_rel_error": [float(t[1]) for t in table]})
+    table = benchmark.pedantic(lambda: [_noisy_errors(50_000, s, range(5)) for s in sigmas], rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        {
+            "sigma": sigmas,
+            "n": 50_000,
+            "median_V_error": [float(t[0]) for t in table],
+            "median_U_rel_error": [float(t[1]) for t in table],
+        }
+    )
 
 
 @pytest.mark.parametrize("m,n", [(100, 2000), (100, 8000), (400, 2000), (200, 3000)])
@@ -54,9 +68,14 @@ def test_pcp_time_and_iterations(benchmark, m, n):
     X, Y0 = net.sample(n, random_state=1)
     Y, support = rf.planted.sparse_corruption(Y0, 0.05, random_state=2)
     r = benchmark.pedantic(principal_component_pursuit, args=(Y,), rounds=2, iterations=1)
-    benchmark.extra_info.update({"iterations": r.iterations, "rank": r.rank,
-                                 "rel_error_L": float(np.linalg.norm(r.L - Y0) / np.linalg.norm(Y0)),
-                                 "support_exact": bool(np.array_equal(np.abs(r.S) > 1e-7 * np.abs(Y).max(), support))})
+    benchmark.extra_info.update(
+        {
+            "iterations": r.iterations,
+            "rank": r.rank,
+            "rel_error_L": float(np.linalg.norm(r.L - Y0) / np.linalg.norm(Y0)),
+            "support_exact": bool(np.array_equal(np.abs(r.S) > 1e-7 * np.abs(Y).max(), support)),
+        }
+    )
 
 
 METHODS = {
@@ -86,9 +105,18 @@ def test_method_time(benchmark, name):
     if method == "bjw19-sparse-noise":
         Y, _ = rf.planted.sparse_corruption(Y, 0.05, random_state=2)
     if method == "bjw19-independent-noise":
-        kwargs["given_M"] = np.linalg.pinv(net.U) + 1e-3 * np.random.default_rng(0).standard_normal((cfg["k"], cfg["m"]))
+        kwargs["given_M"] = np.linalg.pinv(net.U) + 1e-3 * np.random.default_rng(0).standard_normal(
+            (cfg["k"], cfg["m"])
+        )
     res = benchmark.pedantic(rf.recover, args=(X, Y), kwargs=kwargs, rounds=3, iterations=1)
     err = rf.metrics.parameter_error(res, net)
-    benchmark.extra_info.update({"shape": {"n": n, **{k: v for k, v in cfg.items() if k in "dkm"}},
-                                 "noise": noise, "status": res.status.value, "error_U": err.U,
-                                 "error_V": err.V, "residual": res.residual})
+    benchmark.extra_info.update(
+        {
+            "shape": {"n": n, **{k: v for k, v in cfg.items() if k in "dkm"}},
+            "noise": noise,
+            "status": res.status.value,
+            "error_U": err.U,
+            "error_V": err.V,
+            "residual": res.residual,
+        }
+    )

@@ -3,6 +3,7 @@
 d = 50, k = 10, m = 20, n = 1e5 and 1e6, Gaussian inputs. The recovery error is recorded
 in extra_info beside every time, so a faster but wrong run shows.
 """
+
 import pytest
 from threadpoolctl import threadpool_limits
 
@@ -22,14 +23,25 @@ def planted(request):
 
 def test_relufast_pipeline(benchmark, planted, machine):
     net, X, Y = planted
-    res = benchmark.pedantic(rf.recover, args=(X, Y), kwargs={"n_hidden": K, "method": "bjw19-gaussian",
-                                                                "random_state": 0},
-                             rounds=3, warmup_rounds=1)
+    res = benchmark.pedantic(
+        rf.recover,
+        args=(X, Y),
+        kwargs={"n_hidden": K, "method": "bjw19-gaussian", "random_state": 0},
+        rounds=3,
+        warmup_rounds=1,
+    )
     err = rf.metrics.parameter_error(res, net)
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({"status": res.status.value, "error_U": err.U, "error_V": err.V,
-                                 "residual": res.residual, "seconds": dict(res.seconds),
-                                 "certified_rows": res.counts["certified_rows"]})
+    benchmark.extra_info.update(
+        {
+            "status": res.status.value,
+            "error_U": err.U,
+            "error_V": err.V,
+            "residual": res.residual,
+            "seconds": dict(res.seconds),
+            "certified_rows": res.counts["certified_rows"],
+        }
+    )
     assert res.exact and err.U < 1e-10 and err.V < 1e-10
 
 
@@ -39,8 +51,7 @@ def test_numpy_pipeline(benchmark, planted, threads):
     with threadpool_limits(threads):
         U, V, residual = benchmark.pedantic(recover_numpy, args=(X, Y, K), rounds=2, warmup_rounds=0)
     err = rf.metrics.parameter_error((U, V), net)
-    benchmark.extra_info.update({"threads": threads, "error_U": err.U, "error_V": err.V,
-                                 "residual": residual})
+    benchmark.extra_info.update({"threads": threads, "error_U": err.U, "error_V": err.V, "residual": residual})
     assert err.V < 1e-10
 
 
@@ -58,4 +69,6 @@ def test_success_rate_vs_n(benchmark, n):
         return ok
 
     ok = benchmark.pedantic(study, rounds=1, iterations=1)
-    benchmark.extra_info.update({"n": n, "exact_out_of_5": int(sum(ok)), "seconds_per_run": benchmark.stats.stats.min / 5})
+    benchmark.extra_info.update(
+        {"n": n, "exact_out_of_5": int(sum(ok)), "seconds_per_run": benchmark.stats.stats.min / 5}
+    )

@@ -14,6 +14,7 @@
 Default sizes are 1e5 and 1e6 (d = 40, k = 8, m = 12); ``--adaptive-large`` adds the
 issue's n = 1e7 (3.2 GB of X), checked exact with an anonymous-memory rise under 256 MB.
 """
+
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import relufast as rf
 
 D, K, M = 40, 8, 12
@@ -120,20 +122,38 @@ def test_memmap_stream(benchmark, n, mode, machine):
         warnings.simplefilter("ignore", rf.RelufastWarning)
         rf.recover(X[:5000], Y[:5000], n_hidden=K, method="bjw19-gaussian")  # imports, pools
         with PeakAnon() as mem:
-            res = benchmark.pedantic(rf.recover, args=(X, Y),
-                                     kwargs={"n_hidden": K, "method": "bjw19-gaussian", "random_state": 0,
-                                             "n_estimate": mode}, rounds=1, iterations=1)
+            res = benchmark.pedantic(
+                rf.recover,
+                args=(X, Y),
+                kwargs={"n_hidden": K, "method": "bjw19-gaussian", "random_state": 0, "n_estimate": mode},
+                rounds=1,
+                iterations=1,
+            )
     err = rf.metrics.parameter_error(res, net)
     wall = benchmark.stats.stats.min
     passes = res.counts["certify_passes"] + (1 if mode == "all" else 0) + (1 if mode == "all" else 0)
     read_rate = passes * (X.nbytes + Y.nbytes) / wall
     benchmark.extra_info.update(machine)
-    benchmark.extra_info.update({
-        "n": n, "d": D, "k": K, "m": M, "mode": mode or "adaptive", "status": res.status.value,
-        "error_U": err.U, "error_V": err.V, "anon_rise_MB": (mem.peak - mem.base) / 2**20,
-        "input_GB": (X.nbytes + Y.nbytes) / 1e9, "passes_over_data": passes,
-        "read_rate_GBps": read_rate / 1e9, "disk_read_rate_GBps": disk_rate / 1e9, "disk_cold": cold,
-        "seconds": dict(res.seconds), "counts": dict(res.counts)})
+    benchmark.extra_info.update(
+        {
+            "n": n,
+            "d": D,
+            "k": K,
+            "m": M,
+            "mode": mode or "adaptive",
+            "status": res.status.value,
+            "error_U": err.U,
+            "error_V": err.V,
+            "anon_rise_MB": (mem.peak - mem.base) / 2**20,
+            "input_GB": (X.nbytes + Y.nbytes) / 1e9,
+            "passes_over_data": passes,
+            "read_rate_GBps": read_rate / 1e9,
+            "disk_read_rate_GBps": disk_rate / 1e9,
+            "disk_cold": cold,
+            "seconds": dict(res.seconds),
+            "counts": dict(res.counts),
+        }
+    )
     assert res.exact and err.V < 1e-10
     assert mem.peak - mem.base < ANON_LIMIT
 
@@ -147,8 +167,13 @@ def test_time_vs_ranks(benchmark, ranks, machine):
     out = {}
 
     def run():
-        proc = subprocess.run([str(exe), "-n", str(ranks), sys.executable, str(root / "bench" / "mpi_timing.py"),
-                               str(1_000_000)], capture_output=True, text=True, timeout=600, cwd=root)
+        proc = subprocess.run(
+            [str(exe), "-n", str(ranks), sys.executable, str(root / "bench" / "mpi_timing.py"), str(1_000_000)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=root,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         out.update(eval(proc.stdout.strip().splitlines()[-1]))  # a dict printed by rank 0
 

@@ -1,5 +1,7 @@
 """Planted cases shared by the MPI worker and tests/test_mpi.py (one definition of the data)."""
+
 import numpy as np
+
 import relufast as rf
 
 #: name -> (method, options); every case is deterministic given its seed.

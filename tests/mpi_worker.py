@@ -4,13 +4,14 @@ got to ``OUT.rank<r>.npz`` (tests/test_mpi.py compares the ranks with one proces
 
 Also exercised: the errors that must reach every rank without a deadlock.
 """
+
 import sys
 import warnings
 
 import numpy as np
-import relufast as rf
 from mpi4py import MPI
 
+import relufast as rf
 from tests.mpi_cases import CASES, case_data
 
 comm = MPI.COMM_WORLD

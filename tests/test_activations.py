@@ -1,4 +1,5 @@
 """General rectified activations (BJW19 Sec. 9.1) and Hermite coefficients (test oracle 1 of docs/bjw19.md)."""
+
 import math
 import warnings
 
@@ -38,8 +39,9 @@ def _cubic_plus_linear():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_exact_recovery_with_rectified_activations(act, norms, seed):
     # Spec oracle 14 (relu^2, (m, k, d, n) = (6, 4, 8, 5e4)) plus the other kinds.
-    net = rf.planted.two_layer(d=8, k=4, m=6, random_state=seed, max_cos=0.7, max_condition=3.0,
-                               activation=act, row_norms=norms)
+    net = rf.planted.two_layer(
+        d=8, k=4, m=6, random_state=seed, max_cos=0.7, max_condition=3.0, activation=act, row_norms=norms
+    )
     X, Y = net.sample(50000, random_state=seed + 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error", rf.RelufastWarning)

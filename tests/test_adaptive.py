@@ -1,8 +1,10 @@
 """Adaptive estimation and the one certifying pass (relufast issue 12) in bjw19-gaussian."""
+
 import warnings
 
 import numpy as np
 import pytest
+
 import relufast as rf
 from relufast._native import core
 from relufast.algorithms.bjw19.gaussian import start_size
@@ -82,8 +84,7 @@ def test_forced_size_is_used():
     assert res.exact and res.counts["n_estimate"] == 8000 and res.counts["doublings"] == 0
 
 
-@pytest.mark.parametrize("d,k,condition,n_start", [(20, 5, 30.0, None), (12, 10, 30.0, None),
-                                                   (10, 9, 10.0, 300)])
+@pytest.mark.parametrize("d,k,condition,n_start", [(20, 5, 30.0, None), (12, 10, 30.0, None), (10, 9, 10.0, 300)])
 def test_hard_instances_escalate_and_end_exact(d, k, condition, n_start):
     # Conditioned V and k close to d: the first sample gives too crude a moment, so the
     # pipeline doubles it (visible in counts) and still ends exact.
@@ -91,8 +92,16 @@ def test_hard_instances_escalate_and_end_exact(d, k, condition, n_start):
     X, Y = net.sample(200000, random_state=6)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", rf.RelufastWarning)
-        res = rf.recover(X, Y, n_hidden=k, method="bjw19-gaussian", random_state=0,
-                         n_estimate=n_start, n_refine=n_start, n_restarts=3)
+        res = rf.recover(
+            X,
+            Y,
+            n_hidden=k,
+            method="bjw19-gaussian",
+            random_state=0,
+            n_estimate=n_start,
+            n_refine=n_start,
+            n_restarts=3,
+        )
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
     first = n_start or start_size(d, k)

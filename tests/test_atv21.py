@@ -1,15 +1,17 @@
 """ATV21 (Awasthi, Tang, Vijayaraghavan, NeurIPS 2021): Hermite coefficients, moments,
 Algorithm 6 on exact tensors, sampled recovery made exact by region refinement."""
+
 import warnings
 
 import numpy as np
 import pytest
+from scipy.integrate import quad
+
 import relufast as rf
 from relufast.algorithms import atv21 as A
 from relufast.network import Network
 from relufast.planted import PlantedNetwork
 from relufast.stages.moments import HermiteAccumulator, projected_hermite_moments, projected_hermite_reference
-from scipy.integrate import quad
 
 #: Exact recovery: machine precision times the conditioning of the fits (issue: 1e-10).
 EXACT_TOL = 1e-10
@@ -38,11 +40,14 @@ def quiet(f, *a, **kw):
 
 # ---- Lemma 3.5: c_k(b) ----------------------------------------------------------------
 
+
 def test_coefficient_table():
     # Spec Sec. 2.4 reference values (exact to the printed digits).
-    table = {-2: (0.008490702617, 0.022750131948, 0.053990966513, 0.107981933026, 0.161972899540),
-             0: (0.398942280401, 0.5, 0.398942280401, 0.0, -0.398942280401),
-             1: (1.083315470588, 0.841344746069, 0.241970724519, -0.241970724519, 0.0)}
+    table = {
+        -2: (0.008490702617, 0.022750131948, 0.053990966513, 0.107981933026, 0.161972899540),
+        0: (0.398942280401, 0.5, 0.398942280401, 0.0, -0.398942280401),
+        1: (1.083315470588, 0.841344746069, 0.241970724519, -0.241970724519, 0.0),
+    }
     for b, row in table.items():
         got = [A.hermite_coefficient(r, b) for r in range(5)]
         np.testing.assert_allclose(got, row, atol=1e-12)
@@ -53,8 +58,9 @@ def test_coefficient_table():
 def test_coefficient_matches_quadrature(b):
     phi = lambda z: np.exp(-z * z / 2) / np.sqrt(2 * np.pi)
     for r in range(9):
-        val = quad(lambda z, r=r: (z + b) * A._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15,
-                   epsrel=1e-14, limit=200)[0]
+        val = quad(
+            lambda z, r=r: (z + b) * A._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15, epsrel=1e-14, limit=200
+        )[0]
         assert abs(A.hermite_coefficient(r, b) - val) <= QUAD_TOL
 
 
@@ -74,6 +80,7 @@ def test_non_unit_rows_scale_like_the_spec_oracle():
 
 
 # ---- moments: C++ kernel vs NumPy reference, mergeable, N^-1/2 ---------------------------
+
 
 def test_projected_moments_match_reference_and_merge():
     rng = np.random.default_rng(0)
@@ -111,8 +118,11 @@ def test_moment_validation():
 
 def test_tensor_error_falls_like_inverse_sqrt_n():
     # Spec oracle 8 (i): over a 10x increase in N the Frobenius error ratio is in [0.2, 0.5].
-    net = Network(np.array([[1.0, -1.2, 0.9]]), np.linalg.qr(np.random.default_rng(3).standard_normal((5, 3)))[0].T,
-                  np.array([0.4, -0.5, 0.7]))
+    net = Network(
+        np.array([[1.0, -1.2, 0.9]]),
+        np.linalg.qr(np.random.default_rng(3).standard_normal((5, 3)))[0].T,
+        np.array([0.4, -0.5, 0.7]),
+    )
     pop = [t[0] for t in A.population_tensors(net)]
     errs = {}
     for n in (40000, 400000):
@@ -129,6 +139,7 @@ def test_tensor_error_falls_like_inverse_sqrt_n():
 
 
 # ---- Algorithm 6 on exact tensors -------------------------------------------------------
+
 
 def test_exact_tensors_recover_every_unit_including_invisible_ones():
     # Spec oracle 5: b = 0 is invisible in T_3 and b = 1 in T_4; the union sees all four.
@@ -151,6 +162,7 @@ def test_exact_tensors_recover_every_unit_including_invisible_ones():
     assert diag["visible_T3"][inv[1]] and not diag["visible_T4"][inv[1]]
     # FixSigns: z_i = xi_i Phi(b_i) (before the flip).
     from scipy.special import ndtr
+
     np.testing.assert_allclose(np.abs(diag["fixsigns_z"]), ndtr(bh), atol=1e-12)
 
 
@@ -254,12 +266,14 @@ def test_auto_routes_biases_and_single_outputs_to_atv21():
     net = rf.planted.two_layer(6, 3, 1, random_state=0)  # bias-free, m = 1 < k
     X, Y = net.sample(10, random_state=1)
     from relufast._api import _choose
+
     assert _choose(X, Y, 3)[0] in ("atv21", ("bjw19-fpt", "atv21"))
     X, Y = net.sample(20000, random_state=1)
     assert _choose(X, Y, 3)[0] == "atv21"
 
 
 # ---- population L2 distance ---------------------------------------------------------------
+
 
 def test_relu_kernel_spot_values():
     # Spec oracle 11.
@@ -291,6 +305,7 @@ def test_population_l2_against_monte_carlo():
 
 # ---- Theorem 3.2: l = 2, signs ambiguous; Algorithm 5 -------------------------------------
 
+
 def _overcomplete(seed=1, d=5, k=9):
     rng = np.random.default_rng(seed)
     W = rng.standard_normal((k, d))
@@ -310,8 +325,11 @@ def test_exact_tensors_overcomplete_up_to_sign():
     perm = np.argmax(np.abs(C), axis=1)
     xi = np.sign(C[np.arange(9), perm])
     assert sorted(perm) == list(range(9))
-    err = (np.abs(a - net.U[0, perm]) + np.abs(xi * b - net.b[perm])
-           + np.linalg.norm(xi[:, None] * V - net.V[perm], axis=1))
+    err = (
+        np.abs(a - net.U[0, perm])
+        + np.abs(xi * b - net.b[perm])
+        + np.linalg.norm(xi[:, None] * V - net.V[perm], axis=1)
+    )
     assert err.max() <= EXACT_TOL
 
 
@@ -333,8 +351,12 @@ def test_general_sampled_states_the_sign_ambiguity():
     rng = np.random.default_rng(5)
     V = rng.standard_normal((6, 4))
     V /= np.linalg.norm(V, axis=1, keepdims=True)
-    net = PlantedNetwork(U=np.array([[1.0, -1.2, 0.9, 1.1, -0.8, 1.3]]), V=V,
-                         b=np.array([0.3, -0.5, 0.2, 0.6, -0.2, 0.1]), c=np.array([0.2]))
+    net = PlantedNetwork(
+        U=np.array([[1.0, -1.2, 0.9, 1.1, -0.8, 1.3]]),
+        V=V,
+        b=np.array([0.3, -0.5, 0.2, 0.6, -0.2, 0.1]),
+        c=np.array([0.2]),
+    )
     X, Y = net.sample(400000, random_state=5)
     res = quiet(rf.recover, X, Y, n_hidden=6, method="atv21-general", random_state=0)
     assert res.status == "approximate" and "sign" in res.message
@@ -394,8 +416,9 @@ def test_error_is_linear_in_tensor_perturbation():
                 noisy.append(t + eta * E / max(np.linalg.norm(E), 1e-300))
             a, V, b, _, _ = A.recover_from_tensors(noisy, 4, random_state=0)
             perm = np.argmax(V @ W.T, axis=1)
-            trial.append(np.max(np.abs(a - net.U[0, perm]) + np.abs(b - net.b[perm])
-                                + np.linalg.norm(V - W[perm], axis=1)))
+            trial.append(
+                np.max(np.abs(a - net.U[0, perm]) + np.abs(b - net.b[perm]) + np.linalg.norm(V - W[perm], axis=1))
+            )
         errs.append(np.median(trial))
     errs = np.array(errs)
     assert np.all(errs / etas <= 300)

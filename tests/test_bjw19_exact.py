@@ -1,4 +1,5 @@
 """BJW19 exact algorithms for any input (Alg. 1-2) and rank-deficient U (Alg. 7)."""
+
 import warnings
 
 import numpy as np

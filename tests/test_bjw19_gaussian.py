@@ -1,4 +1,6 @@
 """Planted recovery with the BJW19 Gaussian pipeline (Thm 7; Alg. 4 + 5)."""
+
+import dataclasses
 import warnings
 
 import numpy as np
@@ -148,7 +150,7 @@ def test_result_is_frozen():
     net = planted(6, 2, 3, 0)
     X, Y = net.sample(3000, random_state=1)
     res = _recover_quiet(X, Y, 2)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         res.status = "failed"
     with pytest.raises(ValueError):
         res.V[0, 0] = 1.0
@@ -175,7 +177,10 @@ def test_auto_method_says_why():
 
 
 def test_unknown_method_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid methods are 'auto', 'atv21', 'atv21-general', 'bjw19-enumeration', 'bjw19-fpt', 'bjw19-gaussian'"):
+    with pytest.raises(
+        ValueError,
+        match="valid methods are 'auto', 'atv21', 'atv21-general', 'bjw19-enumeration', 'bjw19-fpt', 'bjw19-gaussian'",
+    ):
         rf.recover(np.zeros((10, 2)), np.zeros((10, 2)), n_hidden=1, method="sgd")
 
 

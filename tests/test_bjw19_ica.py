@@ -1,4 +1,5 @@
 """BJW19 Algorithm 3 (Thm 4): orthonormal V via ICA (test oracle 6 of docs/bjw19.md)."""
+
 import warnings
 
 import numpy as np

@@ -1,4 +1,5 @@
 """BJW19 Algorithm 8 (Thm 13) and the halfspace primitive (Thm 12), oracle 12."""
+
 import numpy as np
 import pytest
 

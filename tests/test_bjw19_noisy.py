@@ -1,4 +1,5 @@
 """BJW19 under noise: Thm 10 / Alg. 6 (test oracle 7 of docs/bjw19.md)."""
+
 import warnings
 
 import numpy as np

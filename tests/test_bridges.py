@@ -1,10 +1,12 @@
 """Bridges to scikit-learn and PyTorch, and query-mode extraction of networks trained in the test."""
+
 import subprocess
 import sys
 import warnings
 
 import numpy as np
 import pytest
+
 import relufast
 from relufast import metrics
 from relufast.network import Network
@@ -25,8 +27,7 @@ def trained_regressor(d=6, k=4, m=2, seed=0, n=400, max_iter=200):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
     Y = np.tanh(X @ rng.standard_normal((d, m)))
-    mlp = sklearn_nn.MLPRegressor(hidden_layer_sizes=(k,), activation="relu", max_iter=max_iter,
-                                  random_state=seed)
+    mlp = sklearn_nn.MLPRegressor(hidden_layer_sizes=(k,), activation="relu", max_iter=max_iter, random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         mlp.fit(X, Y if m > 1 else Y[:, 0])
@@ -86,7 +87,7 @@ def test_extract_callable_float32_escalates():
     V, U = rng.standard_normal((3, 5)), rng.standard_normal((4, 3))
 
     def model(X):
-        return (np.maximum(X.astype(np.float32) @ V.T.astype(np.float32), 0) @ U.T.astype(np.float32))
+        return np.maximum(X.astype(np.float32) @ V.T.astype(np.float32), 0) @ U.T.astype(np.float32)
 
     res = relufast.extract(model, 5, 3, n_queries=200, random_state=0)
     assert res.exact and res.precision == "float32", res.message
@@ -104,12 +105,14 @@ def test_extract_validation():
 
 # --- PyTorch -----------------------------------------------------------------------------
 
+
 def _torch_net(d, k, m, dtype, seed=0, bias=True):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)  # tiny models: threads only contend with the C++ kernels
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(d, k, bias=bias), torch.nn.ReLU(),
-                                torch.nn.Linear(k, m, bias=bias)).to(dtype)
+    model = torch.nn.Sequential(torch.nn.Linear(d, k, bias=bias), torch.nn.ReLU(), torch.nn.Linear(k, m, bias=bias)).to(
+        dtype
+    )
     return torch, model
 
 

@@ -56,8 +56,23 @@ def test_recover_memmapped_npy_pair_writes_network_and_json(tmp_path, capsys):
 
     net, X, Y = _planted_files(tmp_path)
     out, diag = tmp_path / "net.npz", tmp_path / "diag.json"
-    code = main(["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3",
-                 "--method", "bjw19-gaussian", "--out", str(out), "--diagnostics", str(diag)])
+    code = main(
+        [
+            "recover",
+            "--x",
+            str(tmp_path / "X.npy"),
+            "--y",
+            str(tmp_path / "Y.npy"),
+            "--n-hidden",
+            "3",
+            "--method",
+            "bjw19-gaussian",
+            "--out",
+            str(out),
+            "--diagnostics",
+            str(diag),
+        ]
+    )
     assert code == 0
     assert "memory-mapped" in capsys.readouterr().err
     got = np.load(out)
@@ -91,10 +106,26 @@ def test_recover_from_zarr_store(tmp_path, capsys):
 def test_recover_mpi_flag_without_mpiexec_is_one_rank(tmp_path, capsys):
     pytest.importorskip("mpi4py")
     _planted_files(tmp_path, n=5000)
-    code = main(["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3",
-                 "--method", "bjw19-gaussian", "--mpi", "--n-estimate", "all"])
+    code = main(
+        [
+            "recover",
+            "--x",
+            str(tmp_path / "X.npy"),
+            "--y",
+            str(tmp_path / "Y.npy"),
+            "--n-hidden",
+            "3",
+            "--method",
+            "bjw19-gaussian",
+            "--mpi",
+            "--n-estimate",
+            "all",
+        ]
+    )
     assert code == 0
     assert "status='exact'" in capsys.readouterr().out
+
+
 def test_missing_input_file_and_output_folder_are_one_line_errors(tmp_path, capsys):
     assert main(["recover", str(tmp_path / "missing.npz"), "--n-hidden", "2"]) == 2
     err = capsys.readouterr().err

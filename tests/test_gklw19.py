@@ -1,4 +1,5 @@
 """GKLW19: symmetric inputs (Algorithms 1-4, the practical variant, the detector)."""
+
 import warnings
 
 import numpy as np

@@ -1,5 +1,6 @@
 """GP19 (Goel and Panigrahy 2019): Hermite facts, the 4th-order contraction kernel, Step 1,
 Step 2, halfspaces, Algorithm 3 and Theorem 10, with the test oracles of docs/gp19.md."""
+
 import math
 
 import numpy as np
@@ -10,8 +11,12 @@ from scipy import integrate, optimize
 
 import relufast as rf
 from relufast.algorithms import gp19
-from relufast.stages.moments import (Hermite4Accumulator, hermite4_contraction, hermite4_contraction_reference,
-                                     hermite4_statistics)
+from relufast.stages.moments import (
+    Hermite4Accumulator,
+    hermite4_contraction,
+    hermite4_contraction_reference,
+    hermite4_statistics,
+)
 
 #: Closed forms vs adaptive quadrature: the quadrature's own accuracy (epsrel 1e-13).
 HERMITE_TOL = 1e-12
@@ -26,8 +31,10 @@ STEIN_DATA_MAX_ANGLE = 0.035
 #: differences up to 0.03 (background of other units and band width).
 ANGLE_ESTIMATE_TOL = 0.05
 
-pytestmark = [pytest.mark.filterwarnings("ignore::relufast.RelufastWarning"),
-              pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::relufast.RelufastWarning"),
+    pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning"),
+]
 
 
 def _start(w, angle, seed):
@@ -59,9 +66,11 @@ def test_hermite_closed_forms_match_quadrature(t):
 def test_hermite_reference_values_and_roots():
     # Reference values (closed form), 6 significant digits.
     assert gp19.hermite_coeffs("relu", 2.0, 4) == pytest.approx(
-        [8.490703e-03, 2.275013e-02, 3.817738e-02, 4.408344e-02, 3.306258e-02], rel=1e-6)
+        [8.490703e-03, 2.275013e-02, 3.817738e-02, 4.408344e-02, 3.306258e-02], rel=1e-6
+    )
     assert gp19.hermite_coeffs("step", 3.0, 4) == pytest.approx(
-        [1.349898e-03, 4.431848e-03, 9.401370e-03, 1.447436e-02, 1.628365e-02], rel=1e-6)
+        [1.349898e-03, 4.431848e-03, 9.401370e-03, 1.447436e-02, 1.628365e-02], rel=1e-6
+    )
     assert abs(gp19.hermite_coeffs("relu", 1.0, 4)[4]) <= 1e-15
     assert abs(gp19.hermite_coeffs("step", math.sqrt(3.0), 4)[4]) <= 1e-15
     root = optimize.brentq(lambda t: gp19.hermite_coeffs("sigmoid", t, 4)[4], 2.5, 3.5)
@@ -102,8 +111,9 @@ def test_contraction_kernel_matches_reference(active_tol, second, pairs):
     Z = rng.standard_normal((3, 7))
     ref = hermite4_contraction_reference(X, f, Z, offset=0.3, active_tol=active_tol, second=second, pairs=pairs)
     for n_jobs, block in [(1, 1024), (2, 97)]:
-        got = hermite4_contraction(X, f, Z, offset=0.3, active_tol=active_tol, second=second, pairs=pairs,
-                                   n_jobs=n_jobs, block_size=block)
+        got = hermite4_contraction(
+            X, f, Z, offset=0.3, active_tol=active_tol, second=second, pairs=pairs, n_jobs=n_jobs, block_size=block
+        )
         for key, value in ref.items():
             np.testing.assert_allclose(got[key], value, rtol=KERNEL_RTOL, atol=1e-9, err_msg=key)
     expected_active = np.count_nonzero(f != 0.3) if active_tol >= 0 else len(f)
@@ -111,8 +121,14 @@ def test_contraction_kernel_matches_reference(active_tol, second, pairs):
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(0, 40), d=st.integers(1, 5), r=st.integers(0, 3), seed=st.integers(0, 2**31),
-       frac_zero=st.floats(0.0, 1.0), block=st.integers(1, 9))
+@given(
+    n=st.integers(0, 40),
+    d=st.integers(1, 5),
+    r=st.integers(0, 3),
+    seed=st.integers(0, 2**31),
+    frac_zero=st.floats(0.0, 1.0),
+    block=st.integers(1, 9),
+)
 def test_contraction_kernel_property(n, d, r, seed, frac_zero, block):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))
@@ -176,8 +192,10 @@ def test_statistics_gradient_matches_finite_difference():
         Zp, Zm = Z.copy(), Z.copy()
         Zp[0, j] += h
         Zm[0, j] -= h
-        fd = (hermite4_statistics(hermite4_contraction(X, f, Zp), Zp)["A4"][0]
-              - hermite4_statistics(hermite4_contraction(X, f, Zm), Zm)["A4"][0]) / (2 * h)
+        fd = (
+            hermite4_statistics(hermite4_contraction(X, f, Zp), Zp)["A4"][0]
+            - hermite4_statistics(hermite4_contraction(X, f, Zm), Zm)["A4"][0]
+        ) / (2 * h)
         assert fd == pytest.approx(st["grad4"][0, j], rel=1e-5, abs=1e-8)
 
 
@@ -185,8 +203,9 @@ def test_statistics_gradient_matches_finite_difference():
 
 
 def test_deep_teacher_evaluates_its_polynomial():
-    T = rf.planted.deep_teacher(6, 4, threshold=1.0, linear=[1, 2, 3, 4], pair=0.5, terms={(0, 1, 2): -0.7},
-                                constant=0.25, random_state=0)
+    T = rf.planted.deep_teacher(
+        6, 4, threshold=1.0, linear=[1, 2, 3, 4], pair=0.5, terms={(0, 1, 2): -0.7}, constant=0.25, random_state=0
+    )
     X, y = T.sample(50, random_state=1)
     H = np.maximum(X @ T.W.T - 1.0, 0.0)
     expected = 0.25 + H @ [1, 2, 3, 4] - 0.7 * H[:, 0] * H[:, 1] * H[:, 2]
@@ -212,8 +231,9 @@ def test_step1_and_stein_refinement_d10_t2():
     T = rf.planted.deep_teacher(10, 10, threshold=2.0, pair=0.5, random_state=0)
     X, y = T.sample(1_000_000, random_state=1)
     with pytest.warns(rf.RelufastWarning, match="estimated angle"):
-        res = rf.recover(X, y, n_hidden=10, method="gp19", threshold=2.0, refine="stein", eps=0.03,
-                         max_refine_iter=2, random_state=0)
+        res = rf.recover(
+            X, y, n_hidden=10, method="gp19", threshold=2.0, refine="stein", eps=0.03, max_refine_iter=2, random_state=0
+        )
     assert res.status == "approximate" and res.U.shape == (1, 10)
     np.testing.assert_allclose(res.b, -2.0)
     step1 = gp19.row_angles(res.diagnostics["V_step1"], T.W)  # signed: the sign step is checked too
@@ -236,17 +256,31 @@ def test_step1_landscapes(landscape, tol):
     d = 5 if landscape == "simultaneous" else 4
     T = rf.planted.deep_teacher(d, d, threshold=2.0, pair=0.5, random_state=0)
     X, y = T.sample(300_000 if landscape == "simultaneous" else 100_000, random_state=1)
-    res = rf.recover(X, y, n_hidden=d, method="gp19", threshold=2.0, landscape=landscape, refine=None,
-                     restarts=2, random_state=0)
+    res = rf.recover(
+        X, y, n_hidden=d, method="gp19", threshold=2.0, landscape=landscape, refine=None, restarts=2, random_state=0
+    )
     assert gp19.row_angles(res.V, T.W).max() <= tol
 
 
 def test_query_mode_step1_and_stein():
     # Oracle mode: n = 4, a union of step halfspaces at t = 2.
     T = rf.planted.deep_teacher(4, 4, threshold=2.0, activation="step", polynomial="or", random_state=0)
-    res = rf.recover(None, None, n_hidden=4, method="gp19", f=T, n_features=4, threshold=2.0, activation="step",
-                     refine="stein", n_queries=200_000, band_queries=20_000, eps=0.005, max_refine_iter=5,
-                     random_state=0)
+    res = rf.recover(
+        None,
+        None,
+        n_hidden=4,
+        method="gp19",
+        f=T,
+        n_features=4,
+        threshold=2.0,
+        activation="step",
+        refine="stein",
+        n_queries=200_000,
+        band_queries=20_000,
+        eps=0.005,
+        max_refine_iter=5,
+        random_state=0,
+    )
     assert res.counts["n_samples"] == 200_000
     assert gp19.row_angles(res.diagnostics["V_step1"], T.W).max() <= 0.3  # measured 0.147
     assert gp19.row_angles(res.V, T.W).max() <= 0.01  # measured 0.0046
@@ -257,13 +291,15 @@ def test_estimate_tan_alpha_oracle():
     T = rf.planted.deep_teacher(4, 4, threshold=2.0, activation="step", polynomial="or", random_state=0)
     alpha = 0.05
     z = _start(T.W[0], alpha, 1)
-    est, t1, t2 = gp19.estimate_tan_alpha(gp19._BandQueries(T, 0.0, 0.0, 50_000, 1e-3), z, 2.0,
-                                          np.random.default_rng(0))
+    est, t1, t2 = gp19.estimate_tan_alpha(
+        gp19._BandQueries(T, 0.0, 0.0, 50_000, 1e-3), z, 2.0, np.random.default_rng(0)
+    )
     assert 0.95 <= est / math.tan(alpha) <= 1.12
     assert abs(0.5 * (t1 + t2) - 2.0 / math.cos(alpha)) <= 0.05
     # Pointing away from every unit the bracket fails: NaN, not a number that looks like an angle.
-    assert np.isnan(gp19.estimate_tan_alpha(gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), -T.W[0], 2.0,
-                                            np.random.default_rng(0))[0])
+    assert np.isnan(
+        gp19.estimate_tan_alpha(gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), -T.W[0], 2.0, np.random.default_rng(0))[0]
+    )
 
 
 def test_refine_estimate_paper_halves_in_20n_iterations():
@@ -271,8 +307,15 @@ def test_refine_estimate_paper_halves_in_20n_iterations():
     # 40 iterations with m = 1e4 reached 0.046 (measured).
     T = rf.planted.deep_teacher(2, 2, threshold=2.0, activation="step", polynomial="or", random_state=0)
     w = T.W[0]
-    z, ta, info = gp19.refine_estimate(gp19._BandQueries(T, 0.0, 0.0, 10_000, 1e-3), _start(w, 0.1, 1), 2.0,
-                                       np.random.default_rng(2), eps=1e-3, max_iter=40, method="paper")
+    z, ta, info = gp19.refine_estimate(
+        gp19._BandQueries(T, 0.0, 0.0, 10_000, 1e-3),
+        _start(w, 0.1, 1),
+        2.0,
+        np.random.default_rng(2),
+        eps=1e-3,
+        max_iter=40,
+        method="paper",
+    )
     assert math.acos(min(1.0, z @ w)) <= 0.07
     assert info["accepted"] >= 5
 
@@ -283,9 +326,16 @@ def test_refine_estimate_paper_spec_sizes():
     T = rf.planted.deep_teacher(4, 4, threshold=2.0, activation="step", polynomial="or", random_state=0)
     w = T.W[0]
     angles = []
-    gp19.refine_estimate(gp19._BandQueries(T, 0.0, 0.0, 200_000, 1e-3), _start(w, 0.1, 1), 2.0,
-                         np.random.default_rng(2), eps=0.02, max_iter=350, method="paper",
-                         callback=lambda i, z, ta: angles.append(math.acos(min(1.0, z @ w))))
+    gp19.refine_estimate(
+        gp19._BandQueries(T, 0.0, 0.0, 200_000, 1e-3),
+        _start(w, 0.1, 1),
+        2.0,
+        np.random.default_rng(2),
+        eps=0.02,
+        max_iter=350,
+        method="paper",
+        callback=lambda i, z, ta: angles.append(math.acos(min(1.0, z @ w))),
+    )
     angles = np.array(angles)
     assert angles[:200].min() <= 0.05
     assert angles.min() <= 0.025
@@ -295,8 +345,15 @@ def test_stein_refinement_oracle_factor_per_step():
     # Bar: >= 5x per step at n = 10, m = 1e5 (measured ~10x); here m = 2e4. The oracle has 10 units.
     T = rf.planted.deep_teacher(10, 10, threshold=2.5, pair=0.5, random_state=0)
     w = T.W[0]
-    z, _, _ = gp19.refine_estimate(gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), _start(w, 0.1, 1), 2.5,
-                                   np.random.default_rng(0), eps=1e-4, max_iter=1, method="stein")
+    z, _, _ = gp19.refine_estimate(
+        gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
+        _start(w, 0.1, 1),
+        2.5,
+        np.random.default_rng(0),
+        eps=1e-4,
+        max_iter=1,
+        method="stein",
+    )
     assert 0.1 / math.acos(min(1.0, z @ w)) >= 5.0
 
 
@@ -317,8 +374,9 @@ def test_ill_conditioned_w_warns():
     T = rf.planted.deep_teacher(10, 10, threshold=2.0, pair=0.5, condition=11.0, random_state=0)
     X, y = T.sample(50_000, random_state=1)
     with pytest.warns(rf.RelufastWarning, match="IllConditioned"):
-        res = rf.recover(X, y, n_hidden=10, method="gp19", threshold=2.0, refine=None, random_state=0,
-                         restarts=1, max_iter=3)
+        res = rf.recover(
+            X, y, n_hidden=10, method="gp19", threshold=2.0, refine=None, random_state=0, restarts=1, max_iter=3
+        )
     assert res.diagnostics["kappa"] >= 10
 
 
@@ -369,8 +427,9 @@ def test_halfspace_union_and_band_floor():
     X = rng.standard_normal((300_000, 4))
     g = np.any(X @ W.T >= 2.5, axis=1).astype(float)
     with pytest.warns(rf.RelufastWarning, match="Step 2 stops at"):
-        res = rf.recover(X, g, n_hidden=4, method="gp19-halfspaces", threshold=2.5, union=True, refine="stein",
-                         random_state=0)
+        res = rf.recover(
+            X, g, n_hidden=4, method="gp19-halfspaces", threshold=2.5, union=True, refine="stein", random_state=0
+        )
     assert gp19.row_angles(res.V, W).max() <= 0.10
     assert np.mean((res.predict(X)[:, 0] > 0.5) == (g > 0.5)) >= 0.99
 
@@ -389,9 +448,10 @@ def test_algorithm3_correlation_graph_supports():
     rho, t, s = 0.5, 2.0, 4
     W = np.zeros((3, 12))
     for r in range(3):
-        W[r, 4 * r: 4 * r + 4] = 1.0
-    T = rf.planted.deep_teacher(W=W, threshold=t, activation="exp", rho=rho, normalize=False,
-                                terms={(0, 1): 0.3, (1, 2): 0.3})
+        W[r, 4 * r : 4 * r + 4] = 1.0
+    T = rf.planted.deep_teacher(
+        W=W, threshold=t, activation="exp", rho=rho, normalize=False, terms={(0, 1): 0.3, (1, 2): 0.3}
+    )
     X, y = T.sample(1_000_000, random_state=2)
     res = rf.recover(X, y, n_hidden=3, method="gp19-support")
     assert res.status == "approximate"
@@ -400,7 +460,7 @@ def test_algorithm3_correlation_graph_supports():
     A = res.diagnostics["alpha"]
     iu = np.triu_indices(4, 1)
     for r in range(3):
-        block = A[4 * r: 4 * r + 4, 4 * r: 4 * r + 4][iu].mean()
+        block = A[4 * r : 4 * r + 4, 4 * r : 4 * r + 4][iu].mean()
         assert abs(block - rho**2 * T.implicit_coefficient([r], mu)) <= 0.01
     np.testing.assert_allclose(np.linalg.norm(res.V, axis=1), 1.0)
     with pytest.warns(rf.RelufastWarning, match="expected n_hidden"):

@@ -1,7 +1,9 @@
 """The convex QP session of the HiGHS stage (added for MR19's generalized LASSO)."""
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
+
 from relufast.stages.highs import INF, LPStatus, QPSession
 
 #: A small QP solved exactly (regularization 0): rounding only.

@@ -1,5 +1,6 @@
 """One test per fault class of the C++ core (issue 15): thread creation failure, bounds,
 shared accumulators, signals, time limits, the BLAS thread limit, and determinism."""
+
 import os
 import subprocess
 import sys
@@ -26,8 +27,14 @@ _CHILD_ENV = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
 
 
 def _run_child(code, timeout=120, preexec=None):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env=_CHILD_ENV, preexec_fn=preexec)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_CHILD_ENV,
+        preexec_fn=preexec,
+    )
 
 
 # --- thread creation failure -------------------------------------------------------------
@@ -167,8 +174,7 @@ def test_detector_shared_by_threads_loses_no_update():
     one = core.DetectorMoment(M)
     one.update(X, Y, 1, 256)
     shared = core.DetectorMoment(M)
-    threads = [threading.Thread(target=shared.update, args=(X[i::4].copy(), Y[i::4].copy(), 2, 64))
-               for i in range(4)]
+    threads = [threading.Thread(target=shared.update, args=(X[i::4].copy(), Y[i::4].copy(), 2, 64)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
@@ -306,8 +312,9 @@ def test_concurrent_recover_calls_leave_blas_threads_alone():
     before = [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
     net = rf.planted.two_layer(d=8, k=3, m=5, random_state=0)
     X, Y = net.sample(3000, random_state=1)
-    threads = [threading.Thread(target=rf.recover, args=(X, Y), kwargs={"n_hidden": 3, "random_state": s})
-               for s in range(4)]
+    threads = [
+        threading.Thread(target=rf.recover, args=(X, Y), kwargs={"n_hidden": 3, "random_state": s}) for s in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

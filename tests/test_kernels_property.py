@@ -4,6 +4,7 @@ Also the properties the kernels promise beyond agreement: results that do not de
 ``n_jobs`` (bit for bit: partial sums are reduced in a fixed block order), any block size
 (up to 2^62) gives the same sums, and subset counts are exact integers.
 """
+
 import math
 
 import numpy as np
@@ -14,8 +15,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from relufast._native import core  # noqa: E402
-from relufast.stages.moments import detector_matrix, detector_matrix_reference  # noqa: E402
-from relufast.stages.moments import SecondMomentAccumulator, hermite_moment, hermite_moment_reference  # noqa: E402
+from relufast.stages.moments import (  # noqa: E402  # noqa: E402
+    SecondMomentAccumulator,
+    detector_matrix,
+    detector_matrix_reference,
+    hermite_moment,
+    hermite_moment_reference,
+)
 from relufast.stages.patterns import sign_patterns, sign_patterns_reference  # noqa: E402
 from relufast.stages.refine import output_basis, refine_rows, refine_rows_reference  # noqa: E402
 
@@ -38,8 +44,14 @@ def _close(got, ref, scale):
 
 
 @PROPERTY
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 300), d=st.integers(1, 40),
-       m=st.integers(1, 4), block=BLOCKS, n_jobs=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 300),
+    d=st.integers(1, 40),
+    m=st.integers(1, 4),
+    block=BLOCKS,
+    n_jobs=st.integers(1, 3),
+)
 def test_second_moment_matches_numpy(seed, n, d, m, block, n_jobs):
     X, Y = _data(seed, n, d, m)
     got = hermite_moment(X, Y, n_jobs=n_jobs, block_size=block)
@@ -48,8 +60,13 @@ def test_second_moment_matches_numpy(seed, n, d, m, block, n_jobs):
 
 
 @PROPERTY
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 2000), d=st.integers(1, 40),
-       m=st.integers(1, 3), block=st.sampled_from([1, 5, 64, 256]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 2000),
+    d=st.integers(1, 40),
+    m=st.integers(1, 3),
+    block=st.sampled_from([1, 5, 64, 256]),
+)
 def test_second_moment_does_not_depend_on_threads(seed, n, d, m, block):
     X, Y = _data(seed, n, d, m)
     T1 = hermite_moment(X, Y, n_jobs=1, block_size=block)
@@ -58,9 +75,16 @@ def test_second_moment_does_not_depend_on_threads(seed, n, d, m, block):
 
 
 @PROPERTY
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400), d=st.integers(1, 12),
-       m=st.integers(1, 4), k=st.integers(1, 5), power=st.sampled_from([1.0, 2.0]),
-       block=BLOCKS, n_jobs=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 400),
+    d=st.integers(1, 12),
+    m=st.integers(1, 4),
+    k=st.integers(1, 5),
+    power=st.sampled_from([1.0, 2.0]),
+    block=BLOCKS,
+    n_jobs=st.integers(1, 3),
+)
 def test_relu_stats_matches_numpy(seed, n, d, m, k, power, block, n_jobs):
     X, Y = _data(seed, n, d, m)
     rng = np.random.default_rng(seed + 1)
@@ -79,8 +103,15 @@ def test_relu_stats_matches_numpy(seed, n, d, m, k, power, block, n_jobs):
 
 
 @PROPERTY
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(30, 400), d=st.integers(1, 7),
-       k=st.integers(1, 4), centred=st.booleans(), block=BLOCKS, n_jobs=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(30, 400),
+    d=st.integers(1, 7),
+    k=st.integers(1, 4),
+    centred=st.booleans(),
+    block=BLOCKS,
+    n_jobs=st.integers(1, 3),
+)
 def test_detector_matches_numpy(seed, n, d, k, centred, block, n_jobs):
     X, Y = _data(seed, n, d, k)
     try:
@@ -113,8 +144,14 @@ def test_subset_count_is_exact_or_refused(n, k, mode):
 
 
 @PROPERTY
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(2, 9), k=st.integers(1, 3),
-       mode=st.sampled_from(["rays", "vertices"]), split=st.floats(0, 1), n_jobs=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(2, 9),
+    k=st.integers(1, 3),
+    mode=st.sampled_from(["rays", "vertices"]),
+    split=st.floats(0, 1),
+    n_jobs=st.integers(1, 3),
+)
 def test_sign_patterns_match_numpy(seed, n, k, mode, split, n_jobs):
     k = min(k, n)
     B = np.random.default_rng(seed).standard_normal((k, n))
@@ -135,8 +172,12 @@ def test_sign_patterns_match_numpy(seed, n, k, mode, split, n_jobs):
 
 
 @PROPERTY
-@given(seed=st.integers(0, 2**32 - 1), n_jobs=st.integers(1, 3), begin=st.integers(-5, 2**61),
-       length=st.integers(-5, 2**61))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_jobs=st.integers(1, 3),
+    begin=st.integers(-5, 2**61),
+    length=st.integers(-5, 2**61),
+)
 def test_sign_pattern_ranges_are_clamped(seed, n_jobs, begin, length):
     # Ranges past the end (or reversed) are empty, never an endless unranking.
     B = np.random.default_rng(seed).standard_normal((2, 6))

@@ -10,7 +10,9 @@ from relufast.stages.moments import C2_RELU, SecondMomentAccumulator, hermite_mo
 KERNEL_RTOL = 1e-12
 
 
-@pytest.mark.parametrize("n,d,m", [(1, 1, 1), (7, 3, 2), (1000, 5, 4), (2049, 17, 3), (300, 33, 2), (700, 50, 3), (257, 71, 1)])
+@pytest.mark.parametrize(
+    "n,d,m", [(1, 1, 1), (7, 3, 2), (1000, 5, 4), (2049, 17, 3), (300, 33, 2), (700, 50, 3), (257, 71, 1)]
+)
 @pytest.mark.parametrize("n_jobs", [1, 2])
 @pytest.mark.parametrize("block", [1, 64, 256])
 def test_kernel_matches_reference(n, d, m, n_jobs, block):

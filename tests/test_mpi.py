@@ -1,6 +1,7 @@
 """Two real MPI ranks (``mpiexec -n 2``, from the mpich wheel of the ``mpi`` extra) against
 one process: every rank gets the same bits, and the network of one process on the
 concatenated samples (relufast issue 14)."""
+
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 import relufast as rf
 
 from .mpi_cases import CASES, case_data
@@ -36,10 +38,20 @@ def two_ranks(tmp_path_factory):
         pytest.skip("mpiexec not found (pip install 'relufast[mpi]' provides it)")
     out = tmp_path_factory.mktemp("mpi") / "run"
     root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run([exe, "-n", "2", sys.executable, str(root / "tests" / "mpi_worker.py"), str(out)],
-                          capture_output=True, text=True, timeout=MPI_TIMEOUT, cwd=root, env=env)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+    )
+    proc = subprocess.run(
+        [exe, "-n", "2", sys.executable, str(root / "tests" / "mpi_worker.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=MPI_TIMEOUT,
+        cwd=root,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [dict(np.load(f"{out}.rank{r}.npz")) for r in range(2)]
 
@@ -71,4 +83,3 @@ def test_bad_combinations_raise_on_every_rank(two_ranks):
         assert "same number of features d" in str(r["err.d"])
         assert "rank 0: d = 8, m = 5, rank 1: d = 9, m = 5" in str(r["err.d"])
         assert "found 1 NaN or infinite entries over all ranks" in str(r["err.nan"])
-

@@ -3,17 +3,19 @@
 Oracles are closed forms (checked by quadrature and Monte Carlo here) and seeded
 measurements (docs/mr19.md); the paper itself has no experiments.
 """
+
 import warnings
 
 import numpy as np
 import pytest
-import relufast as rf
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
+
+import relufast as rf
 from relufast._blas import single_threaded_blas
 from relufast.algorithms.mr19 import InfeasibleError
 from relufast.planted import relu_codes, relu_dictionary
-from scipy import stats
 
 mr19 = rf.mr19
 
@@ -24,6 +26,7 @@ def _one_blas_thread():
     machine a multithreaded LAPACK call next to other jobs was 100x slower."""
     with single_threaded_blas():
         yield
+
 
 #: Closed-form moments against the quadrature table (six digits in the table).
 MOMENT_TOL = 1e-6
@@ -58,13 +61,16 @@ def _mean_err(d, k, s, *, lam="theory", bias=0.0, solver="huber", debias=False):
 # ---------------------------------------------------------------- bias law, lambda
 
 
-@pytest.mark.parametrize("bias, expected", [
-    (0.0, (0.5, 0.25, 0.75)),
-    (0.5, (0.691462, 0.562240, 1.232365)),
-    (-1.0, (0.158655, 0.050168, 0.240356)),
-    (stats.norm(0, 1), (0.5, 0.75, 1.25)),
-    (stats.uniform(-1, 2), (0.5, 0.416667, 0.916667)),
-])
+@pytest.mark.parametrize(
+    "bias, expected",
+    [
+        (0.0, (0.5, 0.25, 0.75)),
+        (0.5, (0.691462, 0.562240, 1.232365)),
+        (-1.0, (0.158655, 0.050168, 0.240356)),
+        (stats.norm(0, 1), (0.5, 0.75, 1.25)),
+        (stats.uniform(-1, 2), (0.5, 0.416667, 0.916667)),
+    ],
+)
 def test_bias_moments_table(bias, expected):
     assert mr19.bias_moments(bias) == pytest.approx(expected, abs=MOMENT_TOL)
 
@@ -79,8 +85,8 @@ def test_bias_moments_symmetric_identity_and_monte_carlo():
     mu, s2, eta2 = mr19.bias_moments(b)
     z = np.maximum(g + b, 0) - mu * g
     assert np.mean(g * np.maximum(g + b, 0)) == pytest.approx(mu, abs=5e-3)
-    assert np.mean(z ** 2) == pytest.approx(s2, abs=5e-3)
-    assert np.mean(g ** 2 * z ** 2) == pytest.approx(eta2, abs=2e-2)
+    assert np.mean(z**2) == pytest.approx(s2, abs=5e-3)
+    assert np.mean(g**2 * z**2) == pytest.approx(eta2, abs=2e-2)
 
 
 @pytest.mark.parametrize("b, t, expected", [(0.0, 0.5, 0.31731), (0.0, 1.0, 0.04550), (0.5, 1.0, 0.12662)])
@@ -128,8 +134,13 @@ def test_qp_and_huber_agree_with_kkt(d, k, s, tau):
 
 
 @settings(max_examples=40, deadline=None)
-@given(d=st.integers(6, 40), k=st.integers(1, 4), seed=st.integers(0, 2**31 - 1),
-       tau=st.floats(0.05, 5.0), spikes=st.integers(0, 5))
+@given(
+    d=st.integers(6, 40),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+    tau=st.floats(0.05, 5.0),
+    spikes=st.integers(0, 5),
+)
 def test_huber_newton_kkt_property(d, k, seed, tau, spikes):
     """Any small instance (possibly with fewer inliers than k): the Huber path ends at a point
     that satisfies (47)'s optimality conditions, and agrees with the QP in objective."""
@@ -235,8 +246,16 @@ def test_direction_and_scale():
     assert np.mean(biased) == pytest.approx(0.085, abs=0.03)
 
 
-@pytest.mark.parametrize("bias, measured", [(0.5, 0.085), (-0.5, 0.043), (stats.norm(0, 0.5), 0.070),
-                                             (stats.uniform(-1, 2), 0.074), (stats.uniform(0, 1), 0.089)])
+@pytest.mark.parametrize(
+    "bias, measured",
+    [
+        (0.5, 0.085),
+        (-0.5, 0.043),
+        (stats.norm(0, 0.5), 0.070),
+        (stats.uniform(-1, 2), 0.074),
+        (stats.uniform(0, 1), 0.089),
+    ],
+)
 def test_nonzero_bias_laws(bias, measured):
     """(47) ignores b; the target is mu c* with mu = E[Phi(B)] (d = 2000, k = 20, s = 10), for
     Theorem 4's lambda and the calibrated one alike."""
@@ -289,8 +308,9 @@ def test_degenerate_data_warn():
 # ---------------------------------------------------------------- Problem R: (34), Section 3.2
 
 
-@pytest.mark.parametrize("law", [stats.norm(0.1, 0.5), stats.laplace(-0.2, 0.4), stats.expon(-0.5, 1.0),
-                                 stats.uniform(-1.0, 2.0)])
+@pytest.mark.parametrize(
+    "law", [stats.norm(0.1, 0.5), stats.laplace(-0.2, 0.4), stats.expon(-0.5, 1.0), stats.uniform(-1.0, 2.0)]
+)
 def test_ml_closed_form_matches_highs(law):
     """The per-row ML of (34) against HiGHS: a QP for the Gaussian prior (diagonal Hessian),
     LPs for the others."""
@@ -307,13 +327,18 @@ def test_ml_closed_form_matches_highs(law):
     name = law.dist.name
     if name == "norm":
         m, sd = law.mean(), law.std()
-        s = rf.highs.QPSession(n, hessian=np.full(n, 1 / sd ** 2), lower=lo, upper=hi, cost=np.full(n, -m / sd ** 2),
-                               regularization=0.0)  # HiGHS's default 1e-7 moves the optimum by ~1e-9
+        s = rf.highs.QPSession(
+            n, hessian=np.full(n, 1 / sd**2), lower=lo, upper=hi, cost=np.full(n, -m / sd**2), regularization=0.0
+        )  # HiGHS's default 1e-7 moves the optimum by ~1e-9
         beta = s.solve().x
     elif name == "laplace":  # min sum t_i, t_i >= |beta_i - m|
         m = law.median()
-        s = rf.highs.LPSession(2 * n, lower=np.r_[lo, np.zeros(n)], upper=np.r_[hi, np.full(n, np.inf)],
-                               cost=np.r_[np.zeros(n), np.ones(n)])
+        s = rf.highs.LPSession(
+            2 * n,
+            lower=np.r_[lo, np.zeros(n)],
+            upper=np.r_[hi, np.full(n, np.inf)],
+            cost=np.r_[np.zeros(n), np.ones(n)],
+        )
         I = np.eye(n)
         s.add_rows(np.block([[-I, I], [I, I]]), np.r_[np.full(n, -m), np.full(n, m)], np.inf)
         beta = s.solve().x[:n]

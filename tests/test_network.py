@@ -1,4 +1,5 @@
 """The one network type: results, planted teachers and metrics share (U, V, b, c)."""
+
 import numpy as np
 import pytest
 
@@ -55,8 +56,7 @@ def test_result_carries_biases_and_refuses_nan_success():
     assert np.all(res.b == 0) and np.all(res.c == 0) and res.success
     assert np.allclose(res.predict(np.array([[1.0, -1.0]])), [[1.0, 0.0]])
     with pytest.warns(rf.RelufastWarning, match="not finite"):
-        bad = rf._result.Run("test").result("approximate", "estimate", U=np.eye(2),
-                                             V=np.full((2, 2), np.nan))
+        bad = rf._result.Run("test").result("approximate", "estimate", U=np.eye(2), V=np.full((2, 2), np.nan))
     assert bad.status == "failed" and not bad.success and not bad.exact
     with pytest.raises(ValueError, match="expected a network, a result with parameters"):
         as_network(object())

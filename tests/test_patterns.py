@@ -45,8 +45,7 @@ def _strictly_feasible(B, S):
     """Is {w : (wB)_j > 0 on S, < 0 off S} nonempty?  max t s.t. sign_j (wB)_j >= t."""
     k, n = B.shape
     sgn = np.where(S, 1.0, -1.0)
-    sess = LPSession(k + 1, lower=np.r_[-np.ones(k), -INF], upper=np.r_[np.ones(k), 1.0],
-                     cost=np.r_[np.zeros(k), -1.0])
+    sess = LPSession(k + 1, lower=np.r_[-np.ones(k), -INF], upper=np.r_[np.ones(k), 1.0], cost=np.r_[np.zeros(k), -1.0])
     sess.add_rows(np.hstack([-(sgn[:, None] * B.T), np.ones((n, 1))]), -INF, 0.0)
     res = sess.solve()
     return res.feasible and -res.objective > 1e-9

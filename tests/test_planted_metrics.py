@@ -5,8 +5,9 @@ import relufast as rf
 
 
 def test_planted_network_shapes_and_constraints():
-    net = rf.planted.two_layer(d=10, k=4, m=6, random_state=0, max_cos=0.5, max_condition=2.0,
-                               max_output_condition=20.0)
+    net = rf.planted.two_layer(
+        d=10, k=4, m=6, random_state=0, max_cos=0.5, max_condition=2.0, max_output_condition=20.0
+    )
     assert net.U.shape == (6, 4) and net.V.shape == (4, 10)
     np.testing.assert_allclose(np.linalg.norm(net.V, axis=1), 1.0)
     C = np.abs(net.V @ net.V.T) - np.eye(4)

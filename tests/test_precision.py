@@ -1,6 +1,8 @@
 """Precision-aware certificates: float32 outputs are certified at float32 (issue 13)."""
+
 import numpy as np
 import pytest
+
 import relufast
 from relufast import metrics, planted
 from relufast.stages.precision import FLOOR_FACTOR, UNIT_ROUNDOFF, Precision, resolve_precision
@@ -43,11 +45,14 @@ def test_resolve_precision():
         resolve_precision(np.zeros(3), 0.5)
 
 
-@pytest.mark.parametrize("method,d,k,m,n", [
-    ("bjw19-gaussian", 20, 10, 12, 40000),  # the issue's case: k = 10 said "failed"
-    ("bjw19-fpt", 10, 4, 3, 40000),  # m < k: said non_identifiable
-    ("bjw19-enumeration", 4, 3, 3, 60),  # read rounding as rank > k
-])
+@pytest.mark.parametrize(
+    "method,d,k,m,n",
+    [
+        ("bjw19-gaussian", 20, 10, 12, 40000),  # the issue's case: k = 10 said "failed"
+        ("bjw19-fpt", 10, 4, 3, 40000),  # m < k: said non_identifiable
+        ("bjw19-enumeration", 4, 3, 3, 60),  # read rounding as rank > k
+    ],
+)
 def test_float32_outputs_exact_at_float32(method, d, k, m, n):
     net = planted.two_layer(d, k, m, random_state=3)
     X = np.random.default_rng(1).standard_normal((n, d))

@@ -1,9 +1,11 @@
 """Activation-region refinement (relufast's exact step for biased networks): the C++ region
 pass against its NumPy reference, exact recovery from perturbed estimates, rank check."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from relufast._native import core
 from relufast.stages.refine import region_refine, region_systems_reference
 
@@ -51,8 +53,18 @@ def test_region_pass_matches_reference():
         got = core.region_systems(X, Y, Vp, bp, U, c, np.full(3, 0.1), msk, 1000, 2, 64)
         ref = region_systems_reference(X, Y, Vp, bp, U, c, 0.1, msk)
         np.testing.assert_array_equal(got["keys"], ref["keys"])
-        for key in ("counts", "gram", "cross", "sq_res", "fgram", "fcross", "sq_residual", "sq_norm",
-                    "n_certain", "count"):
+        for key in (
+            "counts",
+            "gram",
+            "cross",
+            "sq_res",
+            "fgram",
+            "fcross",
+            "sq_residual",
+            "sq_norm",
+            "n_certain",
+            "count",
+        ):
             np.testing.assert_allclose(got[key], ref[key], rtol=SUM_TOL, atol=SUM_TOL, err_msg=key)
 
 
@@ -142,10 +154,16 @@ def test_validation():
         region_refine(Xr, Xr[:, 0], rng.standard_normal((8, 8)), np.zeros(8), max_regions=4, max_rounds=1)
 
 
-
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 60), d=st.integers(1, 4), k=st.integers(1, 4), m=st.integers(1, 3),
-       margin=st.floats(0.0, 1.0), seed=st.integers(0, 2**31 - 1), block=st.integers(1, 17))
+@given(
+    n=st.integers(1, 60),
+    d=st.integers(1, 4),
+    k=st.integers(1, 4),
+    m=st.integers(1, 3),
+    margin=st.floats(0.0, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+    block=st.integers(1, 17),
+)
 def test_region_pass_property(n, d, k, m, margin, seed, block):
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, d))

@@ -1,10 +1,12 @@
 """Memmaps, dask arrays and fake communicators through whole pipelines (relufast issue 14)."""
+
 import threading
 import time
 import warnings
 
 import numpy as np
 import pytest
+
 import relufast as rf
 from relufast.stages.reduce import Samples, allreduce_state, check_comm
 
@@ -100,12 +102,15 @@ def test_validation_has_no_mask_of_the_data(memmapped):
     assert mem.rise < ANON_BUDGET
 
 
-@pytest.mark.parametrize("method,kw", [
-    ("bjw19-gaussian", {"random_state": 0}),
-    ("bjw19-gaussian", {"random_state": 0, "n_estimate": "all"}),
-    ("bjw19-noisy", {"random_state": 0}),
-    ("gklw19", {"random_state": 0}),
-])
+@pytest.mark.parametrize(
+    "method,kw",
+    [
+        ("bjw19-gaussian", {"random_state": 0}),
+        ("bjw19-gaussian", {"random_state": 0, "n_estimate": "all"}),
+        ("bjw19-noisy", {"random_state": 0}),
+        ("gklw19", {"random_state": 0}),
+    ],
+)
 def test_dask_and_memmap_match_numpy(tmp_path, method, kw):
     da = pytest.importorskip("dask.array")
     net = rf.planted.two_layer(d=8, k=3, m=5, random_state=1, max_cos=0.7, max_output_condition=10.0)

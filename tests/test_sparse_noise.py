@@ -1,4 +1,5 @@
 """BJW19 Section 8: principal component pursuit and exact recovery under sparse noise."""
+
 import numpy as np
 import pytest
 

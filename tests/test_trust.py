@@ -4,6 +4,7 @@ False certificates (clean data in the sparse-noise pipeline, residual overflow, 
 non-unique fits, NaN parameters), units, numerical breakdowns, ``auto`` on any valid data,
 and messages that name the cause.
 """
+
 import time
 import warnings
 
@@ -111,8 +112,7 @@ def test_inputs_in_a_subspace_are_non_identifiable():
     X, _ = net.sample(4000, random_state=3)
     X[:, 5] = 0.0
     Y = net.predict(X)
-    res = _quiet(rf.recover, X, Y, n_hidden=3, method="bjw19-enumeration", random_state=0,
-                 time_limit=30)
+    res = _quiet(rf.recover, X, Y, n_hidden=3, method="bjw19-enumeration", random_state=0, time_limit=30)
     assert res.status == "non_identifiable" and not res.exact
     N = res.diagnostics["input_null_space"]
     assert N.shape == (1, 8) and abs(abs(N[0, 5]) - 1.0) < 1e-12
@@ -254,6 +254,5 @@ def test_enumeration_row_seen_by_too_few_samples_is_non_identifiable():
 def test_a_non_finite_residual_is_never_exact():
     run = rf._result.Run("test")
     with pytest.warns(rf.RelufastWarning, match="not a certificate"):
-        res = run.result("exact", "fit", U=np.ones((1, 1)), V=np.ones((1, 1)), exact=True,
-                         residual=float("nan"))
+        res = run.result("exact", "fit", U=np.ones((1, 1)), V=np.ones((1, 1)), exact=True, residual=float("nan"))
     assert res.status == "failed" and not res.exact and not res.success

@@ -1,6 +1,8 @@
 """Units the data cannot see (dead, pruned) and near-duplicate units (issue 13)."""
+
 import numpy as np
 import pytest
+
 import relufast
 from relufast import metrics, planted
 from relufast.network import Network
@@ -58,8 +60,7 @@ def test_near_duplicate_pair_exact_when_resolvable(net, X):
     V[1] = V[0] + 0.045 * z / np.linalg.norm(z)
     V[1] /= np.linalg.norm(V[1])
     assert 0.998 < V[0] @ V[1] < 0.9995
-    res = relufast.recover(X, Network(net.U, V).predict(X), n_hidden=6, method="bjw19-gaussian",
-                           random_state=0)
+    res = relufast.recover(X, Network(net.U, V).predict(X), n_hidden=6, method="bjw19-gaussian", random_state=0)
     assert res.exact and metrics.parameter_error(Network(net.U, V), res).V < EXACT_TOL
 
 
@@ -72,8 +73,7 @@ def test_near_duplicate_pair_named_when_not(net, X):
     V[1] = V[0] + 3e-3 * z / np.linalg.norm(z)
     V[1] /= np.linalg.norm(V[1])
     with pytest.warns(relufast.RelufastWarning):
-        res = relufast.recover(X, Network(net.U, V).predict(X), n_hidden=6, method="bjw19-gaussian",
-                               random_state=0)
+        res = relufast.recover(X, Network(net.U, V).predict(X), n_hidden=6, method="bjw19-gaussian", random_state=0)
     assert not res.exact
     assert "near-duplicates" in res.message and "samples" in res.message
 

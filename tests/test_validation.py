@@ -20,7 +20,9 @@ def test_non_finite_values(bad, which):
 
 def test_wrong_dimensionality():
     X, Y = _data()
-    with pytest.raises(ValueError, match=r"X must be a 2-D array of shape \(n_samples, n_features\); got an array with shape \(200,\)"):
+    with pytest.raises(
+        ValueError, match=r"X must be a 2-D array of shape \(n_samples, n_features\); got an array with shape \(200,\)"
+    ):
         rf.recover(X[:, 0], Y, n_hidden=1)
     with pytest.raises(ValueError, match=r"Y must be a 1-D or 2-D array; got an array with shape \(200, 3, 1\)"):
         rf.recover(X, Y[:, :, None], n_hidden=1)
@@ -44,7 +46,9 @@ def test_more_hidden_units_than_features():
         rf.recover(X, Y, n_hidden=5)
 
 
-@pytest.mark.parametrize("k,exc,msg", [(0, ValueError, "got 0"), (2.5, TypeError, "got 2.5"), (True, TypeError, "got True")])
+@pytest.mark.parametrize(
+    "k,exc,msg", [(0, ValueError, "got 0"), (2.5, TypeError, "got 2.5"), (True, TypeError, "got True")]
+)
 def test_bad_n_hidden(k, exc, msg):
     X, Y = _data()
     with pytest.raises(exc, match=f"n_hidden must be an integer >= 1; {msg}"):

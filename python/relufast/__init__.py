@@ -4,16 +4,17 @@ Convention: samples are rows, ``Y = relu(X @ V.T) @ U.T`` with V of shape (k, d)
 shape (m, k). Networks are identified up to permutation of hidden units and positive
 scaling of rows of V; results report V with unit-norm rows.
 """
+
 import sys as _sys
 
 from . import activations, algorithms, metrics, planted, stages
-from .stages import fit, highs, moments, patterns, refine, robust_pca, tensor
 from ._api import METHODS, recover
 from ._native import BACKEND
 from ._result import RecoveryResult, RelufastWarning, Status
 from .bridges import from_sklearn, from_torch
 from .extraction import extract
 from .network import Network
+from .stages import fit, highs, moments, patterns, refine, robust_pca, tensor
 
 mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and column space
 
@@ -22,8 +23,15 @@ __version__ = "0.1.0"
 # The stages are also reachable under their short names (``relufast.moments``, ...), and
 # ``relufast.lp`` is the historical name of the HiGHS stage.
 lp = highs
-for _name, _mod in (("moments", moments), ("tensor", tensor), ("patterns", patterns),
-                    ("refine", refine), ("fit", fit), ("robust_pca", robust_pca), ("lp", highs)):
+for _name, _mod in (
+    ("moments", moments),
+    ("tensor", tensor),
+    ("patterns", patterns),
+    ("refine", refine),
+    ("fit", fit),
+    ("robust_pca", robust_pca),
+    ("lp", highs),
+):
     _sys.modules.setdefault(f"{__name__}.{_name}", _mod)
 del _name, _mod
 

@@ -1,4 +1,5 @@
 """Command line: ``relufast demo``, ``relufast recover``, ``relufast info``."""
+
 from __future__ import annotations
 
 import argparse
@@ -53,16 +54,19 @@ class _Warnings:
 
         stream = stream or sys.stderr
         for text in dict.fromkeys(str(w.message) for w in self.caught):
-            print(textwrap.fill(text, width=100, initial_indent="warning:  ", subsequent_indent="          "),
-                  file=stream)
+            print(
+                textwrap.fill(text, width=100, initial_indent="warning:  ", subsequent_indent="          "), file=stream
+            )
 
 
 def _demo(args):
     import relufast as rf
 
     print(f"relufast {rf.__version__} (kernels: {rf.BACKEND})")
-    print(f"planting y = U relu(V x): d = {args.d}, k = {args.k}, m = {args.m}; "
-          f"n = {args.n} Gaussian samples, noise = {args.noise}")
+    print(
+        f"planting y = U relu(V x): d = {args.d}, k = {args.k}, m = {args.m}; "
+        f"n = {args.n} Gaussian samples, noise = {args.noise}"
+    )
     net = rf.planted.two_layer(d=args.d, k=args.k, m=args.m, random_state=args.seed)
     X, Y = net.sample(args.n, random_state=args.seed + 1, noise=args.noise)
     t = time.perf_counter()
@@ -156,8 +160,10 @@ def _recover(args):
         try:
             from mpi4py import MPI
         except ImportError:
-            raise _CommandError("--mpi needs mpi4py: pip install 'relufast[mpi]', then run under "
-                                "mpiexec -n R relufast recover ... --mpi") from None
+            raise _CommandError(
+                "--mpi needs mpi4py: pip install 'relufast[mpi]', then run under "
+                "mpiexec -n R relufast recover ... --mpi"
+            ) from None
         comm = MPI.COMM_WORLD
         rank, size = comm.Get_rank(), comm.Get_size()
 
@@ -178,10 +184,17 @@ def _recover(args):
         X, Y, n = _load_inputs(args, rank, size)
     except (OSError, ValueError) as exc:
         raise _CommandError(f"cannot read the inputs: {exc}") from None
-    kind = "dask arrays" if hasattr(X, "chunks") and not isinstance(X, np.ndarray) else \
-        "memory-mapped" if isinstance(X, np.memmap) else "in memory"
-    say(f"relufast: {n} samples, d = {X.shape[1]}, m = {1 if Y.ndim == 1 else Y.shape[1]} ({kind}"
-        f"{f', {size} MPI ranks' if size > 1 else ''}); recovering with {args.method}, k = {args.n_hidden} ...")
+    kind = (
+        "dask arrays"
+        if hasattr(X, "chunks") and not isinstance(X, np.ndarray)
+        else "memory-mapped"
+        if isinstance(X, np.memmap)
+        else "in memory"
+    )
+    say(
+        f"relufast: {n} samples, d = {X.shape[1]}, m = {1 if Y.ndim == 1 else Y.shape[1]} ({kind}"
+        f"{f', {size} MPI ranks' if size > 1 else ''}); recovering with {args.method}, k = {args.n_hidden} ..."
+    )
     options = {"random_state": args.seed}
     if args.n_jobs is not None:
         options["n_jobs"] = args.n_jobs
@@ -191,8 +204,10 @@ def _recover(args):
         options["comm"] = comm
     method = args.method
     if method == "auto" and (comm is not None or kind != "in memory"):
-        raise _CommandError("--method auto looks at the data in memory on one process; name the method "
-                            "(e.g. --method bjw19-gaussian) for memory-mapped, zarr or MPI inputs")
+        raise _CommandError(
+            "--method auto looks at the data in memory on one process; name the method "
+            "(e.g. --method bjw19-gaussian) for memory-mapped, zarr or MPI inputs"
+        )
     with _Warnings() as caught:
         res = rf.recover(X, Y, n_hidden=args.n_hidden, method=method, **options)
     say(f"relufast: done in {time.perf_counter() - t0:.2f} s")
@@ -203,14 +218,29 @@ def _recover(args):
         if args.out:
             # Only the arrays the result has (never None saved as an object array).
             arrays = {name: getattr(res, name) for name in ("U", "V", "b", "c") if getattr(res, name) is not None}
-            np.savez(args.out, status=res.status.value, message=res.message, exact=res.exact,
-                     residual=res.residual, method=res.method, **arrays)
+            np.savez(
+                args.out,
+                status=res.status.value,
+                message=res.message,
+                exact=res.exact,
+                residual=res.residual,
+                method=res.method,
+                **arrays,
+            )
             print(f"wrote {args.out}" + ("" if arrays else " (status and message only: no network returned)"))
         if args.diagnostics:
-            report = {"method": res.method, "status": res.status.value, "exact": res.exact,
-                      "residual": res.residual, "message": res.message, "n_samples": n,
-                      "mpi_ranks": size, "seconds": res.seconds, "counts": res.counts,
-                      "diagnostics": res.diagnostics}
+            report = {
+                "method": res.method,
+                "status": res.status.value,
+                "exact": res.exact,
+                "residual": res.residual,
+                "message": res.message,
+                "n_samples": n,
+                "mpi_ranks": size,
+                "seconds": res.seconds,
+                "counts": res.counts,
+                "diagnostics": res.diagnostics,
+            }
             with open(args.diagnostics, "w") as f:
                 json.dump(_jsonable(report), f, indent=2)
             print(f"wrote {args.diagnostics}")
@@ -224,8 +254,14 @@ def _reproduce(args):
     if not os.path.isdir(parent):
         raise _CommandError(f"the folder {parent} (parent of --out {args.out}) does not exist")
 
-    reproduce.main(args.experiment, full=args.full, trials=args.trials, out=args.out, seed=args.seed,
-                   progress=False if args.no_progress else None)
+    reproduce.main(
+        args.experiment,
+        full=args.full,
+        trials=args.trials,
+        out=args.out,
+        seed=args.seed,
+        progress=False if args.no_progress else None,
+    )
     return 0
 
 
@@ -234,8 +270,8 @@ def _info(args):
 
     print(f"relufast {rf.__version__}")
     print(f"kernels: {rf.BACKEND}")
-    for name, (_, cite) in sorted(rf.METHODS.items()):
-        print(f"  {name}: {cite}")
+    for name, entry in sorted(rf.METHODS.items()):
+        print(f"  {name}: {entry.citation}")
     return 0
 
 
@@ -243,56 +279,81 @@ def main(argv=None):
     import relufast as rf
 
     methods = ["auto"] + sorted(rf.METHODS)
-    method_help = ("recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
-                   "order of cost; docs/results.md)")
+    method_help = (
+        "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
+        "order of cost; docs/results.md)"
+    )
     parser = argparse.ArgumentParser(
-        prog="relufast", description="Provable weight recovery of two-layer ReLU networks "
-        "y = U relu(V x) from inputs X and outputs Y.")
+        prog="relufast",
+        description="Provable weight recovery of two-layer ReLU networks y = U relu(V x) from inputs X and outputs Y.",
+    )
     parser.add_argument("--version", action="version", version=f"relufast {rf.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="plant a network, recover it, print errors and timings",
-                       description="Plant a random network, sample Gaussian inputs, recover it and "
-                       "print the status, errors and timings.")
+    p = sub.add_parser(
+        "demo",
+        help="plant a network, recover it, print errors and timings",
+        description="Plant a random network, sample Gaussian inputs, recover it and "
+        "print the status, errors and timings.",
+    )
     p.add_argument("--d", type=_positive_int, default=20, help="input dimension d (default 20)")
     p.add_argument("--k", type=_positive_int, default=5, help="hidden units k (default 5)")
-    p.add_argument("--m", type=_positive_int, default=8,
-                   help="outputs m (default 8; m < k is handled by bjw19-fpt under auto)")
+    p.add_argument(
+        "--m", type=_positive_int, default=8, help="outputs m (default 8; m < k is handled by bjw19-fpt under auto)"
+    )
     p.add_argument("--n", type=_positive_int, default=20000, help="samples n (default 20000)")
-    p.add_argument("--noise", type=_nonnegative_float, default=0.0,
-                   help="standard deviation of Gaussian output noise (default 0: exact outputs)")
+    p.add_argument(
+        "--noise",
+        type=_nonnegative_float,
+        default=0.0,
+        help="standard deviation of Gaussian output noise (default 0: exact outputs)",
+    )
     p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
     p.add_argument("--seed", type=int, default=0, help="seed of the planted network and samples (default 0)")
-    p.add_argument("--n-jobs", type=_positive_int, default=None,
-                   help="threads for the C++ kernels (default: all cores)")
+    p.add_argument(
+        "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
+    )
     p.set_defaults(func=_demo)
 
-    p = sub.add_parser("recover", help="recover a network from .npz/.npy files or a zarr store",
-                       description="Recover U and V (and b, c) from inputs X (n, d) and outputs Y (n, m).")
-    p.add_argument("data", nargs="?", help=".npz file holding arrays named X and Y, or a zarr store "
-                                           "(folder) with arrays X and Y (read as dask arrays)")
+    p = sub.add_parser(
+        "recover",
+        help="recover a network from .npz/.npy files or a zarr store",
+        description="Recover U and V (and b, c) from inputs X (n, d) and outputs Y (n, m).",
+    )
+    p.add_argument(
+        "data",
+        nargs="?",
+        help=".npz file holding arrays named X and Y, or a zarr store "
+        "(folder) with arrays X and Y (read as dask arrays)",
+    )
     p.add_argument("--x", help=".npy file of inputs X of shape (n, d), memory-mapped (with --y, instead of DATA)")
     p.add_argument("--y", help=".npy file of outputs Y of shape (n, m), memory-mapped (with --x, instead of DATA)")
     p.add_argument("--n-hidden", type=_positive_int, required=True, help="number of hidden units k")
     p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
-    p.add_argument("--out", help="write U, V (when recovered), b, c, status, message and residual to "
-                   "this .npz file")
+    p.add_argument("--out", help="write U, V (when recovered), b, c, status, message and residual to this .npz file")
     p.add_argument("--diagnostics", help="write status, timings, counts and diagnostics to this JSON file")
-    p.add_argument("--n-estimate", default=None, help="samples of the moment estimate: an integer or 'all' "
-                                                      "(default: adaptive)")
-    p.add_argument("--mpi", action="store_true", help="run under mpiexec -n R: each rank reads its "
-                                                      "share of the rows; rank 0 writes the outputs")
+    p.add_argument(
+        "--n-estimate", default=None, help="samples of the moment estimate: an integer or 'all' (default: adaptive)"
+    )
+    p.add_argument(
+        "--mpi",
+        action="store_true",
+        help="run under mpiexec -n R: each rank reads its share of the rows; rank 0 writes the outputs",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     p.add_argument("--seed", type=int, default=0, help="random seed of the method (default 0)")
-    p.add_argument("--n-jobs", type=_positive_int, default=None,
-                   help="threads for the C++ kernels (default: all cores)")
+    p.add_argument(
+        "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
+    )
     p.set_defaults(func=_recover)
 
     from relufast.reproduce import EXPERIMENTS
 
-    p = sub.add_parser("reproduce", help="reproduce a paper's experiment to a CSV and a PNG figure",
-                       description="Reproduce a figure of a paper: " + "; ".join(
-                           f"{k}: {v}" for k, v in EXPERIMENTS.items()))
+    p = sub.add_parser(
+        "reproduce",
+        help="reproduce a paper's experiment to a CSV and a PNG figure",
+        description="Reproduce a figure of a paper: " + "; ".join(f"{k}: {v}" for k, v in EXPERIMENTS.items()),
+    )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="experiment: " + ", ".join(sorted(EXPERIMENTS)))
     p.add_argument("--full", action="store_true", help="the paper's sizes (slow: hours on 2 cores)")
     p.add_argument("--trials", type=_positive_int, default=5, help="trials per point, >= 1 (paper: 5)")

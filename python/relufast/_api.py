@@ -17,6 +17,7 @@ Every call through :func:`recover` gets the same treatment whatever the method:
 ``method="auto"`` tries the certified methods in order of cost and returns the best
 result, with every attempt in ``diagnostics["auto_attempts"]`` (see :func:`recover`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,15 +57,23 @@ METHODS = {
     "bjw19-independent-noise": Method(bjw19.independent_noise, bjw19.CITATION + " Theorem 13, Algorithm 8."),
     "gklw19": Method(gklw19.recover, gklw19.CITATION + " Algorithms 1-4 (practical=True: Section 4)."),
     # GP19: f = P(u(W x - t)); X, Y may be None with f=callable (query mode).
-    "gp19": Method(gp19.lowest_layer, gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 "
-                   "(Algorithms 1-2).", units_free=False),
+    "gp19": Method(
+        gp19.lowest_layer,
+        gp19.CITATION + " Section 2: Step 1 (landscape G / whitened TPM), Step 2 (Algorithms 1-2).",
+        units_free=False,
+    ),
     "gp19-halfspaces": Method(gp19.halfspaces, gp19.CITATION + " Section 2.3, Theorem 6.", units_free=False),
-    "gp19-support": Method(gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8.", units_free=False),
+    "gp19-support": Method(
+        gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8.", units_free=False
+    ),
     "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10.", units_free=False),
-    "atv21": Method(atv21.atv21, atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), "
-                    "then activation-region refinement (relufast)."),
-    "atv21-general": Method(atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 "
-                            "(fit=True: Algorithm 5)."),
+    "atv21": Method(
+        atv21.atv21,
+        atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), then activation-region refinement (relufast).",
+    ),
+    "atv21-general": Method(
+        atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 (fit=True: Algorithm 5)."
+    ),
 }
 
 #: Default wall-time budget (seconds) of ``auto``'s enumeration stage (``time_limit=``).
@@ -81,8 +90,15 @@ MEAN_Z_LIMIT = 6.0
 AUTO_CHECK_ROWS = 20000
 
 #: Order of preference of statuses (best first); ties go to the smaller residual.
-_PREFERENCE = (Status.EXACT, Status.NON_IDENTIFIABLE, Status.APPROXIMATE, Status.FAILED,
-               Status.RANK_DEFICIENT, Status.INSUFFICIENT_SAMPLES, Status.UNSUPPORTED)
+_PREFERENCE = (
+    Status.EXACT,
+    Status.NON_IDENTIFIABLE,
+    Status.APPROXIMATE,
+    Status.FAILED,
+    Status.RANK_DEFICIENT,
+    Status.INSUFFICIENT_SAMPLES,
+    Status.UNSUPPORTED,
+)
 
 
 # --------------------------------------------------------------------------- options
@@ -104,8 +120,9 @@ def _check_options(name, function, options):
         for o in unknown:
             close = difflib.get_close_matches(o, valid, n=1)
             hints.append(f"{o!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise TypeError(f"method {name!r} got unknown option(s) {', '.join(hints)}; its options are "
-                        + ", ".join(valid))
+        raise TypeError(
+            f"method {name!r} got unknown option(s) {', '.join(hints)}; its options are " + ", ".join(valid)
+        )
 
 
 # --------------------------------------------------------------------------- causes
@@ -116,10 +133,12 @@ def _float32_note(X, Y, options):
         dt = getattr(A, "dtype", None)
         if dt is not None and np.issubdtype(dt, np.floating) and np.finfo(dt).eps > 1e-12:
             eps = float(np.finfo(dt).eps)
-            notes.append(f"{name} is {np.dtype(dt).name} (relative precision {eps:.1e}), so a relative "
-                         f"residual below tol = {tol:.0e} is out of reach unless the data are exact in "
-                         f"that precision; pass float64 data, or tol={10 * eps:.0e} to certify at "
-                         f"{np.dtype(dt).name} precision")
+            notes.append(
+                f"{name} is {np.dtype(dt).name} (relative precision {eps:.1e}), so a relative "
+                f"residual below tol = {tol:.0e} is out of reach unless the data are exact in "
+                f"that precision; pass float64 data, or tol={10 * eps:.0e} to certify at "
+                f"{np.dtype(dt).name} precision"
+            )
     return notes
 
 
@@ -151,13 +170,22 @@ def non_identifiable_from_null_space(res, N):
     diag["input_null_space"] = N
     diag["undetermined_rows"] = tuple(range(V.shape[0]))
     d = V.shape[1]
-    message = (f"{res.message}. The fit is exact but not unique: the inputs span only a "
-               f"{d - N.shape[0]}-dimensional subspace of R^{d}, so every row of V is free along "
-               f"the {N.shape[0]} input direction(s) in diagnostics['input_null_space']; returned "
-               "the minimum-norm representative (rows projected on the row space of X)")
-    return dataclasses.replace(res, U=res.U * s[None, :], V=V / s[:, None], b=None if res.b is None else res.b / s,
-                               status=Status.NON_IDENTIFIABLE, exact=False, message=message,
-                               diagnostics=diag)
+    message = (
+        f"{res.message}. The fit is exact but not unique: the inputs span only a "
+        f"{d - N.shape[0]}-dimensional subspace of R^{d}, so every row of V is free along "
+        f"the {N.shape[0]} input direction(s) in diagnostics['input_null_space']; returned "
+        "the minimum-norm representative (rows projected on the row space of X)"
+    )
+    return dataclasses.replace(
+        res,
+        U=res.U * s[None, :],
+        V=V / s[:, None],
+        b=None if res.b is None else res.b / s,
+        status=Status.NON_IDENTIFIABLE,
+        exact=False,
+        message=message,
+        diagnostics=diag,
+    )
 
 
 def _causes(res, X, Y, n_hidden, options):
@@ -174,9 +202,11 @@ def _causes(res, X, Y, n_hidden, options):
     if len(Xs) > 2:
         mz, rel = _mean_statistic(Xs)
         if mz > MEAN_Z_LIMIT and rel > 0.05:
-            notes.append(f"X has a nonzero mean (largest |mean| / sd = {rel:.2f}): the methods assume "
-                         "centred inputs, and an input offset acts as hidden biases b = V mean(X); "
-                         "use atv21 (biases and offsets)")
+            notes.append(
+                f"X has a nonzero mean (largest |mean| / sd = {rel:.2f}): the methods assume "
+                "centred inputs, and an input offset acts as hidden biases b = V mean(X); "
+                "use atv21 (biases and offsets)"
+            )
     if Ys.shape[0] > Ys.shape[1] and isinstance(n_hidden, (int, np.integer)):
         from .stages.diagnostics import numerical_rank
 
@@ -184,15 +214,21 @@ def _causes(res, X, Y, n_hidden, options):
         rc = numerical_rank(np.linalg.svd(Ys - Ys.mean(axis=0), compute_uv=False))
         m = Ys.shape[1]
         if r < n_hidden:
-            notes.append(f"rank(Y) = {r} < n_hidden = {n_hidden}: either n_hidden is larger than the number "
-                         "of hidden units the outputs show, or U has rank < k (bjw19-fpt handles "
-                         "rank-deficient U)")
+            notes.append(
+                f"rank(Y) = {r} < n_hidden = {n_hidden}: either n_hidden is larger than the number "
+                "of hidden units the outputs show, or U has rank < k (bjw19-fpt handles "
+                "rank-deficient U)"
+            )
         elif r > n_hidden and r < min(m, Ys.shape[0]) and not (rc < r and rc == n_hidden):
-            notes.append(f"rank(Y) = {r} > n_hidden = {n_hidden} with a clear gap after sigma_{r}: the "
-                         f"outputs look like a network with {r} hidden units; try n_hidden = {r}")
+            notes.append(
+                f"rank(Y) = {r} > n_hidden = {n_hidden} with a clear gap after sigma_{r}: the "
+                f"outputs look like a network with {r} hidden units; try n_hidden = {r}"
+            )
         if rc < r and rc >= 1:
-            notes.append(f"the centred outputs have rank {rc} < rank(Y) = {r}: Y looks like it has a "
-                         "constant offset c (y = U relu(V x + b) + c); use atv21 (biases and offsets)")
+            notes.append(
+                f"the centred outputs have rank {rc} < rank(Y) = {r}: Y looks like it has a "
+                "constant offset c (y = U relu(V x + b) + c); use atv21 (biases and offsets)"
+            )
     return notes
 
 
@@ -222,9 +258,12 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
         try:
             res = function(Xs, Ys, n_hidden, **opts)
         except np.linalg.LinAlgError as exc:
-            res = Run(name).result(Status.FAILED, f"{name}: a linear-algebra step broke down ({exc}); the "
-                                   "data are numerically degenerate for this method (collinear or "
-                                   "constant inputs, or outputs of extreme dynamic range)")
+            res = Run(name).result(
+                Status.FAILED,
+                f"{name}: a linear-algebra step broke down ({exc}); the "
+                "data are numerically degenerate for this method (collinear or "
+                "constant inputs, or outputs of extreme dynamic range)",
+            )
     method_message, method_status = res.message, res.status
     res = _identify(map_back(res, scale), X)
     notes = _causes(res, X, Y, n_hidden, options)
@@ -285,10 +324,14 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
         known.update(_accepted_options(entry.function) or ())
     unknown = [o for o in options if o not in known]
     if unknown:
-        hints = [f"{o!r}" + (f" (did you mean {c[0]!r}?)" if (c := difflib.get_close_matches(o, known, n=1)) else "")
-                 for o in unknown]
-        raise TypeError(f"method 'auto' got unknown option(s) {', '.join(hints)}; the options of its methods "
-                        "are " + ", ".join(sorted(known | {"time_limit"})))
+        hints = [
+            f"{o!r}" + (f" (did you mean {c[0]!r}?)" if (c := difflib.get_close_matches(o, known, n=1)) else "")
+            for o in unknown
+        ]
+        raise TypeError(
+            f"method 'auto' got unknown option(s) {', '.join(hints)}; the options of its methods "
+            "are " + ", ".join(sorted(known | {"time_limit"}))
+        )
     k = check_positive_int(n_hidden, "n_hidden")
     Xc, Yc = check_xy(X, Y)
     # Caller errors in the shared options raise here, before any method runs.
@@ -315,9 +358,19 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
         W, _ = whitener(Xh_s)
         gaussian_sigma = W is not None and gaussianity(Xh_s, W)["gaussian_ok"]
     sym = gklw19.symmetry_statistic(Xh_s)
-    facts = {"n": n, "d": d, "m": m, "k": k, "rank_Y": rank, "standard_gaussian": gaussian,
-             "gaussian_other_covariance": gaussian_sigma, "centred": centred,
-             "largest_mean_over_sd": mean_rel, "symmetry_statistic": sym, "time_limit": float(budget)}
+    facts = {
+        "n": n,
+        "d": d,
+        "m": m,
+        "k": k,
+        "rank_Y": rank,
+        "standard_gaussian": gaussian,
+        "gaussian_other_covariance": gaussian_sigma,
+        "centred": centred,
+        "largest_mean_over_sd": mean_rel,
+        "symmetry_statistic": sym,
+        "time_limit": float(budget),
+    }
     if gaussian:
         law = "X looks standard Gaussian"
     elif gaussian_sigma:
@@ -338,23 +391,42 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
 
     plan = []
     if biased:
-        plan.append(("atv21", f"{law}, and the outputs have an offset or hidden biases (bias statistic "
-                              f"|z| = {facts['bias_statistic']:.1f} > 6): ATV21's model"))
+        plan.append(
+            (
+                "atv21",
+                f"{law}, and the outputs have an offset or hidden biases (bias statistic "
+                f"|z| = {facts['bias_statistic']:.1f} > 6): ATV21's model",
+            )
+        )
     if k <= d and m >= k and not biased:
-        plan.append(("bjw19-gaussian", f"{law}; tried first whatever X is (a certified row is exact "
-                                       "for any input law), cost O(n k d^2)"))
+        plan.append(
+            (
+                "bjw19-gaussian",
+                f"{law}; tried first whatever X is (a certified row is exact for any input law), cost O(n k d^2)",
+            )
+        )
     if k <= d and rank < k and m >= 2:
         plan.append(("bjw19-fpt", f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"))
     if gaussian and k <= d and m < k and not biased and "atv21" in METHODS:
-        plan.append(("atv21", f"{law} and m = {m} < k = {k}: ATV21 handles any number of outputs "
-                              "(after bjw19-fpt, which is exact from fewer samples when it applies)"))
+        plan.append(
+            (
+                "atv21",
+                f"{law} and m = {m} < k = {k}: ATV21 handles any number of outputs "
+                "(after bjw19-fpt, which is exact from fewer samples when it applies)",
+            )
+        )
     n_feat = d * (d + 1) // 2
-    if (k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat
-            and n_feat <= GKLW19_MAX_FEATURES):  # GKLW19 needs A of full column rank
+    if (
+        k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat and n_feat <= GKLW19_MAX_FEATURES
+    ):  # GKLW19 needs A of full column rank
         plan.append(("gklw19", f"X looks symmetric (statistic {sym:.1f} <= {SYMMETRY_LIMIT})"))
     if rank == k and n >= k:
-        plan.append(("bjw19-enumeration", f"rank(Y) = k = {k}: Thm 1 holds for any X (time budget "
-                                          f"{budget:g} s, on a subsample first)"))
+        plan.append(
+            (
+                "bjw19-enumeration",
+                f"rank(Y) = k = {k}: Thm 1 holds for any X (time budget {budget:g} s, on a subsample first)",
+            )
+        )
 
     if not any(name == "bjw19-enumeration" for name, _ in plan):
         check_n_hidden(k, d)  # only Thm 1 (rank(Y) = k) allows k > d
@@ -396,10 +468,10 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
         raise errors[0]
     if not results:
         run = Run("auto")
-        run.diag.update(auto_attempts=tuple(attempts), auto_facts=facts,
-                        auto="no method could run on these data")
+        run.diag.update(auto_attempts=tuple(attempts), auto_facts=facts, auto="no method could run on these data")
         why = "; ".join(f"{a['method']}: {a['message']}" for a in attempts) or (
-            f"no method applies (k = {k}, d = {d}, m = {m}, rank(Y) = {rank})")
+            f"no method applies (k = {k}, d = {d}, m = {m}, rank(Y) = {rank})"
+        )
         return run.result(Status.UNSUPPORTED, f"auto: no method could run: {why}")
     name, best = min(results, key=lambda nr: _rank_key(nr[1]))
     diag = dict(best.diagnostics)
@@ -428,8 +500,11 @@ def _auto_enumeration(X, Y, k, opts, budget, fit_and_certify):
     if n_sub < n:
         idx = np.sort(np.random.default_rng(0).choice(n, size=n_sub, replace=False))
         small = _run("bjw19-enumeration", X[idx], Y[idx], k, dict(opts, time_limit=budget / 2), quiet=True)
-        if small.V is not None and small.has_finite_parameters and small.status in (Status.EXACT,
-                                                                                   Status.NON_IDENTIFIABLE):
+        if (
+            small.V is not None
+            and small.has_finite_parameters
+            and small.status in (Status.EXACT, Status.NON_IDENTIFIABLE)
+        ):
             # Certify the subsample's rows on all samples (rescaled like every method's input).
             Xs, Ys, _, (ex, ey, _p) = rescale(X, Y, {})
             U, residual, _ = fit_and_certify(np.asarray(Xs), np.asarray(Ys), small.V)
@@ -438,16 +513,21 @@ def _auto_enumeration(X, Y, k, opts, budget, fit_and_certify):
             run.diag["subsample"] = n_sub
             tol = opts.get("tol", 1e-10)
             if np.isfinite(residual) and residual <= tol:
-                res = run.result(Status.EXACT, f"rows found by Thm 1 on {n_sub} of {n} samples; the fit over "
-                                 f"all {n} samples has relative residual {residual:.2e}",
-                                 U=U * 2.0 ** (ey - ex), V=small.V, exact=True, residual=residual,
-                                 warn_user=False)
+                res = run.result(
+                    Status.EXACT,
+                    f"rows found by Thm 1 on {n_sub} of {n} samples; the fit over "
+                    f"all {n} samples has relative residual {residual:.2e}",
+                    U=U * 2.0 ** (ey - ex),
+                    V=small.V,
+                    exact=True,
+                    residual=residual,
+                    warn_user=False,
+                )
                 return _identify(res, X)
         remaining = budget - (time.perf_counter() - t)
         if remaining <= 0:
             return small
-    return _run("bjw19-enumeration", X, Y, k, dict(opts, time_limit=budget - (time.perf_counter() - t)),
-                quiet=True)
+    return _run("bjw19-enumeration", X, Y, k, dict(opts, time_limit=budget - (time.perf_counter() - t)), quiet=True)
 
 
 def _explain(res, X, Y, n_hidden, options):
@@ -461,8 +541,10 @@ def _explain(res, X, Y, n_hidden, options):
         vis = visible_units(X, Y, precision=options.get("precision"))
     except (ValueError, TypeError, np.linalg.LinAlgError):
         return res
-    notes = [invisible_message(vis.count, n_hidden),
-             "" if res.V is None else near_duplicate_message(near_duplicates(res.V))]
+    notes = [
+        invisible_message(vis.count, n_hidden),
+        "" if res.V is None else near_duplicate_message(near_duplicates(res.V)),
+    ]
     notes = [n for n in notes if n]
     if not notes:
         return res
@@ -484,7 +566,8 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         of cost and stops at the first ``exact`` result: ``atv21`` first when X looks
         standard Gaussian and the outputs show an offset or hidden biases, else
         ``bjw19-gaussian`` (when m >= k;
-        a certificate is valid whatever the input law), ``bjw19-fpt`` (rank(Y) < k), ``atv21`` (standard Gaussian X, m < k),
+        a certificate is valid whatever the input law), ``bjw19-fpt`` (rank(Y) < k), ``atv21`` (standard
+        Gaussian X, m < k),
         ``gklw19`` (rank(Y) >= k, symmetric-looking inputs, d (d + 1) / 2 <= 2000), then
         ``bjw19-enumeration`` (rank(Y) = k) on a subsample and then on all samples, within
         ``time_limit`` seconds (default :data:`AUTO_TIME_LIMIT`). It returns the best
@@ -506,10 +589,13 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         from .stages.reduce import is_dask
 
         if options.get("comm") is not None or is_dask(X) or is_dask(Y):
-            raise ValueError("method='auto' looks at the data in memory on one process; with comm= or "
-                             "dask arrays name the method (e.g. method='bjw19-gaussian')")
+            raise ValueError(
+                "method='auto' looks at the data in memory on one process; with comm= or "
+                "dask arrays name the method (e.g. method='bjw19-gaussian')"
+            )
         return _explain(_auto(X, Y, n_hidden, options), X, Y, n_hidden, options)
     if not isinstance(method, str) or method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; valid methods are 'auto', "
-                         + ", ".join(repr(k) for k in sorted(METHODS)))
+        raise ValueError(
+            f"unknown method {method!r}; valid methods are 'auto', " + ", ".join(repr(k) for k in sorted(METHODS))
+        )
     return _explain(_run(method, X, Y, n_hidden, options), X, Y, n_hidden, options)

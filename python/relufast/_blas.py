@@ -18,6 +18,7 @@ they are. threadpoolctl >= 3.8 lets only one "controlling" thread change OpenBLA
 and ignores the others; relufast releases that control after each change, so the thread
 that restores the limits need not be the one that set them.
 """
+
 import contextlib
 import threading
 

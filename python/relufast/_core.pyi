@@ -1,4 +1,5 @@
 """Type stub for relufast._core (and relufast._core_avx2, the same API built for AVX2/FMA)."""
+
 from typing import Any, Optional, TypedDict
 
 import numpy as np
@@ -39,9 +40,7 @@ class DetectorMoment:
     """GKLW19 pure-neuron detector matrix in covariance form (mergeable)."""
 
     def __init__(self, M: NDArray[np.float64]) -> None: ...
-    def update(
-        self, X: NDArray[np.float64], Y: NDArray[np.float64], n_jobs: int = 0, block: int = 256
-    ) -> None: ...
+    def update(self, X: NDArray[np.float64], Y: NDArray[np.float64], n_jobs: int = 0, block: int = 256) -> None: ...
     def merge(self, other: DetectorMoment) -> None: ...
     def matrix(self, centred: bool = True) -> NDArray[np.float64]: ...
     def set_state(
@@ -132,15 +131,29 @@ class Hermite4Contraction:
     """GP19 Sec. 2.1: mergeable sums of ft y^p and ft y^p x (y = Z x, ft = f - offset) over active rows."""
 
     def __init__(
-        self, Z: NDArray[np.float64], offset: float, active_tol: float = 0.0, second: bool = False,
+        self,
+        Z: NDArray[np.float64],
+        offset: float,
+        active_tol: float = 0.0,
+        second: bool = False,
         pairs: bool = False,
     ) -> None: ...
     def update(self, X: NDArray[np.float64], f: NDArray[np.float64], n_jobs: int = 0, block: int = 1024) -> None: ...
     def merge(self, other: Hermite4Contraction) -> None: ...
     def state(self) -> dict: ...
-    def set_state(self, count: float, n_active: float, s0: float, S: NDArray[np.float64],
-                  G1: NDArray[np.float64], G3: NDArray[np.float64], M: NDArray[np.float64],
-                  S11: NDArray[np.float64], S22: NDArray[np.float64], GP: NDArray[np.float64]) -> None: ...
+    def set_state(
+        self,
+        count: float,
+        n_active: float,
+        s0: float,
+        S: NDArray[np.float64],
+        G1: NDArray[np.float64],
+        G3: NDArray[np.float64],
+        M: NDArray[np.float64],
+        S11: NDArray[np.float64],
+        S22: NDArray[np.float64],
+        GP: NDArray[np.float64],
+    ) -> None: ...
     @property
     def n(self) -> int: ...
     @property
@@ -165,6 +178,7 @@ class Hermite4Contraction:
     def S22(self) -> NDArray[np.float64]: ...
     @property
     def GP(self) -> NDArray[np.float64]: ...
+
 class _Certificate(TypedDict):
     count: float
     gram: NDArray[np.float64]
@@ -174,8 +188,13 @@ class _Certificate(TypedDict):
     nonfinite: float
 
 def certify(
-    X: NDArray[np.float64], Y: NDArray[np.float64], V: NDArray[np.float64],
-    U: Optional[NDArray[np.float64]] = None, n_jobs: int = 0, block: int = 4096, power: float = 1.0,
+    X: NDArray[np.float64],
+    Y: NDArray[np.float64],
+    V: NDArray[np.float64],
+    U: Optional[NDArray[np.float64]] = None,
+    n_jobs: int = 0,
+    block: int = 4096,
+    power: float = 1.0,
     normal_equations: bool = True,
 ) -> _Certificate: ...
 def count_nonfinite(A: NDArray[np.float64], n_jobs: int = 0, block: int = 8192) -> float: ...

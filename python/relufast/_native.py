@@ -2,6 +2,7 @@
 
 Set the environment variable ``RELUFAST_BACKEND=baseline`` to force the portable build.
 """
+
 import os
 
 from . import _core as _baseline

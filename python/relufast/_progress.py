@@ -1,4 +1,5 @@
 """A dependency-free progress bar for long work."""
+
 from __future__ import annotations
 
 import time

@@ -1,13 +1,15 @@
 """The result object every relufast entry point returns."""
+
 from __future__ import annotations
 
 import time
 import types
 import warnings
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -118,8 +120,11 @@ class RecoveryResult:
     @property
     def has_finite_parameters(self) -> bool:
         """True when U and V exist and every parameter is finite."""
-        return (self.U is not None and self.V is not None
-                and all(np.all(np.isfinite(getattr(self, a))) for a in ("U", "V", "b", "c")))
+        return (
+            self.U is not None
+            and self.V is not None
+            and all(np.all(np.isfinite(getattr(self, a))) for a in ("U", "V", "b", "c"))
+        )
 
     @property
     def network(self) -> Optional[Network]:
@@ -201,16 +206,27 @@ class Run:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
-    def result(self, status, message, *, U=None, V=None, b=None, c=None, exact=False,
-               residual=float("nan"), activation=None, warn_user=None):
+    def result(
+        self,
+        status,
+        message,
+        *,
+        U=None,
+        V=None,
+        b=None,
+        c=None,
+        exact=False,
+        residual=float("nan"),
+        activation=None,
+        warn_user=None,
+    ):
         """The final result; ``warn_user`` defaults to: warn unless the status is exact.
 
         A result whose parameters are not all finite is never exact or approximate: it is
         turned into ``failed`` here, so no method can report NaN weights as a success.
         """
         self.seconds["total"] = time.perf_counter() - self.t_start
-        finite = U is not None and V is not None and all(
-            a is None or np.all(np.isfinite(a)) for a in (U, V, b, c))
+        finite = U is not None and V is not None and all(a is None or np.all(np.isfinite(a)) for a in (U, V, b, c))
         if Status(status) in (Status.EXACT, Status.APPROXIMATE) and not finite:
             status, exact = Status.FAILED, False
             message = f"{message} [the parameters are not finite: no estimate could be formed]"
@@ -218,9 +234,22 @@ class Run:
             # inf/NaN is never a certificate (an overflowed or 0/0 residual).
             status, exact = Status.FAILED, False
             message = f"{message} [the residual is not finite: not a certificate]"
-        res = RecoveryResult(U=U, V=V, b=b, c=c, status=status, message=message, method=self.method,
-                             exact=exact, residual=residual, seconds=self.seconds, counts=self.counts,
-                             diagnostics=self.diag, activation=activation, precision=self.precision)
+        res = RecoveryResult(
+            U=U,
+            V=V,
+            b=b,
+            c=c,
+            status=status,
+            message=message,
+            method=self.method,
+            exact=exact,
+            residual=residual,
+            seconds=self.seconds,
+            counts=self.counts,
+            diagnostics=self.diag,
+            activation=activation,
+            precision=self.precision,
+        )
         if (Status(status) != Status.EXACT) if warn_user is None else warn_user:
             warn(message)
         return res
@@ -248,9 +277,11 @@ def recovery_method(name):
                     Status.FAILED,
                     f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
                     "degenerate for this method (collinear or constant inputs, or outputs of extreme "
-                    "dynamic range)")
+                    "dynamic range)",
+                )
             return map_back(res, scale)
 
         method.rescales_units = True  # type: ignore[attr-defined]
         return method
+
     return wrap

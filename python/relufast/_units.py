@@ -4,6 +4,7 @@ X and Y are divided by powers of two chosen so that their root-mean-square entri
 1; the method runs on the rescaled data and its parameters are mapped back. Powers of two make
 the scaling exact, so data in any units give the same certified network.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,9 +90,12 @@ def map_back(res, scale):
     """Parameters of a result on rescaled data mapped to the caller's units."""
     ex, ey, p = scale
     diag = dict(res.diagnostics)
-    diag["units"] = {"x_scale": float(np.ldexp(1.0, ex)), "y_scale": float(np.ldexp(1.0, ey)),
-                     "note": "X and Y were divided by these powers of two inside the method; the "
-                             "parameters are in the caller's units, other diagnostics are not"}
+    diag["units"] = {
+        "x_scale": float(np.ldexp(1.0, ex)),
+        "y_scale": float(np.ldexp(1.0, ey)),
+        "note": "X and Y were divided by these powers of two inside the method; the "
+        "parameters are in the caller's units, other diagnostics are not",
+    }
     if (ex, ey) == (0, 0):
         return res
     if res.U is None or res.V is None:

@@ -1,4 +1,5 @@
 """Input validation shared by every public entry point (validate once, at the facade)."""
+
 from __future__ import annotations
 
 import numbers
@@ -45,9 +46,7 @@ def as_float_matrix(a, name, *, allow_1d=False, check_finite=True):
             "block (bjw19-gaussian, bjw19-noisy, bjw19-ica, bjw19-fpt, gklw19)"
         )
     arr = np.asarray(a)
-    if arr.dtype == object or not (
-        np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)
-    ):
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.bool_)):
         raise TypeError(f"{name} must be a numeric array; got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.complexfloating):
         raise TypeError(f"{name} must be real-valued; got dtype {arr.dtype}")
@@ -69,8 +68,7 @@ def check_xy(X, Y):
     Y = as_float_matrix(Y, "Y", allow_1d=True)
     if X.shape[0] != Y.shape[0]:
         raise ValueError(
-            f"X and Y must have the same number of samples (rows); got X with {X.shape[0]} "
-            f"rows and Y with {Y.shape[0]}"
+            f"X and Y must have the same number of samples (rows); got X with {X.shape[0]} rows and Y with {Y.shape[0]}"
         )
     if X.shape[1] == 0 or Y.shape[1] == 0:
         raise ValueError(f"X and Y must have at least one column; got shapes {X.shape} and {Y.shape}")

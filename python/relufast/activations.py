@@ -5,6 +5,7 @@ ReLU and ``relu^p`` are positively homogeneous (``degree`` p): rows of V are the
 identified up to positive scaling and are reported with unit norm. For other phi
 (e.g. ``exp(t) - 1``) the scale of each row is identifiable and kept.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Activation", "RELU", "RELU2", "EXPM1", "power", "custom", "get_activation",
-           "hermite_coefficient"]
+__all__ = ["Activation", "RELU", "RELU2", "EXPM1", "power", "custom", "get_activation", "hermite_coefficient"]
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,10 @@ def get_activation(spec):
     if isinstance(spec, str):
         if spec in _NAMED:
             return _NAMED[spec]
-        raise ValueError(f"unknown activation {spec!r}; use one of {sorted(_NAMED)}, a positive "
-                         "number p for relu^p, or relufast.activations.custom(forward, inverse)")
+        raise ValueError(
+            f"unknown activation {spec!r}; use one of {sorted(_NAMED)}, a positive "
+            "number p for relu^p, or relufast.activations.custom(forward, inverse)"
+        )
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         return power(spec)
     raise TypeError(f"activation must be a name, a number or an Activation; got {type(spec).__name__}")
@@ -89,6 +91,15 @@ def hermite_coefficient(act, r):
     from scipy.special import eval_hermitenorm
 
     act = get_activation(act)
-    val, _ = quad(lambda t: float(act.forward(np.array([t]))[0]) * eval_hermitenorm(r, t)
-                  * math.exp(-t * t / 2) / math.sqrt(2 * math.pi), 0, 40.0, limit=200)
+    val, _ = quad(
+        lambda t: (
+            float(act.forward(np.array([t]))[0])
+            * eval_hermitenorm(r, t)
+            * math.exp(-t * t / 2)
+            / math.sqrt(2 * math.pi)
+        ),
+        0,
+        40.0,
+        limit=200,
+    )
     return val

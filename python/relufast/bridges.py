@@ -6,6 +6,7 @@
 torch and scikit-learn are optional (``pip install relufast[torch]``, ``relufast[sklearn]``)
 and imported only inside these functions, never at ``import relufast``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,17 +34,23 @@ def _torch_layers(module):
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_torch expects a torch.nn.Module; got {type(module).__name__}")
     linears = [mod for mod in module.modules() if isinstance(mod, nn.Linear)]
-    others = [type(mod).__name__ for mod in module.modules()
-              if mod is not module and not isinstance(mod, (nn.Linear, nn.ReLU, nn.Sequential, nn.Identity,
-                                                             nn.Flatten))]
+    others = [
+        type(mod).__name__
+        for mod in module.modules()
+        if mod is not module and not isinstance(mod, (nn.Linear, nn.ReLU, nn.Sequential, nn.Identity, nn.Flatten))
+    ]
     if len(linears) != 2 or others:
-        raise ValueError("from_torch expects a two-layer ReLU network (two nn.Linear layers with a ReLU "
-                         f"between them); got {len(linears)} nn.Linear layers"
-                         + (f" and other modules {sorted(set(others))}" if others else ""))
+        raise ValueError(
+            "from_torch expects a two-layer ReLU network (two nn.Linear layers with a ReLU "
+            f"between them); got {len(linears)} nn.Linear layers"
+            + (f" and other modules {sorted(set(others))}" if others else "")
+        )
     first, second = linears
     if second.in_features != first.out_features:
-        raise ValueError(f"the second nn.Linear must take the {first.out_features} hidden units; it takes "
-                         f"{second.in_features} features")
+        raise ValueError(
+            f"the second nn.Linear must take the {first.out_features} hidden units; it takes "
+            f"{second.in_features} features"
+        )
     return first, second
 
 
@@ -69,14 +76,20 @@ def from_torch(module: Any) -> Network:
         return np.zeros(shape) if t is None else t.detach().cpu().double().numpy().copy()
 
     k, m = first.out_features, second.out_features
-    return Network(arr(second.weight, (m, k)), arr(first.weight, (k, first.in_features)),
-                   arr(first.bias, (k,)), arr(second.bias, (m,)))
+    return Network(
+        arr(second.weight, (m, k)),
+        arr(first.weight, (k, first.in_features)),
+        arr(first.bias, (k,)),
+        arr(second.bias, (m,)),
+    )
 
 
 def _sklearn_mlp(mlp):
     if not (hasattr(mlp, "coefs_") and hasattr(mlp, "intercepts_") and hasattr(mlp, "activation")):
-        raise TypeError("from_sklearn expects a fitted sklearn MLPRegressor or MLPClassifier; got "
-                        f"{type(mlp).__name__}" + (" (not fitted)" if hasattr(mlp, "hidden_layer_sizes") else ""))
+        raise TypeError(
+            "from_sklearn expects a fitted sklearn MLPRegressor or MLPClassifier; got "
+            f"{type(mlp).__name__}" + (" (not fitted)" if hasattr(mlp, "hidden_layer_sizes") else "")
+        )
     if len(mlp.coefs_) != 2:
         raise ValueError(f"from_sklearn expects one hidden layer; this MLP has {len(mlp.coefs_) - 1}")
     if mlp.activation != "relu":

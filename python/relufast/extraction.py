@@ -17,6 +17,7 @@ References
    N. Satpute, A. Shamir, "Polynomial Time Cryptanalytic Extraction of Neural Network
    Models", EUROCRYPT 2024 (arXiv 2310.08708, 2023).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,14 +72,18 @@ def _sklearn_function(mlp):
     if out == "identity":
         return (lambda X: np.asarray(mlp.predict(X), dtype=np.float64).reshape(len(X), -1)), "float64"
     if out == "logistic":
+
         def f(X):
             p = np.clip(mlp.predict_proba(X)[:, -1:], 1e-300, 1.0)
             return np.log(p) - np.log1p(-np.minimum(p, 1 - 1e-16))
+
         return f, "float64"
     if out == "softmax":
+
         def f(X):
             L = np.log(np.clip(mlp.predict_proba(X), 1e-300, None))
             return L - L.mean(axis=1, keepdims=True)
+
         return f, "float64"
     raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
 
@@ -87,6 +92,7 @@ def as_query_function(model: Any) -> tuple:
     """(function on float64 arrays (n, d) -> (n, m), output dtype name) for a model."""
     try:
         import torch  # noqa: F401 - only to recognise modules
+
         is_torch = isinstance(model, __import__("torch").nn.Module)
     except ImportError:
         is_torch = False
@@ -95,20 +101,34 @@ def as_query_function(model: Any) -> tuple:
     if hasattr(model, "coefs_") and hasattr(model, "predict"):
         return _sklearn_function(model)
     if callable(model):
+
         def f(X):
             out = model(X)
             if hasattr(out, "detach"):
                 out = out.detach().cpu().numpy()
             return np.asarray(out)
+
         return f, None
-    raise TypeError("model must be a torch.nn.Module, a fitted sklearn MLPRegressor/MLPClassifier or a "
-                    f"callable on arrays of shape (n, n_features); got {type(model).__name__}")
+    raise TypeError(
+        "model must be a torch.nn.Module, a fitted sklearn MLPRegressor/MLPClassifier or a "
+        f"callable on arrays of shape (n, n_features); got {type(model).__name__}"
+    )
 
 
-def extract(model: Any, n_features: int, n_hidden: int | None = None, *, n_queries: int = 20000,
-            max_queries: int = 2_000_000, precision: Any = None, batch_size: int = 16384,
-            method: str = "auto", progress: bool | None = None, random_state: Any = None,
-            n_jobs: int | None = None) -> RecoveryResult:
+def extract(
+    model: Any,
+    n_features: int,
+    n_hidden: int | None = None,
+    *,
+    n_queries: int = 20000,
+    max_queries: int = 2_000_000,
+    precision: Any = None,
+    batch_size: int = 16384,
+    method: str = "auto",
+    progress: bool | None = None,
+    random_state: Any = None,
+    n_jobs: int | None = None,
+) -> RecoveryResult:
     """Extract ``y = U relu(V x + b) + c`` from a model by Gaussian queries.
 
     Parameters
@@ -180,13 +200,13 @@ def extract(model: Any, n_features: int, n_hidden: int | None = None, *, n_queri
         while True:
             draw(n_total - sum(len(x) for x in Xs), bar)
             X, Y = np.concatenate(Xs), np.concatenate(Ys)
-            prec = resolve_precision(np.empty(0, dtype=out_dtype[0] if out_dtype[0] in
-                                              ("float32", "float16") else np.float64), precision)
+            prec = resolve_precision(
+                np.empty(0, dtype=out_dtype[0] if out_dtype[0] in ("float32", "float16") else np.float64), precision
+            )
             visible = visible_units(X, Y, precision=prec).count
             # Dead or pruned units leave no trace: recover the visible ones.
             k = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
-            names = ([method] if method != "auto" else
-                     (["bjw19-gaussian", "atv21"] if Y.shape[1] >= k else ["atv21"]))
+            names = [method] if method != "auto" else (["bjw19-gaussian", "atv21"] if Y.shape[1] >= k else ["atv21"])
             for name in names:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RelufastWarning)
@@ -203,11 +223,12 @@ def extract(model: Any, n_features: int, n_hidden: int | None = None, *, n_queri
         bar.close()
     crypt = cryptanalytic_queries(d, k)
     counts = dict(result.counts, queries=len(X))
-    diag = dict(result.diagnostics, cryptanalytic_queries=crypt, query_history=tuple(history),
-                visible_units=visible)
-    message = (f"{result.message}. Used {len(X)} Gaussian queries ({len(history)} rounds); "
-               f"differential extraction [CJM20, CCHRSS23] needs about {crypt} for d = {d}, k = {k} "
-               "(approximate, see relufast.extraction.cryptanalytic_queries)")
+    diag = dict(result.diagnostics, cryptanalytic_queries=crypt, query_history=tuple(history), visible_units=visible)
+    message = (
+        f"{result.message}. Used {len(X)} Gaussian queries ({len(history)} rounds); "
+        f"differential extraction [CJM20, CCHRSS23] needs about {crypt} for d = {d}, k = {k} "
+        "(approximate, see relufast.extraction.cryptanalytic_queries)"
+    )
     if k_given is not None and visible < k_given:
         message = invisible_message(visible, k_given) + ". " + message
     if not result.exact and result.V is not None:

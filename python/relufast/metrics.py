@@ -6,6 +6,7 @@ normalising rows of V to unit norm (b with them) and matching hidden units by th
 permutation (Hungarian algorithm on the signed cosine of (v_j, b_j): the sign of a row is
 identifiable for ReLU).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,16 @@ from scipy.optimize import linear_sum_assignment
 
 from .network import as_network
 
-__all__ = ["ParameterError", "canonical", "match_hidden_units", "parameter_error", "function_error",
-           "matched_squared_error", "relu_kernel", "population_l2"]
+__all__ = [
+    "ParameterError",
+    "canonical",
+    "match_hidden_units",
+    "parameter_error",
+    "function_error",
+    "matched_squared_error",
+    "relu_kernel",
+    "population_l2",
+]
 
 
 class ParameterError(NamedTuple):
@@ -192,8 +201,12 @@ def relu_kernel(b1: float, b2: float, rho: float) -> float:
             return 0.0
         return float((b1 * b2 - 1) * (ndtr(b1) + ndtr(b2) - 1) + b2 * phi(b1) + b1 * phi(b2))
     s = np.sqrt(1.0 - rho * rho)
-    return float((rho + b1 * b2) * _bvn_cdf(b1, b2, rho) + b2 * phi(b1) * ndtr((b2 - rho * b1) / s)
-                 + b1 * phi(b2) * ndtr((b1 - rho * b2) / s) + s * phi(b1) * phi((b2 - rho * b1) / s))
+    return float(
+        (rho + b1 * b2) * _bvn_cdf(b1, b2, rho)
+        + b2 * phi(b1) * ndtr((b2 - rho * b1) / s)
+        + b1 * phi(b2) * ndtr((b1 - rho * b2) / s)
+        + s * phi(b1) * phi((b2 - rho * b1) / s)
+    )
 
 
 def population_l2(net_a: Any, net_b: Any) -> float:
@@ -220,8 +233,10 @@ def population_l2(net_a: Any, net_b: Any) -> float:
     if A.activation is not None or B.activation is not None:
         raise ValueError("population_l2 needs ReLU networks (activation None)")
     if A.V.shape[1] != B.V.shape[1] or A.U.shape[0] != B.U.shape[0]:
-        raise ValueError(f"the networks must have the same input and output dimensions; got V "
-                         f"{A.V.shape} / {B.V.shape} and U {A.U.shape} / {B.U.shape}")
+        raise ValueError(
+            f"the networks must have the same input and output dimensions; got V "
+            f"{A.V.shape} / {B.V.shape} and U {A.U.shape} / {B.U.shape}"
+        )
     V = np.vstack([A.V, B.V])
     b = np.concatenate([np.asarray(A.b), np.asarray(B.b)])
     U = np.hstack([A.U, -B.U])

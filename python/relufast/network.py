@@ -4,6 +4,7 @@
 (k, d), hidden biases b (k,), U of shape (m, k), output offset c (m,). Models without
 biases (BJW19, GKLW19) have b = 0 and c = 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ def as_network(obj: Any) -> Network:
         return Network(*obj)
     U, V = getattr(obj, "U", None), getattr(obj, "V", None)
     if U is None or V is None:
-        raise ValueError("expected a network, a result with parameters, or a (U, V[, b[, c]]) tuple; "
-                         f"got {type(obj).__name__}" + (" without parameters" if hasattr(obj, "U") else ""))
+        raise ValueError(
+            "expected a network, a result with parameters, or a (U, V[, b[, c]]) tuple; "
+            f"got {type(obj).__name__}" + (" without parameters" if hasattr(obj, "U") else "")
+        )
     return Network(U, V, getattr(obj, "b", None), getattr(obj, "c", None), getattr(obj, "activation", None))

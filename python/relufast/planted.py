@@ -3,6 +3,7 @@
 Convention: samples are rows; ``Y = relu(X @ V.T) @ U.T``, V of shape (k, d) with unit
 rows, U of shape (m, k).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,9 +13,17 @@ import numpy as np
 from ._validation import check_positive_int, check_random_state
 from .network import Network
 
-__all__ = ["PlantedNetwork", "two_layer", "lemma16_pair", "relu_separability_instance",
-           "sparse_corruption", "gklw19_network", "smoothed_perturbation", "q_lambda_perturbation",
-           "INPUT_DISTRIBUTIONS"]
+__all__ = [
+    "PlantedNetwork",
+    "two_layer",
+    "lemma16_pair",
+    "relu_separability_instance",
+    "sparse_corruption",
+    "gklw19_network",
+    "smoothed_perturbation",
+    "q_lambda_perturbation",
+    "INPUT_DISTRIBUTIONS",
+]
 
 #: Input laws accepted by :meth:`PlantedNetwork.sample`. All are symmetric with mean 0;
 #: all but "mixture" have identity covariance. "mixture" is GKLW19's two-Gaussian mixture
@@ -105,9 +114,24 @@ def _condition(A):
     return float(s[0] / s[-1]) if s[-1] > 0 else float(np.inf)
 
 
-def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None, max_cos=None,
-              max_output_condition=None, orthonormal_U=False, orthonormal_V=False, activation=None,
-              row_norms=None, bias=None, offset=None, max_tries=10000):
+def two_layer(
+    d,
+    k,
+    m,
+    *,
+    random_state=None,
+    condition=None,
+    max_condition=None,
+    max_cos=None,
+    max_output_condition=None,
+    orthonormal_U=False,
+    orthonormal_V=False,
+    activation=None,
+    row_norms=None,
+    bias=None,
+    offset=None,
+    max_tries=10000,
+):
     """Plant a random two-layer network ``y = U relu(V x + b) + c`` with unit-norm hidden rows.
 
     Parameters
@@ -184,8 +208,13 @@ def two_layer(d, k, m, *, random_state=None, condition=None, max_condition=None,
             from .activations import get_activation
 
             act = get_activation(activation)
-        return PlantedNetwork(U=U, V=V, b=_draw_param(bias, k, 0.5, rng, "bias"),
-                              c=_draw_param(offset, m, 1.0, rng, "offset"), activation=act)
+        return PlantedNetwork(
+            U=U,
+            V=V,
+            b=_draw_param(bias, k, 0.5, rng, "bias"),
+            c=_draw_param(offset, m, 1.0, rng, "offset"),
+            activation=act,
+        )
     raise ValueError(
         f"no network met the constraints (max_condition={max_condition}, max_cos={max_cos}, "
         f"max_output_condition={max_output_condition}) in {max_tries} draws; relax them"
@@ -300,10 +329,16 @@ def gklw19_network(d, k=None, m=None, *, condition_A=None, condition_W=None, ran
     if k > d or m < k:
         raise ValueError(f"need k <= d and m >= k; got d = {d}, k = {k}, m = {m}")
     rng = check_random_state(random_state)
-    W = (np.linalg.qr(rng.standard_normal((d, k)))[0].T if condition_W is None
-         else _conditioned(rng, k, d, float(condition_W)))
-    A = (np.linalg.qr(rng.standard_normal((m, k)))[0] if condition_A is None
-         else _conditioned(rng, m, k, float(condition_A)))
+    W = (
+        np.linalg.qr(rng.standard_normal((d, k)))[0].T
+        if condition_W is None
+        else _conditioned(rng, k, d, float(condition_W))
+    )
+    A = (
+        np.linalg.qr(rng.standard_normal((m, k)))[0]
+        if condition_A is None
+        else _conditioned(rng, m, k, float(condition_A))
+    )
     return PlantedNetwork(U=A, V=W)
 
 
@@ -312,8 +347,11 @@ def smoothed_perturbation(net, rho, *, random_state=None):
     if not (np.isfinite(rho) and rho >= 0):
         raise ValueError(f"rho must be a number >= 0; got {rho!r}")
     rng = check_random_state(random_state)
-    return PlantedNetwork(U=net.U + rho * rng.standard_normal(net.U.shape),
-                          V=net.V + rho * rng.standard_normal(net.V.shape), activation=net.activation)
+    return PlantedNetwork(
+        U=net.U + rho * rng.standard_normal(net.U.shape),
+        V=net.V + rho * rng.standard_normal(net.V.shape),
+        activation=net.activation,
+    )
 
 
 def q_lambda_perturbation(X, lam, *, Q=None, random_state=None):
@@ -478,6 +516,7 @@ def relu_dictionary(n, d, k, *, bias=None, max_abs=None, random_state=None):
 
 # ---- GP19: deep teachers f(x) = P(u(W x - t)) (Goel and Panigrahy 2019) ------------------
 
+
 def _sigmoid(a):
     return 0.5 * (1.0 + np.tanh(0.5 * a))
 
@@ -581,8 +620,7 @@ class DeepTeacher:
 
         S = set(S)
         rest = [j for j in range(self.n_hidden) if j not in S]
-        max_extra = self.n_hidden if self.polynomial == "or" else max(
-            [2] + [len(T) for T, _ in self.terms])
+        max_extra = self.n_hidden if self.polynomial == "or" else max([2] + [len(T) for T, _ in self.terms])
         total = 0.0
         for r in range(0, max(0, max_extra - len(S)) + 1):
             for extra in combinations(rest, r):
@@ -591,9 +629,23 @@ class DeepTeacher:
         return total
 
 
-def deep_teacher(n_features=None, n_hidden=None, *, W=None, threshold=2.0, activation="relu", linear=1.0,
-                 pair=0.0, terms=None, constant=0.0, polynomial="multilinear", condition=None, rho=1.0,
-                 normalize=True, random_state=None):
+def deep_teacher(
+    n_features=None,
+    n_hidden=None,
+    *,
+    W=None,
+    threshold=2.0,
+    activation="relu",
+    linear=1.0,
+    pair=0.0,
+    terms=None,
+    constant=0.0,
+    polynomial="multilinear",
+    condition=None,
+    rho=1.0,
+    normalize=True,
+    random_state=None,
+):
     """A GP19 deep teacher ``f(x) = P(u(W x - t))`` with multilinear P.
 
     Parameters
@@ -667,8 +719,17 @@ def deep_teacher(n_features=None, n_hidden=None, *, W=None, threshold=2.0, activ
     for S, _ in extra:
         if len(set(S)) != len(S) or any(not 0 <= j < k for j in S):
             raise ValueError(f"terms keys must be tuples of distinct hidden-unit indices in [0, {k}); got {S}")
-    return DeepTeacher(W=W, t=t, activation=activation, constant=float(constant), linear=lin, pairs=pairs,
-                       terms=extra, polynomial=polynomial, rho=float(rho))
+    return DeepTeacher(
+        W=W,
+        t=t,
+        activation=activation,
+        constant=float(constant),
+        linear=lin,
+        pairs=pairs,
+        terms=extra,
+        polynomial=polynomial,
+        rho=float(rho),
+    )
 
 
 __all__ += ["GP19_ACTIVATIONS", "DeepTeacher", "deep_teacher"]

@@ -10,6 +10,7 @@ samples, against the noisy labels (``mse``) and the clean ones (``mse_clean``).
 The paper leaves the grids unstated; the defaults here are small enough for a few minutes
 on 2 cores, ``full=True`` uses the paper's sizes (10 x 10 and 32 x 32, n up to 50,000).
 """
+
 from __future__ import annotations
 
 import csv
@@ -53,16 +54,24 @@ def _trial(d, n, seed, *, input="gaussian", noise=0.0, condition_A=None, conditi
         return dict(error_W=np.nan, error_A=np.nan, mse=np.nan, mse_clean=np.nan, seconds=seconds)
     err_W, err_A = metrics.matched_squared_error(res, net)
     P = res.predict(Xt)
-    return dict(error_W=err_W, error_A=err_A, mse=float(np.mean((P - Yt) ** 2)),
-                mse_clean=float(np.mean((P - Yt_clean) ** 2)), seconds=seconds)
+    return dict(
+        error_W=err_W,
+        error_A=err_A,
+        mse=float(np.mean((P - Yt) ** 2)),
+        mse_clean=float(np.mean((P - Yt_clean) ** 2)),
+        seconds=seconds,
+    )
 
 
 def _grid(name, full):
     """The list of (panel, x-name, x, trial-kwargs) points of one figure."""
     pts = []
     if name == "gklw19-fig2":  # sample efficiency, Gaussian input
-        sizes = [(10, [500, 1000, 2000, 5000, 10000, 20000, 50000]), (32, [2000, 5000, 10000, 20000, 50000])] if full \
+        sizes = (
+            [(10, [500, 1000, 2000, 5000, 10000, 20000, 50000]), (32, [2000, 5000, 10000, 20000, 50000])]
+            if full
             else [(10, [500, 1000, 2000, 5000, 10000])]
+        )
         for d, ns in sizes:
             pts += [(f"{d}x{d}", "n", n, dict(d=d, n=n)) for n in ns]
         dims = [10, 14, 18, 22, 26, 32] if full else [10, 16, 24]
@@ -73,8 +82,14 @@ def _grid(name, full):
             pts += [(law, "noise", s, dict(d=10, n=10000, noise=s, input=law)) for s in sig]
     elif name == "gklw19-fig4":  # condition number, mixture input, n = 20000
         kap = [1, 2, 5, 10, 20, 50]
-        pts += [("kappa(W)", "kappa", c, dict(d=10, n=20000, input="mixture", condition_W=c if c > 1 else None)) for c in kap]
-        pts += [("kappa(A)", "kappa", c, dict(d=10, n=20000, input="mixture", condition_A=c if c > 1 else None)) for c in kap]
+        pts += [
+            ("kappa(W)", "kappa", c, dict(d=10, n=20000, input="mixture", condition_W=c if c > 1 else None))
+            for c in kap
+        ]
+        pts += [
+            ("kappa(A)", "kappa", c, dict(d=10, n=20000, input="mixture", condition_A=c if c > 1 else None))
+            for c in kap
+        ]
     else:
         raise ValueError(f"unknown experiment {name!r}; choose one of {sorted(EXPERIMENTS)}")
     return pts
@@ -104,8 +119,15 @@ def run(name, *, full=False, trials=5, seed=0, progress=None):
             for o in outs:
                 o["sqrt_error_W_per_dim"] = float(np.sqrt(o["error_W"] / d))
                 o["sqrt_error_A_per_dim"] = float(np.sqrt(o["error_A"] / d))
-            for key in ("error_W", "error_A", "mse", "mse_clean", "seconds",
-                        "sqrt_error_W_per_dim", "sqrt_error_A_per_dim"):
+            for key in (
+                "error_W",
+                "error_A",
+                "mse",
+                "mse_clean",
+                "seconds",
+                "sqrt_error_W_per_dim",
+                "sqrt_error_A_per_dim",
+            ):
                 vals = np.array([o[key] for o in outs], dtype=float)
                 row[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
                 q = np.nanquantile(vals, [0.25, 0.5, 0.75]) if np.isfinite(vals).any() else [np.nan] * 3
@@ -154,18 +176,23 @@ def figure(rows, name, plt=None):
         x = np.array([r["x"] for r in pr], dtype=float)
         xname = pr[0]["x_name"]
         if xname == "dimension":
-            series = [("sqrt_error_W_per_dim", "o", "sqrt(error(W) / d)"),
-                      ("sqrt_error_A_per_dim", "s", "sqrt(error(A) / d)")]
+            series = [
+                ("sqrt_error_W_per_dim", "o", "sqrt(error(W) / d)"),
+                ("sqrt_error_A_per_dim", "s", "sqrt(error(A) / d)"),
+            ]
             ylabel = "sqrt(squared parameter error / d)"
         else:
-            series = [("error_W", "o", "error(W)"), ("error_A", "s", "error(A)"),
-                      ("mse", "^", "test MSE (noisy labels)")]
+            series = [
+                ("error_W", "o", "error(W)"),
+                ("error_A", "s", "error(A)"),
+                ("mse", "^", "test MSE (noisy labels)"),
+            ]
             ylabel = "squared error (GKLW19 metric) / test MSE"
         for key, marker, label in series:
             med = np.array([r[key + "_median"] for r in pr])
             lo = np.array([r[key + "_q25"] for r in pr])
             hi = np.array([r[key + "_q75"] for r in pr])
-            line, = ax.plot(x, med, marker + "-", label=f"{label}: median")
+            (line,) = ax.plot(x, med, marker + "-", label=f"{label}: median")
             ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         if xname in ("n", "kappa"):
             ax.set_xscale("log")
@@ -176,8 +203,9 @@ def figure(rows, name, plt=None):
         ax.set_title(f"{panel}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{name}: {EXPERIMENTS[name]}\nmedian and interquartile band over {rows[0]['trials']} trials",
-                 fontsize=9)
+    fig.suptitle(
+        f"{name}: {EXPERIMENTS[name]}\nmedian and interquartile band over {rows[0]['trials']} trials", fontsize=9
+    )
     fig.tight_layout()
     return fig
 
@@ -192,9 +220,13 @@ def main(name, *, full=False, trials=5, out=".", seed=0, progress=None):
     if plot(rows, name, png):
         print(f"wrote {png}")
     else:
-        print("matplotlib is not installed: no figure. Install it with  pip install '.[plot]'  "
-              "(or pip install matplotlib) and rerun.")
+        print(
+            "matplotlib is not installed: no figure. Install it with  pip install '.[plot]'  "
+            "(or pip install matplotlib) and rerun."
+        )
     for r in rows:
-        print(f"  {r['panel']:>22}  {r['x_name']}={r['x']:<7}  median error(W) {r['error_W_median']:.4f}  "
-              f"error(A) {r['error_A_median']:.4f}  MSE {r['mse_median']:.5f}")
+        print(
+            f"  {r['panel']:>22}  {r['x_name']}={r['x']:<7}  median error(W) {r['error_W_median']:.4f}  "
+            f"error(A) {r['error_A_median']:.4f}  MSE {r['mse_median']:.5f}"
+        )
     return rows

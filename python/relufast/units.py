@@ -9,6 +9,7 @@ of the second Hermite moment ``T_2 = E[y (x x^T - I)]`` of a random output combi
 (Gaussian inputs). :func:`near_duplicates` names pairs of recovered rows that are nearly
 parallel and the samples that separate them.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .stages.fit import max_abs, power_of_two_scale
-
 from .stages.diagnostics import RANK_TOL
+from .stages.fit import max_abs, power_of_two_scale
 from .stages.precision import resolve_precision
 
 __all__ = ["Visibility", "visible_units", "near_duplicates", "NEAR_DUPLICATE_COS"]
@@ -101,9 +101,11 @@ def invisible_message(visible: int, n_hidden: int) -> str:
     """The message when fewer units are visible than asked for (empty otherwise)."""
     if visible >= n_hidden:
         return ""
-    return (f"{n_hidden - visible} of {n_hidden} units are never active on these inputs or have a zero "
-            f"output column (dead or pruned units leave no trace in the outputs); n_hidden={visible} "
-            "recovers the rest")
+    return (
+        f"{n_hidden - visible} of {n_hidden} units are never active on these inputs or have a zero "
+        f"output column (dead or pruned units leave no trace in the outputs); n_hidden={visible} "
+        "recovers the rest"
+    )
 
 
 def near_duplicates(V, n_features=None, *, threshold=NEAR_DUPLICATE_COS):
@@ -135,7 +137,9 @@ def near_duplicates(V, n_features=None, *, threshold=NEAR_DUPLICATE_COS):
 def near_duplicate_message(pairs) -> str:
     if not pairs:
         return ""
-    parts = [f"units {i} and {j} are near-duplicates (recovered rows at cos {c:.5f}: the pair "
-             f"separates only with at least about {need:.1e} samples, more if the true rows are closer)"
-             for i, j, c, need in pairs]
+    parts = [
+        f"units {i} and {j} are near-duplicates (recovered rows at cos {c:.5f}: the pair "
+        f"separates only with at least about {need:.1e} samples, more if the true rows are closer)"
+        for i, j, c, need in pairs
+    ]
     return "; ".join(parts)

@@ -34,6 +34,7 @@ estimated noise), which sees every unit since He_1 and He_2 have no common root 
 needs no rank thresholds; Algorithms 1-3 are reconstructed from the appendix; the
 refinement step is relufast's own.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,16 @@ from ..stages.precision import resolve_precision
 from ..stages.refine import region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
-__all__ = ["atv21", "atv21_general", "hermite_coefficient", "population_tensors", "recover_from_tensors",
-           "recover_general_from_tensors", "fit_network", "CITATION"]
+__all__ = [
+    "atv21",
+    "atv21_general",
+    "hermite_coefficient",
+    "population_tensors",
+    "recover_from_tensors",
+    "recover_general_from_tensors",
+    "fit_network",
+    "CITATION",
+]
 
 CITATION = (
     "P. Awasthi, A. Tang, A. Vijayaraghavan. Efficient algorithms for learning depth-2 neural "
@@ -215,8 +224,9 @@ def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
     T0, T1, T2, T3, T4 = T
     diag = {}
     s3, s4, r3, r4 = _flattening_ranks(T3, T4, noise3, noise4)
-    diag.update(flattening_singular_values_T3=s3, flattening_singular_values_T4=s4,
-                flattening_rank_T3=r3, flattening_rank_T4=r4)
+    diag.update(
+        flattening_singular_values_T3=s3, flattening_singular_values_T4=s4, flattening_rank_T3=r3, flattening_rank_T4=r4
+    )
     # Alg. 4 steps 1-4: Jennrich on the flattenings of T_3 (k x k x k) and T_4 (k x k x k^2),
     # as one pencil: the third modes concatenated, each scaled by its noise level, so a
     # unit invisible in one tensor (b at a root of He_1 or He_2) is seen in the other.
@@ -280,8 +290,13 @@ def recover_from_tensors(tensors, n_hidden, *, random_state=None):
     rng = check_random_state(random_state)
     with single_threaded_blas():
         W, ev = input_span(T[2][None], k)
-        Tp = [T[0], T[1] @ W, W.T @ T[2] @ W, np.einsum("abc,ai,bj,ck->ijk", T[3], W, W, W),
-              np.einsum("abcd,ai,bj,ck,dl->ijkl", T[4], W, W, W, W)]
+        Tp = [
+            T[0],
+            T[1] @ W,
+            W.T @ T[2] @ W,
+            np.einsum("abc,ai,bj,ck->ijk", T[3], W, W, W),
+            np.einsum("abcd,ai,bj,ck,dl->ijkl", T[4], W, W, W, W),
+        ]
         Z, a, b, c0, diag = _algorithm6(Tp, k, rng)
     return a, (W @ Z).T, b, c0, diag
 
@@ -293,13 +308,28 @@ def _validate_common(X, Y, n_hidden, tol, block_size):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
     n_min = max(2 * (d + 1), 20 * k)
     if n < n_min:
-        raise ValueError(f"atv21 needs at least max(2 (d + 1), 20 k) = {n_min} samples for d = {d}, "
-                         f"k = {k}; got n = {n}")
+        raise ValueError(
+            f"atv21 needs at least max(2 (d + 1), 20 k) = {n_min} samples for d = {d}, k = {k}; got n = {n}"
+        )
     return X, Y, n, d, m, k, block_size
 
 
-def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, n_restarts=4,
-          n_refine=200000, n_jobs=None, random_state=None, block_size=256, precision=None):
+def atv21(
+    X,
+    Y,
+    n_hidden,
+    *,
+    refine=True,
+    tol=1e-10,
+    max_rounds=10,
+    margin=0.1,
+    n_restarts=4,
+    n_refine=200000,
+    n_jobs=None,
+    random_state=None,
+    block_size=256,
+    precision=None,
+):
     """Recover ``Y = relu(X V^T + b) U^T + c`` for Gaussian X, k <= d, any m (ATV21 Thm 3.1).
 
     Parameters
@@ -363,13 +393,26 @@ def atv21(X, Y, n_hidden, *, refine=True, tol=1e-10, max_rounds=10, margin=0.1, 
     """
     prec = resolve_precision(Y, precision)
     with single_threaded_blas():
-        return _atv21(X, Y, n_hidden, refine=refine, tol=tol, max_rounds=max_rounds, margin=margin,
-                      n_restarts=n_restarts, n_refine=n_refine, n_jobs=n_jobs, random_state=random_state,
-                      block_size=block_size, prec=prec)
+        return _atv21(
+            X,
+            Y,
+            n_hidden,
+            refine=refine,
+            tol=tol,
+            max_rounds=max_rounds,
+            margin=margin,
+            n_restarts=n_restarts,
+            n_refine=n_refine,
+            n_jobs=n_jobs,
+            random_state=random_state,
+            block_size=block_size,
+            prec=prec,
+        )
 
 
-def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state,
-           block_size, prec):
+def _atv21(
+    X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state, block_size, prec
+):
     run = Run("atv21")
     X, Y, n, d, m, k, block_size = _validate_common(X, Y, n_hidden, tol, block_size)
     run.precision = prec.name
@@ -387,11 +430,13 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_ref
     diag.update(backend=BACKEND, threads=threads)
     diag.update(gaussianity(X))
     if not diag["gaussian_ok"]:
-        warn("X does not look like standard Gaussian input (second-moment deviation "
-             f"{diag['second_moment_deviation']:.3g} vs {diag['second_moment_tolerance']:.3g}, kurtosis "
-             f"statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); ATV21's "
-             "Hermite moments assume x ~ N(0, I). An 'exact' status remains trustworthy (it is a "
-             "residual certificate over all samples), but the estimate may fail.")
+        warn(
+            "X does not look like standard Gaussian input (second-moment deviation "
+            f"{diag['second_moment_deviation']:.3g} vs {diag['second_moment_tolerance']:.3g}, kurtosis "
+            f"statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); ATV21's "
+            "Hermite moments assume x ~ N(0, I). An 'exact' status remains trustworthy (it is a "
+            "residual certificate over all samples), but the estimate may fail."
+        )
 
     # Steps 1-2: output combination, T_2 and the span of V.
     with run.stage("moments"):
@@ -424,22 +469,33 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_ref
         diag["span_eigenvalues"] = evals[: min(len(evals), k + 3)]
         diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
         cuts = np.linspace(0, n, min(NOISE_BATCHES, n) + 1).astype(int)
-        accs = [HermiteAccumulator(1, order=4, basis=W, n_jobs=n_jobs, block_size=block_size)
-                .add(X[a:e], y[a:e]) for a, e in zip(cuts[:-1], cuts[1:])]
+        accs = [
+            HermiteAccumulator(1, order=4, basis=W, n_jobs=n_jobs, block_size=block_size).add(X[a:e], y[a:e])
+            for a, e in zip(cuts[:-1], cuts[1:])
+        ]
         parts = [[t[0] for t in acc.tensors()] for acc in accs]
         total = accs[0]
         for acc in accs[1:]:
             total.merge(acc)
         T = [t[0] for t in total.tensors()]
         wts = np.diff(cuts) / n
-        noise = [float(np.sqrt(np.sum(np.tensordot(wts, np.stack([p[r] - T[r] for p in parts]) ** 2, axes=1))
-                               / max(len(parts) - 1, 1))) for r in range(5)]
+        noise = [
+            float(
+                np.sqrt(
+                    np.sum(np.tensordot(wts, np.stack([p[r] - T[r] for p in parts]) ** 2, axes=1))
+                    / max(len(parts) - 1, 1)
+                )
+            )
+            for r in range(5)
+        ]
         diag["tensor_noise"] = np.array(noise)
     if diag["span_eigenvalue_ratio"] < 1e-12:
-        return run.result(Status.FAILED,
-                          f"T_2 has fewer than k = {k} nonzero eigenvalues (ratio "
-                          f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
-                          "|b_i| very large) or two units are parallel")
+        return run.result(
+            Status.FAILED,
+            f"T_2 has fewer than k = {k} nonzero eigenvalues (ratio "
+            f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
+            "|b_i| very large) or two units are parallel",
+        )
 
     Xs = Ys = None
     if n_refine is not None and n > n_refine:
@@ -451,8 +507,9 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_ref
     best, attempts = None, []
     for attempt in range(n_restarts if refine else 1):
         with run.stage("tensor"):
-            Z, a, bb, c0, d6 = _algorithm6(T, k, rng, noise3=noise[3], noise4=noise[4],
-                                           polish="cp" if attempt % 2 == 0 else "jennrich")
+            Z, a, bb, c0, d6 = _algorithm6(
+                T, k, rng, noise3=noise[3], noise4=noise[4], polish="cp" if attempt % 2 == 0 else "jennrich"
+            )
             V0 = (W @ Z).T
             V0 = np.ascontiguousarray(V0 / np.linalg.norm(V0, axis=1, keepdims=True))
         if not (np.all(np.isfinite(V0)) and np.all(np.isfinite(bb)) and np.all(np.isfinite(a))):
@@ -463,28 +520,58 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_ref
             # Rounds on a random subset (the region systems need far fewer samples than the
             # moments), then (U, c) refitted and certified on all samples.
             if refine and Xs is not None:
-                sub = region_refine(Xs, Ys, V0, bb, margin=margin, max_rounds=max_rounds, n_jobs=n_jobs,
-                                    block_size=4096, tol=min(1e-14, tol))
-                rr = region_refine(X, Y, sub.V, sub.b, sub.U, sub.c, max_rounds=0, n_jobs=n_jobs,
-                                   block_size=4096)
-                rr = rr._replace(history=sub.history + (rr.residual,), rounds=sub.rounds,
-                                 undetermined=sub.undetermined, n_regions=sub.n_regions,
-                                 n_certain=sub.n_certain, n_trimmed=sub.n_trimmed)
+                sub = region_refine(
+                    Xs,
+                    Ys,
+                    V0,
+                    bb,
+                    margin=margin,
+                    max_rounds=max_rounds,
+                    n_jobs=n_jobs,
+                    block_size=4096,
+                    tol=min(1e-14, tol),
+                )
+                rr = region_refine(X, Y, sub.V, sub.b, sub.U, sub.c, max_rounds=0, n_jobs=n_jobs, block_size=4096)
+                rr = rr._replace(
+                    history=sub.history + (rr.residual,),
+                    rounds=sub.rounds,
+                    undetermined=sub.undetermined,
+                    n_regions=sub.n_regions,
+                    n_certain=sub.n_certain,
+                    n_trimmed=sub.n_trimmed,
+                )
             else:
-                rr = region_refine(X, Y, V0, bb, margin=margin, max_rounds=max_rounds if refine else 0,
-                                   n_jobs=n_jobs, block_size=4096, tol=min(1e-14, tol))
+                rr = region_refine(
+                    X,
+                    Y,
+                    V0,
+                    bb,
+                    margin=margin,
+                    max_rounds=max_rounds if refine else 0,
+                    n_jobs=n_jobs,
+                    block_size=4096,
+                    tol=min(1e-14, tol),
+                )
         attempts.append(rr.residual)
         if best is None or rr.residual < best[0].residual:
             best = (rr, d6, a, bb, c0)
         if rr.residual <= tol:
             break
     if best is None:
-        return run.result(Status.FAILED, "the tensor step produced non-finite parameters (degenerate "
-                          "Jennrich pencil) in every restart; try more samples or another random_state")
+        return run.result(
+            Status.FAILED,
+            "the tensor step produced non-finite parameters (degenerate "
+            "Jennrich pencil) in every restart; try more samples or another random_state",
+        )
     rr, d6, a, bb, c0 = best
     diag.update(d6)
-    diag.update(estimate_a=a, estimate_b=bb, estimate_c_combined=c0, restarts=len(attempts),
-                restart_residuals=np.array(attempts))
+    diag.update(
+        estimate_a=a,
+        estimate_b=bb,
+        estimate_c_combined=c0,
+        restarts=len(attempts),
+        restart_residuals=np.array(attempts),
+    )
     large = np.flatnonzero(np.abs(bb) > math.sqrt(2.0 * math.log(max(n, 3))))
     diag["units_large_bias"] = tuple(int(i) for i in large)
     # A unit whose T_2 weight a phi(b) is within 3 noise levels is invisible at this n:
@@ -492,52 +579,89 @@ def _atv21(X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_ref
     weak = np.flatnonzero(np.abs(d6["zeta2"]) <= 3.0 * noise[2])
     diag["units_below_noise"] = tuple(int(i) for i in weak)
     unreliable = sorted(set(diag["units_large_bias"]) | set(diag["units_below_noise"]))
-    note = ("" if not unreliable else
-            f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
-            f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
-            "nearly always or never active and cannot be recovered at this n")
-    diag.update(refine_history=np.array(rr.history), refine_rounds=rr.rounds,
-                undetermined_units=rr.undetermined, n_regions=rr.n_regions, n_certain=rr.n_certain,
-                n_trimmed=rr.n_trimmed)
+    note = (
+        ""
+        if not unreliable
+        else f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
+        f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
+        "nearly always or never active and cannot be recovered at this n"
+    )
+    diag.update(
+        refine_history=np.array(rr.history),
+        refine_rounds=rr.rounds,
+        undetermined_units=rr.undetermined,
+        n_regions=rr.n_regions,
+        n_certain=rr.n_certain,
+        n_trimmed=rr.n_trimmed,
+    )
     run.counts.update(refine_rounds=rr.rounds, regions=rr.n_regions, restarts=len(attempts))
     order = np.argsort(-np.linalg.norm(rr.U, axis=0), kind="stable")
     U, V, b, c = rr.U[:, order], rr.V[order], rr.b[order], rr.c
     residual = rr.residual
     start = rr.history[0]
     if not refine:
-        return run.result(Status.APPROXIMATE,
-                          f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
-                          f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
-                          U=U, V=V, b=b, c=c, residual=residual)
+        return run.result(
+            Status.APPROXIMATE,
+            f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
+            f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
+            U=U,
+            V=V,
+            b=b,
+            c=c,
+            residual=residual,
+        )
     if residual <= tol and not rr.undetermined:
-        return run.result(Status.EXACT,
-                          f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
-                          f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
-                          f"{rr.rounds} rounds of activation-region refinement; relative residual "
-                          f"{residual:.2e} over {n} samples"
-                          + ("" if prec.is_double else f" (certified at {prec.name} precision, floor "
-                             f"{prec.floor(d, k):.1e}; fitted in float64)"),
-                          U=U, V=V, b=b, c=c, residual=residual, exact=True)
+        return run.result(
+            Status.EXACT,
+            f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
+            f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
+            f"{rr.rounds} rounds of activation-region refinement; relative residual "
+            f"{residual:.2e} over {n} samples"
+            + (
+                ""
+                if prec.is_double
+                else f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; fitted in float64)"
+            ),
+            U=U,
+            V=V,
+            b=b,
+            c=c,
+            residual=residual,
+            exact=True,
+        )
     if residual <= tol:
-        return run.result(Status.NON_IDENTIFIABLE,
-                          f"the network fits exactly (residual {residual:.2e}) but the activation regions "
-                          f"populated by the samples do not determine units {list(rr.undetermined)} (the "
-                          "region system has rank < k: such a unit is active on all or on no samples, or "
-                          "always together with others); more samples, or a smaller |b|, may fix it" + note,
-                          U=U, V=V, b=b, c=c, residual=residual)
-    return run.result(Status.FAILED,
-                      f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
-                      f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
-                      f"{len(attempts)} tensor steps (exact needs "
-                      f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
-                      "random_state, or check that the outputs are noiseless (for noisy outputs use "
-                      "refine=False) and X standard Gaussian" + note,
-                      U=U, V=V, b=b, c=c, residual=residual)
+        return run.result(
+            Status.NON_IDENTIFIABLE,
+            f"the network fits exactly (residual {residual:.2e}) but the activation regions "
+            f"populated by the samples do not determine units {list(rr.undetermined)} (the "
+            "region system has rank < k: such a unit is active on all or on no samples, or "
+            "always together with others); more samples, or a smaller |b|, may fix it" + note,
+            U=U,
+            V=V,
+            b=b,
+            c=c,
+            residual=residual,
+        )
+    return run.result(
+        Status.FAILED,
+        f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
+        f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
+        f"{len(attempts)} tensor steps (exact needs "
+        f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
+        "random_state, or check that the outputs are noiseless (for noisy outputs use "
+        "refine=False) and X standard Gaussian" + note,
+        U=U,
+        V=V,
+        b=b,
+        c=c,
+        residual=residual,
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Theorem 3.2: l = 2 (k up to d (d + 1) / 2), signs ambiguous; Algorithm 5 (fit).
 # ---------------------------------------------------------------------------------------
+
 
 def _algorithm4_l2(T, k, rng, noise5=0.0, noise6=0.0, n_draws=10):
     """Algorithm 4 with l = 2 on dense T_0..T_6 (one output, dimension d).
@@ -635,7 +759,7 @@ def fit_network(X, Y, V, b):
     Zp = X @ V.T + b
     F = np.hstack([np.maximum(Zp, 0.0), np.maximum(-Zp, 0.0), X, np.ones((n, 1))])
     coef = np.linalg.lstsq(F, Y, rcond=None)[0]  # (2k + d + 1, m)
-    alpha, alpha2, lin, const = coef[:k], coef[k:2 * k], coef[2 * k:2 * k + d], coef[-1]
+    alpha, alpha2, lin, const = coef[:k], coef[k : 2 * k], coef[2 * k : 2 * k + d], coef[-1]
     # relu(-z) = relu(z) - z with z = v.x + b:
     U_units = (alpha + alpha2).T  # (m, k)
     lin = lin - V.T @ alpha2  # (d, m)
@@ -650,8 +774,7 @@ def fit_network(X, Y, V, b):
     return U_out, V_out, b_out, const
 
 
-def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None,
-                  block_size=256):
+def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None, block_size=256):
     """ATV21 Theorem 3.2: Algorithm 4 with l = 2 (k up to d (d + 1) / 2, k > d allowed).
 
     Parameters
@@ -685,8 +808,9 @@ def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_s
     N^-1/2 from a large constant); expect a usable estimate only at N >> 1e7 for d = 4.
     """
     with single_threaded_blas():
-        return _atv21_general(X, Y, n_hidden, fit=fit, tol=tol, n_jobs=n_jobs,
-                              random_state=random_state, block_size=block_size)
+        return _atv21_general(
+            X, Y, n_hidden, fit=fit, tol=tol, n_jobs=n_jobs, random_state=random_state, block_size=block_size
+        )
 
 
 def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size):
@@ -696,11 +820,15 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
     if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
     if k > d * (d + 1) // 2:
-        raise ValueError(f"atv21-general (l = 2) needs n_hidden <= d (d + 1) / 2 = {d * (d + 1) // 2} "
-                         f"(the w_i (x) w_i must be independent); got n_hidden = {k}")
+        raise ValueError(
+            f"atv21-general (l = 2) needs n_hidden <= d (d + 1) / 2 = {d * (d + 1) // 2} "
+            f"(the w_i (x) w_i must be independent); got n_hidden = {k}"
+        )
     if d > 12:
-        raise ValueError(f"atv21-general forms order-6 tensors in the input space (d^6 = {d ** 6} entries "
-                         f"per output); got d = {d} > 12")
+        raise ValueError(
+            f"atv21-general forms order-6 tensors in the input space (d^6 = {d**6} entries "
+            f"per output); got d = {d} > 12"
+        )
     n_min = max(4 * (d + 1), 50 * k)
     if n < n_min:
         raise ValueError(f"atv21-general needs at least {n_min} samples for d = {d}, k = {k}; got n = {n}")
@@ -716,15 +844,18 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
         g /= np.linalg.norm(g)
         y = np.ascontiguousarray(Yt @ g[:, None])
         cuts = np.linspace(0, half, NOISE_BATCHES + 1).astype(int)
-        accs = [HermiteAccumulator(1, order=6, n_features=d, n_jobs=n_jobs, block_size=block_size)
-                .add(np.ascontiguousarray(Xt[a:e]), y[a:e]) for a, e in zip(cuts[:-1], cuts[1:])]
+        accs = [
+            HermiteAccumulator(1, order=6, n_features=d, n_jobs=n_jobs, block_size=block_size).add(
+                np.ascontiguousarray(Xt[a:e]), y[a:e]
+            )
+            for a, e in zip(cuts[:-1], cuts[1:])
+        ]
         parts = [[t[0] for t in acc.tensors()] for acc in accs]
         total = accs[0]
         for acc in accs[1:]:
             total.merge(acc)
         T = [t[0] for t in total.tensors()]
-        noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts)))
-                 for r in range(7)]
+        noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts))) for r in range(7)]
         diag["tensor_noise"] = np.array(noise)
         T2all = SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size).add(Xt, Yt).tensor()
     with run.stage("tensor"):
@@ -733,19 +864,30 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
     large = tuple(int(i) for i in np.flatnonzero(np.abs(bt) > math.sqrt(2.0 * math.log(max(n, 3)))))
     diag["units_large_bias"] = large
     diag["sign_ambiguous"] = tuple(range(k))
-    note = (f"; units {list(large)} have |b| > sqrt(2 log n) = {math.sqrt(2 * math.log(n)):.2f}: too large "
-            "to recover at this n (their parameters are unreliable)" if large else "")
+    note = (
+        f"; units {list(large)} have |b| > sqrt(2 log n) = {math.sqrt(2 * math.log(n)):.2f}: too large "
+        "to recover at this n (their parameters are unreliable)"
+        if large
+        else ""
+    )
     if fit:
         with run.stage("fit"):
             U, V, b, c = fit_network(X[half:], Y[half:], Wt, bt)
             resid = Y - (np.maximum(X @ V.T + b, 0.0) @ U.T + c)
             residual = float(np.linalg.norm(resid) / max(np.linalg.norm(Y), 1e-300))
         exact = residual <= tol
-        return run.result(Status.EXACT if exact else Status.APPROXIMATE,
-                          f"ATV21 Algorithm 5: a network of {V.shape[0]} units (the {k} recovered units with "
-                          f"both signs folded in, plus the linear part as unit pairs) fitted on {n - half} "
-                          f"held-out samples; relative residual {residual:.2e} over all {n} samples" + note,
-                          U=U, V=V, b=b, c=c, residual=residual, exact=exact)
+        return run.result(
+            Status.EXACT if exact else Status.APPROXIMATE,
+            f"ATV21 Algorithm 5: a network of {V.shape[0]} units (the {k} recovered units with "
+            f"both signs folded in, plus the linear part as unit pairs) fitted on {n - half} "
+            f"held-out samples; relative residual {residual:.2e} over all {n} samples" + note,
+            U=U,
+            V=V,
+            b=b,
+            c=c,
+            residual=residual,
+            exact=exact,
+        )
     # Output layer from T_2 of every output (sign-free: zeta_2 = U_oi phi(b_i)).
     Zt = Wt.T
     U = np.array([_sympow_ls(T2all[o], Zt, 2) for o in range(m)]) / _phi(bt)[None, :]
@@ -754,10 +896,16 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
     c = resid.mean(axis=0)
     residual = float(np.linalg.norm(resid - c) / max(np.linalg.norm(Y), 1e-300))
     diag["residual_is_sign_dependent"] = True
-    return run.result(Status.APPROXIMATE,
-                      f"ATV21 Theorem 3.2 (Algorithm 4 with l = 2): {k} units, each (v_i, b_i) known only up "
-                      "to one common sign flip (not identifiable when the units are linearly dependent); "
-                      "U from T_2 is sign-free, the offset c and the residual "
-                      f"({residual:.2e}) depend on the signs. Use fit=True (Algorithm 5) for a network "
-                      "with small L2 error" + note,
-                      U=U, V=Wt, b=bt, c=c, residual=residual)
+    return run.result(
+        Status.APPROXIMATE,
+        f"ATV21 Theorem 3.2 (Algorithm 4 with l = 2): {k} units, each (v_i, b_i) known only up "
+        "to one common sign flip (not identifiable when the units are linearly dependent); "
+        "U from T_2 is sign-free, the offset c and the residual "
+        f"({residual:.2e}) depend on the signs. Use fit=True (Algorithm 5) for a network "
+        "with small L2 error" + note,
+        U=U,
+        V=Wt,
+        b=bt,
+        c=c,
+        residual=residual,
+    )

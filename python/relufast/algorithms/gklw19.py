@@ -25,6 +25,7 @@ Functions and the paper
 ``population_detector``
     Lemma 19: closed form of T for Gaussian input (for tests and diagnostics).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,11 +43,18 @@ from ..stages.reduce import Samples, SampleStream
 from ..stages.refine import output_basis, refine_rows
 from ..stages.tensor import cp_als, jennrich, merge_symmetric_factors
 
-__all__ = ["CITATION", "single_neuron", "detector_matrix", "recover", "population_detector",
-           "symmetry_statistic", "vech_weighted", "mat_star"]
+__all__ = [
+    "CITATION",
+    "single_neuron",
+    "detector_matrix",
+    "recover",
+    "population_detector",
+    "symmetry_statistic",
+    "vech_weighted",
+    "mat_star",
+]
 
-CITATION = ("R. Ge, R. Kuditipudi, Z. Li, X. Wang. Learning two-layer neural networks with "
-            "symmetric inputs. ICLR 2019.")
+CITATION = "R. Ge, R. Kuditipudi, Z. Li, X. Wang. Learning two-layer neural networks with symmetric inputs. ICLR 2019."
 
 
 def single_neuron(X, y):
@@ -76,10 +84,6 @@ def mat_star(v, k):
     return M + np.triu(M, 1).T
 
 
-
-
-
-
 def population_detector(W, A, *, centred=True):
     """T for Gaussian input N(0, I) from the closed form of Lemma 19 (W (k, d), A (k, k)).
 
@@ -97,8 +101,11 @@ def population_detector(W, A, *, centred=True):
             ni, nj = np.linalg.norm(W[i]), np.linalg.norm(W[j])
             phi = math.acos(np.clip(W[i] @ W[j] / (ni * nj), -1, 1))
             m = (phi * math.cos(phi) - math.sin(phi)) * ni * nj / math.pi
-            N = (m * np.eye(d) + phi / math.pi * (np.outer(W[i], W[j]) + np.outer(W[j], W[i]))
-                 - math.sin(phi) / math.pi * (ni / nj * np.outer(W[j], W[j]) + nj / ni * np.outer(W[i], W[i])))
+            N = (
+                m * np.eye(d)
+                + phi / math.pi * (np.outer(W[i], W[j]) + np.outer(W[j], W[i]))
+                - math.sin(phi) / math.pi * (ni / nj * np.outer(W[j], W[j]) + nj / ni * np.outer(W[i], W[i]))
+            )
             terms[i, j] = N - (m * np.eye(d) if centred else 0.0)
     for a, c in zip(*iu):
         Uac = np.zeros((k, k))
@@ -142,9 +149,23 @@ def _refit_W(X, Y, A, V, steps):
 
 
 @recovery_method("gklw19")
-def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20, n_slices=None,
-            als_restarts=10, als_iter=300, refit_steps=200, tol=1e-9, n_jobs=None, random_state=None,
-            comm=None):
+def recover(
+    X,
+    Y,
+    n_hidden,
+    *,
+    noise_corrected=True,
+    practical=False,
+    n_draws=20,
+    n_slices=None,
+    als_restarts=10,
+    als_iter=300,
+    refit_steps=200,
+    tol=1e-9,
+    n_jobs=None,
+    random_state=None,
+    comm=None,
+):
     """Recover ``y = A relu(W x) (+ noise)`` for symmetric inputs (GKLW19 Algorithms 1-4).
 
     Parameters
@@ -181,14 +202,41 @@ def recover(X, Y, n_hidden, *, noise_corrected=True, practical=False, n_draws=20
         inputs (a warning above 6).
     """
     with single_threaded_blas():
-        return _recover(X, Y, n_hidden, noise_corrected=noise_corrected, practical=practical,
-                        n_draws=n_draws, n_slices=n_slices, als_restarts=als_restarts,
-                        als_iter=als_iter, refit_steps=refit_steps, tol=tol, n_jobs=n_jobs,
-                        random_state=random_state, comm=comm)
+        return _recover(
+            X,
+            Y,
+            n_hidden,
+            noise_corrected=noise_corrected,
+            practical=practical,
+            n_draws=n_draws,
+            n_slices=n_slices,
+            als_restarts=als_restarts,
+            als_iter=als_iter,
+            refit_steps=refit_steps,
+            tol=tol,
+            n_jobs=n_jobs,
+            random_state=random_state,
+            comm=comm,
+        )
 
 
-def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, als_restarts, als_iter,
-             refit_steps, tol, n_jobs, random_state, comm):
+def _recover(
+    X,
+    Y,
+    n_hidden,
+    *,
+    noise_corrected,
+    practical,
+    n_draws,
+    n_slices,
+    als_restarts,
+    als_iter,
+    refit_steps,
+    tol,
+    n_jobs,
+    random_state,
+    comm,
+):
     run = Run("gklw19")
     threads = resolve_n_jobs(n_jobs)
     data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads)
@@ -199,9 +247,10 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     refit_steps = check_positive_int(refit_steps, "refit_steps", minimum=0)
     rng = check_random_state(random_state)
     if practical and refit_steps and (data.distributed or data.lazy):
-        raise ValueError("practical=True with refit_steps > 0 needs the samples in memory on one "
-                         "process; got " + ("an MPI communicator" if data.distributed else "dask arrays")
-                         + ": use refit_steps=0")
+        raise ValueError(
+            "practical=True with refit_steps > 0 needs the samples in memory on one "
+            "process; got " + ("an MPI communicator" if data.distributed else "dask arrays") + ": use refit_steps=0"
+        )
     k2 = k * (k - 1) // 2
     if n < (d * (d + 1)) // 2 + 1:
         raise ValueError(f"gklw19 needs more samples than d (d + 1) / 2 = {d * (d + 1) // 2} for d = {d}; got n = {n}")
@@ -216,22 +265,28 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     Xs, Ys = data.extend(SampleStream(n, rng), min(n, PROBE_ROWS))
     on = "the outputs" if len(Xs) == n else f"a random sample of {len(Xs)} rows"
     if max_abs(Ys) == 0:
-        return stop(Status.NON_IDENTIFIABLE,
-                    f"the outputs are all zero ({on}): the network U = 0 fits them with any W, so W is "
-                    "not determined by the data (nothing to recover)")
+        return stop(
+            Status.NON_IDENTIFIABLE,
+            f"the outputs are all zero ({on}): the network U = 0 fits them with any W, so W is "
+            "not determined by the data (nothing to recover)",
+        )
     null = input_null_space(Xs)
     if null.shape[0]:
         diag["input_null_space"] = null
-        return stop(Status.NON_IDENTIFIABLE,
-                    f"the inputs span a subspace of dimension {d - null.shape[0]} < d = {d} on {on} "
-                    "(duplicated, zero or linearly dependent input columns): W is not determined along the "
-                    f"{null.shape[0]} direction(s) in diagnostics['input_null_space'], and Algorithm 1 "
-                    "needs E[x x^T] invertible. Drop the redundant columns and map W back")
+        return stop(
+            Status.NON_IDENTIFIABLE,
+            f"the inputs span a subspace of dimension {d - null.shape[0]} < d = {d} on {on} "
+            "(duplicated, zero or linearly dependent input columns): W is not determined along the "
+            f"{null.shape[0]} direction(s) in diagnostics['input_null_space'], and Algorithm 1 "
+            "needs E[x x^T] invertible. Drop the redundant columns and map W back",
+        )
     sym = symmetry_statistic(Xs)
     diag["symmetry_statistic"] = sym
     if sym > 6.0:
-        warn(f"X does not look symmetric (largest standardised odd moment {sym:.1f}); GKLW19 assumes "
-             "x and -x equally likely, so the detector is biased")
+        warn(
+            f"X does not look symmetric (largest standardised odd moment {sym:.1f}); GKLW19 assumes "
+            "x and -x equally likely, so the detector is biased"
+        )
 
     # Algorithm 4: project non-square outputs on the top-k left singular vectors of E[y x^T].
     t = time.perf_counter()
@@ -255,9 +310,11 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     diag["distinguishing_sigma"] = gap
     diag["null_sigma"] = float(s_full[k2] / s_full[0]) if len(s_full) > k2 and s_full[0] > 0 else 0.0
     if k2 >= 1 and gap < 1e-10:
-        return stop(Status.NON_IDENTIFIABLE,
-                    f"the distinguishing matrix is rank-deficient (sigma_(k(k-1)/2)(T) / sigma_1(T) = {gap:.2e}): "
-                    "the pure-neuron detector has spurious zeros (GKLW19 needs N or M of full column rank)")
+        return stop(
+            Status.NON_IDENTIFIABLE,
+            f"the distinguishing matrix is rank-deficient (sigma_(k(k-1)/2)(T) / sigma_1(T) = {gap:.2e}): "
+            "the pure-neuron detector has spurious zeros (GKLW19 needs N or M of full column rank)",
+        )
     slices = np.array([mat_star(S[:, j], k) for j in range(k)])  # (k, k, k)
     cands = []
     if practical:
@@ -328,14 +385,26 @@ def _recover(X, Y, n_hidden, *, noise_corrected, practical, n_draws, n_slices, a
     exact = bool(residual <= tol and certified == k)
     status = Status.EXACT if exact else Status.APPROXIMATE
     if np.isfinite(residual) and residual >= 1.0:
-        return run.result(Status.FAILED, f"the recovered network explains none of the outputs (relative "
-                          f"residual {residual:.3g} >= 1, no better than predicting 0): the data are not "
-                          "those of a network with symmetric inputs and n_hidden units", U=A, V=V,
-                          residual=residual)
+        return run.result(
+            Status.FAILED,
+            f"the recovered network explains none of the outputs (relative "
+            f"residual {residual:.3g} >= 1, no better than predicting 0): the data are not "
+            "those of a network with symmetric inputs and n_hidden units",
+            U=A,
+            V=V,
+            residual=residual,
+        )
     if not np.isfinite(residual):
-        return run.result(Status.FAILED, "the fitted network is not finite (the detector's null space "
-                          "gave no usable directions)", U=A, V=V, residual=residual)
-    msg = (f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
-           f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}, "
-           f"{certified} of {k} rows certified")
+        return run.result(
+            Status.FAILED,
+            "the fitted network is not finite (the detector's null space gave no usable directions)",
+            U=A,
+            V=V,
+            residual=residual,
+        )
+    msg = (
+        f"GKLW19 ({'practical variant' if practical else 'Algorithm 3' if noise_corrected else 'Algorithm 2'}"
+        f"{', Algorithm 4 for m > k' if Pl is not None else ''}): relative residual {residual:.3e}, "
+        f"{certified} of {k} rows certified"
+    )
     return run.result(status, msg, U=A, V=V, exact=exact, residual=residual, warn_user=False)

@@ -39,6 +39,7 @@ Statistics of order 4 are streamed by the C++ kernel of
 directions, active-row filtering); see ``docs/gp19.md`` for the paper's errata relufast
 corrects.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,11 +53,22 @@ from .._result import Run, Status, warn
 from .._validation import as_float_matrix, check_positive_int, check_random_state, check_xy, resolve_n_jobs
 from ..stages.moments import hermite4_contraction, hermite4_statistics, hermite_moment
 
-__all__ = ["CITATION", "hermite_coeffs", "lowest_layer", "halfspaces", "correlation_graph_supports",
-           "even_activation", "estimate_tan_alpha", "refine_estimate", "row_angles"]
+__all__ = [
+    "CITATION",
+    "hermite_coeffs",
+    "lowest_layer",
+    "halfspaces",
+    "correlation_graph_supports",
+    "even_activation",
+    "estimate_tan_alpha",
+    "refine_estimate",
+    "row_angles",
+]
 
-CITATION = ("S. Goel, R. Panigrahy. Recovering the lowest layer of deep networks with high threshold "
-            "activations. arXiv:1903.09231, 2019.")
+CITATION = (
+    "S. Goel, R. Panigrahy. Recovering the lowest layer of deep networks with high threshold "
+    "activations. arXiv:1903.09231, 2019."
+)
 
 #: Phi^{-1}(0.6) - Phi^{-1}(0.4): the spread of the 0.4 and 0.6 quantiles (Algorithm 2).
 _QUANTILE_SPREAD = float(special.ndtri(0.6) - special.ndtri(0.4))
@@ -202,8 +214,9 @@ class _Samples:
         self.n = X.shape[1]
 
     def stats(self, Z, *, second=False, pairs=False, active_tol=0.0):
-        sums = hermite4_contraction(self.X, self.f, Z, offset=self.c0, active_tol=active_tol, second=second,
-                                    pairs=pairs, n_jobs=self.n_jobs)
+        sums = hermite4_contraction(
+            self.X, self.f, Z, offset=self.c0, active_tol=active_tol, second=second, pairs=pairs, n_jobs=self.n_jobs
+        )
         sums["count"] = float(self.N)  # rows dropped before the kernel (query mode) were inactive
         st = hermite4_statistics(sums, Z)
         st["sums"] = sums
@@ -246,8 +259,9 @@ class _BandData:
     def stein(self, z, s, rng, width):
         # Band mean minus a background band lower down, where the nearest unit is off and
         # the other units (nearly orthogonal to z) are active as often as at s.
-        return (self._mean_perp(z, s - width, s + width)
-                - self._mean_perp(z, s - _BACKGROUND_SHIFT - 0.25, s - _BACKGROUND_SHIFT + 0.25))
+        return self._mean_perp(z, s - width, s + width) - self._mean_perp(
+            z, s - _BACKGROUND_SHIFT - 0.25, s - _BACKGROUND_SHIFT + 0.25
+        )
 
 
 class _BandQueries:
@@ -311,8 +325,7 @@ def estimate_tan_alpha(oracle, z, t, rng, *, steps=24):
     return (t2 - t1) / _QUANTILE_SPREAD, t1, t2
 
 
-def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper", stein_width=0.0,
-                    callback=None):
+def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper", stein_width=0.0, callback=None):
     """Step 2 for one row: Algorithm 1 (RefineEstimate) or the Stein update (not in the paper).
 
     Parameters
@@ -390,8 +403,7 @@ def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper"
         hist.append(ta)
     if not (np.isfinite(ta) and ta <= best[0]):
         ta, z = best
-    return z, ta, {"iterations": len(hist) - 1, "accepted": accepted, "history": hist,
-                   "t1": t1, "t2": t2}
+    return z, ta, {"iterations": len(hist) - 1, "accepted": accepted, "history": hist, "t1": t1, "t2": t2}
 
 
 # ---- Step 1 -----------------------------------------------------------------------------------
@@ -465,7 +477,7 @@ def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, t
     for _ in range(k):
         if found:
             C = np.array(found) @ Mk  # constraints C v = 0 (M_2-orthogonality)
-            B = np.linalg.svd(C)[2][len(found):].T
+            B = np.linalg.svd(C)[2][len(found) :].T
         else:
             B = np.eye(k)
         best = None
@@ -474,17 +486,33 @@ def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, t
             v = B @ y0
             a2 = float(v @ Mk @ v)
             y0 *= math.sqrt(abs(u2 / a2)) if a2 != 0 else 1.0
-            res = optimize.minimize(fun_grad, y0, args=(B, np.zeros(k)), jac=True, method="L-BFGS-B",
-                                    options={"maxiter": max_iter, "gtol": tol})
+            res = optimize.minimize(
+                fun_grad,
+                y0,
+                args=(B, np.zeros(k)),
+                jac=True,
+                method="L-BFGS-B",
+                options={"maxiter": max_iter, "gtol": tol},
+            )
             # Negative-curvature check (Definition 1, corrected: lambda_min >= -tau).
             h = 1e-5
-            Hs = np.array([(fun_grad(res.x + h * e, B, np.zeros(k))[1] - fun_grad(res.x - h * e, B, np.zeros(k))[1])
-                           / (2 * h) for e in np.eye(B.shape[1])])
+            Hs = np.array(
+                [
+                    (fun_grad(res.x + h * e, B, np.zeros(k))[1] - fun_grad(res.x - h * e, B, np.zeros(k))[1]) / (2 * h)
+                    for e in np.eye(B.shape[1])
+                ]
+            )
             lam, vec = np.linalg.eigh(0.5 * (Hs + Hs.T))
             if lam[0] < -1e-3:
                 y1 = res.x + 0.1 * vec[:, 0]
-                res = optimize.minimize(fun_grad, y1, args=(B, np.zeros(k)), jac=True, method="L-BFGS-B",
-                                        options={"maxiter": max_iter, "gtol": tol})
+                res = optimize.minimize(
+                    fun_grad,
+                    y1,
+                    args=(B, np.zeros(k)),
+                    jac=True,
+                    method="L-BFGS-B",
+                    options={"maxiter": max_iter, "gtol": tol},
+                )
             if best is None or res.fun < best.fun:
                 best = res
         v = B @ best.x
@@ -515,14 +543,17 @@ def _landscape_simultaneous(data, U, M2, u2, u4, kappa_lambda, gamma, rng, max_i
         S2 = s["S"][:, 1]
         g = B @ B.T
         r = np.diag(g)
-        psi = (s["S22"] - np.outer(S2, r) - np.outer(r, S2) + np.outer(r, r) * s0 - 4.0 * g * s["S11"]
-               + 2.0 * g**2 * s0)
+        psi = s["S22"] - np.outer(S2, r) - np.outer(r, S2) + np.outer(r, r) * s0 - 4.0 * g * s["S11"] + 2.0 * g**2 * s0
         off = ~np.eye(k, dtype=bool)
         pair_val = psi[off].sum() / N
         R_others = r.sum() - r
         S2_others = S2.sum() - S2
-        gB = 2.0 * s["GP"] - 2.0 * R_others[:, None] * s["G1"] - 2.0 * S2_others[:, None] * B \
+        gB = (
+            2.0 * s["GP"]
+            - 2.0 * R_others[:, None] * s["G1"]
+            - 2.0 * S2_others[:, None] * B
             + 2.0 * s0 * R_others[:, None] * B
+        )
         W = np.where(off, s["S11"], 0.0)
         gB += -4.0 * W @ B - 4.0 * np.where(off, g, 0.0) @ s["G1"] + 4.0 * s0 * np.where(off, g, 0.0) @ B
         gB = 2.0 * gB / N
@@ -535,8 +566,9 @@ def _landscape_simultaneous(data, U, M2, u2, u4, kappa_lambda, gamma, rng, max_i
     V0 = rng.standard_normal((k, k))
     a2 = np.einsum("ij,jk,ik->i", V0, Mk, V0)
     V0 *= np.sqrt(np.abs(u2 / a2))[:, None]
-    res = optimize.minimize(fun_grad, V0.ravel(), jac=True, method="L-BFGS-B",
-                            options={"maxiter": max_iter, "gtol": tol})
+    res = optimize.minimize(
+        fun_grad, V0.ravel(), jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": tol}
+    )
     B = res.x.reshape(k, k) @ U.T
     return np.linalg.pinv(B).T, evals  # rows of B^{-T} ~ D W (Thm 11)
 
@@ -553,8 +585,7 @@ def _draw_queries(f, n, n_queries, rng, chunk=100000):
         Xq = rng.standard_normal((m, n))
         fq = np.asarray(f(Xq), dtype=np.float64).reshape(-1)
         if fq.shape[0] != m or not np.isfinite(fq).all():
-            raise ValueError(f"f must return {m} finite values for an array of shape ({m}, {n}); "
-                             f"got shape {fq.shape}")
+            raise ValueError(f"f must return {m} finite values for an array of shape ({m}, {n}); got shape {fq.shape}")
         if c0 is None:
             c0 = float(np.median(fq))
         keep = fq != c0
@@ -601,11 +632,33 @@ def _prepare_data(X, y, f, n_features, n_queries, rng, n_jobs):
     return _Samples(X, yv, float(np.median(yv)), n_jobs=n_jobs), "samples", X.shape[1]
 
 
-def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape="tpm", refine="paper",
-                 eps=0.02, max_refine_iter=200, f=None, n_features=None, n_queries=1_000_000,
-                 band_queries=20000, band_width=None, restarts=5, max_iter=100, tol=1e-10, shift=0.0,
-                 kappa_lambda=4.0, gamma=0.01, label_tol=0.0, random_state=None, n_jobs=None,
-                 _negate=False):
+def lowest_layer(
+    X,
+    y,
+    n_hidden,
+    *,
+    threshold=None,
+    activation="relu",
+    landscape="tpm",
+    refine="paper",
+    eps=0.02,
+    max_refine_iter=200,
+    f=None,
+    n_features=None,
+    n_queries=1_000_000,
+    band_queries=20000,
+    band_width=None,
+    restarts=5,
+    max_iter=100,
+    tol=1e-10,
+    shift=0.0,
+    kappa_lambda=4.0,
+    gamma=0.01,
+    label_tol=0.0,
+    random_state=None,
+    n_jobs=None,
+    _negate=False,
+):
     """Recover W of ``f(x) = P(u(W x - t))`` from Gaussian samples or queries (GP19 Sec. 2).
 
     Parameters
@@ -704,15 +757,23 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
     if k > n:
         raise ValueError(f"n_hidden must be <= n_features; got n_hidden={k}, n_features={n}")
     if abs(u[4]) <= _DEGENERATE_RATIO * abs(u[2]) or activation == "square":
-        return run.result(Status.UNSUPPORTED, (
-            f"the fourth Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
-            f"(u_4 = {u[4]:.3g}, u_2 = {u[2]:.3g}): GP19's Step 1 has no signal there "
-            "(DegenerateHermite4: ReLU at t = 1, step at t = sqrt(3), sigmoid near t = 3.03, "
-            "any u = a^2); use another threshold"))
+        return run.result(
+            Status.UNSUPPORTED,
+            (
+                f"the fourth Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
+                f"(u_4 = {u[4]:.3g}, u_2 = {u[2]:.3g}): GP19's Step 1 has no signal there "
+                "(DegenerateHermite4: ReLU at t = 1, step at t = sqrt(3), sigmoid near t = 3.03, "
+                "any u = a^2); use another threshold"
+            ),
+        )
     if abs(u[2]) < 1e-12:
-        return run.result(Status.UNSUPPORTED, (
-            f"the second Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
-            "(DegenerateHermite2): the whitening of Step 1 is undefined"))
+        return run.result(
+            Status.UNSUPPORTED,
+            (
+                f"the second Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
+                "(DegenerateHermite2): the whitening of Step 1 is undefined"
+            ),
+        )
     s4 = float(np.sign(u[4]))
     notes = []
     with single_threaded_blas():
@@ -722,17 +783,23 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
         run.diag.update(info)
         run.counts["n_active"] = int(round(info["active_fraction"] * data.N))
         if mode == "samples" and activation in ("relu", "step") and 1.0 - info["active_fraction"] < 0.5:
-            notes.append(f"ThresholdTooLow: only {1 - info['active_fraction']:.2f} of the rows equal the "
-                         "median (needs >= 0.5)")
+            notes.append(
+                f"ThresholdTooLow: only {1 - info['active_fraction']:.2f} of the rows equal the median (needs >= 0.5)"
+            )
         if not info["signs_ok"]:
-            notes.append("NonPositiveLinearTerms: the top eigenvalues of M_2 have mixed signs (or the hidden "
-                         "width is wrong); GP19 needs positive linear coefficients")
+            notes.append(
+                "NonPositiveLinearTerms: the top eigenvalues of M_2 have mixed signs (or the hidden "
+                "width is wrong); GP19 needs positive linear coefficients"
+            )
         if info["kappa"] >= _KAPPA_WARN:
-            notes.append(f"IllConditioned: kappa(T W) ~ {info['kappa']:.1f} >= {_KAPPA_WARN:g} from the top "
-                         "block of M_2; GP19 assumes kappa(W) = O(1) and Step 1 may fail")
+            notes.append(
+                f"IllConditioned: kappa(T W) ~ {info['kappa']:.1f} >= {_KAPPA_WARN:g} from the top "
+                "block of M_2; GP19 assumes kappa(W) = O(1) and Step 1 may fail"
+            )
         if info["eigengap"] > 0.3:
-            notes.append(f"WrongHiddenWidth or ThresholdTooLow: eigen-gap |ev_(k+1)| / |ev_k| = "
-                         f"{info['eigengap']:.2f} > 0.3")
+            notes.append(
+                f"WrongHiddenWidth or ThresholdTooLow: eigen-gap |ev_(k+1)| / |ev_k| = {info['eigengap']:.2f} > 0.3"
+            )
         with run.stage("step1"):
             if landscape == "tpm":
                 R, Q, iters = _step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift)
@@ -740,8 +807,9 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
             elif landscape == "one-by-one":
                 R, iters = _landscape_one(data, U, M2, u[2], u[4], kappa_lambda, rng, restarts, max_iter, tol)
             else:
-                R, iters = _landscape_simultaneous(data, U, M2, u[2], u[4], kappa_lambda, gamma, rng,
-                                                   max_iter * 10, tol)
+                R, iters = _landscape_simultaneous(
+                    data, U, M2, u[2], u[4], kappa_lambda, gamma, rng, max_iter * 10, tol
+                )
             run.counts["step1_passes"] = int(iters)
             norms = np.linalg.norm(R, axis=1)
             Vh = R / norms[:, None]
@@ -754,14 +822,21 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
             run.diag["sign_margin"] = np.abs(margin)
             ambiguous = np.abs(margin) < 0.25
             if np.any(ambiguous):
-                notes.append(f"SignAmbiguous: rows {np.flatnonzero(ambiguous).tolist()} have a third-order "
-                             "sign margin below 0.25")
+                notes.append(
+                    f"SignAmbiguous: rows {np.flatnonzero(ambiguous).tolist()} have a third-order "
+                    "sign margin below 0.25"
+                )
         run.diag["V_step1"] = -Vh if _negate else Vh.copy()
         angle = np.full(k, np.nan)
         if activation in ("relu", "step"):
             if mode == "queries":
-                oracle = _BandQueries(f, data.c0, label_tol, check_positive_int(band_queries, "band_queries"),
-                                      1e-3 if band_width is None else float(band_width))
+                oracle = _BandQueries(
+                    f,
+                    data.c0,
+                    label_tol,
+                    check_positive_int(band_queries, "band_queries"),
+                    1e-3 if band_width is None else float(band_width),
+                )
             else:
                 pf = _phi(t)
                 width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * pf), 1e-3, 0.25))
@@ -770,9 +845,11 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
                 # Band-averaged estimates do not resolve angles below ~0.4 band widths; steps
                 # driven by them below that floor make rows worse, so Step 2 stops there.
                 if 0.5 * width > eps:
-                    notes.append(f"Step 2 stops at {0.5 * width:.3g} rad, not eps = {eps:g}: the bands of "
-                                 f"EstimateTanAlpha are {width:.3g} wide with {data.N} samples (more samples or "
-                                 "query mode resolve smaller angles)")
+                    notes.append(
+                        f"Step 2 stops at {0.5 * width:.3g} rad, not eps = {eps:g}: the bands of "
+                        f"EstimateTanAlpha are {width:.3g} wide with {data.N} samples (more samples or "
+                        "query mode resolve smaller angles)"
+                    )
                     eps = 0.5 * width
             history = []
             with run.stage("step2"):
@@ -781,8 +858,16 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
                         ta = estimate_tan_alpha(oracle, Vh[i], t, rng)[0]
                         history.append({"iterations": 0, "accepted": 0})
                     else:
-                        z, ta, h = refine_estimate(oracle, Vh[i], t, rng, eps=eps, max_iter=max_refine_iter,
-                                                   method=refine, stein_width=oracle.eps)
+                        z, ta, h = refine_estimate(
+                            oracle,
+                            Vh[i],
+                            t,
+                            rng,
+                            eps=eps,
+                            max_iter=max_refine_iter,
+                            method=refine,
+                            stein_width=oracle.eps,
+                        )
                         Vh[i] = z
                         history.append(h)
                     angle[i] = math.atan(ta) if np.isfinite(ta) else np.nan
@@ -790,8 +875,10 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
             run.counts["refine_iterations"] = int(sum(h["iterations"] for h in history))
             run.diag["band_rows"] = int(np.median(oracle.counts)) if oracle.counts else 0
             if np.any(~np.isfinite(angle)):
-                notes.append(f"BisectionBracketFailed for rows {np.flatnonzero(~np.isfinite(angle)).tolist()}: "
-                             "no angle estimate (a row is near no unit, or t is too low)")
+                notes.append(
+                    f"BisectionBracketFailed for rows {np.flatnonzero(~np.isfinite(angle)).tolist()}: "
+                    "no angle estimate (a row is near no unit, or t is too low)"
+                )
         elif refine is not None:
             notes.append(f"Step 2 skipped: RefineEstimate needs a ReLU or step activation, not {activation}")
         run.diag["angle_estimate"] = angle
@@ -801,15 +888,21 @@ def lowest_layer(X, y, n_hidden, *, threshold=None, activation="relu", landscape
         Vh = -Vh
         net = dict(U=-c_hat, b=np.full(k, t), c=np.array([1.0 - data.c0]), activation=_Unit(activation, True))
     else:
-        net = dict(U=c_hat, b=np.full(k, -t), c=np.array([data.c0]),
-                   activation=None if activation == "relu" else _Unit(activation))
+        net = dict(
+            U=c_hat,
+            b=np.full(k, -t),
+            c=np.array([data.c0]),
+            activation=None if activation == "relu" else _Unit(activation),
+        )
     steps = f"Step 1 ({landscape})"
     if refine is not None and activation in ("relu", "step"):
         steps += f" + Step 2 ({refine}, eps = {eps:g})"
     finite = np.isfinite(angle)
-    msg = (f"GP19 {steps} on {data.N} {mode}: "
-           + (f"estimated angle per row in diagnostics['angle_estimate'], max {np.max(angle[finite]):.3g} rad"
-              if finite.any() else "no angle estimate (EstimateTanAlpha needs ReLU or step)"))
+    msg = f"GP19 {steps} on {data.N} {mode}: " + (
+        f"estimated angle per row in diagnostics['angle_estimate'], max {np.max(angle[finite]):.3g} rad"
+        if finite.any()
+        else "no angle estimate (EstimateTanAlpha needs ReLU or step)"
+    )
     if notes:
         msg += "; " + "; ".join(notes)
     run.diag["notes"] = notes
@@ -847,14 +940,16 @@ def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
     Step 2 recover ``v_i = -w_i``. A union is the model itself.
     """
     if union:
-        return _rename(lowest_layer(X, y, n_hidden, threshold=threshold, activation="step", **options),
-                       "gp19-halfspaces")
+        return _rename(
+            lowest_layer(X, y, n_hidden, threshold=threshold, activation="step", **options), "gp19-halfspaces"
+        )
     f = options.pop("f", None)
     if f is not None:
         g = f
 
         def f(Xq):
             return 1.0 - np.asarray(g(Xq), dtype=np.float64)
+
     if y is not None:
         y = 1.0 - as_float_matrix(y, "y", allow_1d=True)
     return lowest_layer(X, y, n_hidden, threshold=threshold, activation="step", f=f, _negate=True, **options)
@@ -940,21 +1035,34 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     for r, T in enumerate(supports):
         V[r, T] = 1.0 / math.sqrt(len(T))
     if not clique_ok:
-        return run.result(Status.FAILED, "GapViolation: a component of the correlation graph is not a clique; "
-                          "the gap between within- and cross-support correlations is too small", V=V,
-                          U=np.zeros((1, len(V))))
+        return run.result(
+            Status.FAILED,
+            "GapViolation: a component of the correlation graph is not a clique; "
+            "the gap between within- and cross-support correlations is too small",
+            V=V,
+            U=np.zeros((1, len(V))),
+        )
     if n_hidden is not None and len(supports) != check_positive_int(n_hidden, "n_hidden"):
-        return run.result(Status.FAILED, f"found {len(supports)} supports of size >= 2, expected n_hidden = "
-                          f"{n_hidden} (singletons: {singletons}; gap ratio {gap_ratio:.3g})", V=V,
-                          U=np.zeros((1, len(V))))
+        return run.result(
+            Status.FAILED,
+            f"found {len(supports)} supports of size >= 2, expected n_hidden = "
+            f"{n_hidden} (singletons: {singletons}; gap ratio {gap_ratio:.3g})",
+            V=V,
+            U=np.zeros((1, len(V))),
+        )
     if np.isfinite(gap_ratio) and gap_ratio < 2.0:
         warn(f"GapViolation: largest-gap ratio {gap_ratio:.2f} < 2")
-    return run.result(Status.APPROXIMATE, f"Algorithm 3: {len(supports)} supports, tau = {tau:.3g}, "
-                      f"gap ratio {gap_ratio:.3g}", V=V, U=np.zeros((1, len(V))))
+    return run.result(
+        Status.APPROXIMATE,
+        f"Algorithm 3: {len(supports)} supports, tau = {tau:.3g}, gap ratio {gap_ratio:.3g}",
+        V=V,
+        U=np.zeros((1, len(V))),
+    )
 
 
-def even_activation(X, y, n_hidden, *, activation="abs", step=None, restarts=3, max_iter=500, tol=1e-12,
-                    random_state=None, n_jobs=None):
+def even_activation(
+    X, y, n_hidden, *, activation="abs", step=None, restarts=3, max_iter=500, tol=1e-12, random_state=None, n_jobs=None
+):
     """GP19 Thm 10: even activation u(w.x), t = 0, orthonormal W, by deflated projected ascent.
 
     Parameters
@@ -995,9 +1103,13 @@ def even_activation(X, y, n_hidden, *, activation="abs", step=None, restarts=3, 
     u = hermite_coeffs(activation, 0.0, 4)
     run.diag["u_hat"] = u
     if abs(u[4]) <= _DEGENERATE_RATIO * abs(u[2]):
-        return run.result(Status.UNSUPPORTED, (
-            f"the fourth Hermite coefficient of the even activation {activation} vanishes (u_4 = {u[4]:.3g}): "
-            "Thm 10's objective has no signal (DegenerateHermite4)"))
+        return run.result(
+            Status.UNSUPPORTED,
+            (
+                f"the fourth Hermite coefficient of the even activation {activation} vanishes (u_4 = {u[4]:.3g}): "
+                "Thm 10's objective has no signal (DegenerateHermite4)"
+            ),
+        )
     rng = check_random_state(random_state)
     s4 = float(np.sign(u[4]))
     eta = 0.05 / abs(u[4]) if step is None else float(step)
@@ -1024,6 +1136,11 @@ def even_activation(X, y, n_hidden, *, activation="abs", step=None, restarts=3, 
             st = data.stats(Z, active_tol=-1.0)
             found = np.vstack([found, Z[int(np.argmax(s4 * st["A4"]))]])
     run.counts.update(n_samples=len(X), passes=passes)
-    return run.result(Status.APPROXIMATE, f"GP19 Thm 10: {k} rows by deflated projected ascent "
-                      f"(step {eta:.3g}); signs are not identifiable for an even activation", V=found,
-                      U=np.zeros((1, k)), activation=_Unit(activation))
+    return run.result(
+        Status.APPROXIMATE,
+        f"GP19 Thm 10: {k} rows by deflated projected ascent "
+        f"(step {eta:.3g}); signs are not identifiable for an even activation",
+        V=found,
+        U=np.zeros((1, k)),
+        activation=_Unit(activation),
+    )

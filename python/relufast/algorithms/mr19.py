@@ -30,6 +30,7 @@ Problem R, representation learning (Section 3), from ``Y = relu(C A^T + 1 b^T)``
   :func:`davis_kahan_bound` (Theorem 5, eqs. (71)-(72)) and :func:`theorem3_constants`
   (the constants of Theorem 3's bound (35), reported, never relied on).
 """
+
 from __future__ import annotations
 
 import math
@@ -103,8 +104,7 @@ def _check_law(bias, *, allow_point=True, name="bias"):
             )
         return float(bias)
     raise TypeError(
-        f"{name} must be a real number or a scipy.stats frozen continuous distribution; "
-        f"got {type(bias).__name__}"
+        f"{name} must be a real number or a scipy.stats frozen continuous distribution; got {type(bias).__name__}"
     )
 
 
@@ -170,7 +170,7 @@ def _bias_moments(law):
     def m234(b):
         M2 = ndtr(b) - b * _phi(b)
         M3 = (b * b + 2.0) * _phi(b)
-        M4 = 3.0 * M2 - b ** 3 * _phi(b)
+        M4 = 3.0 * M2 - b**3 * _phi(b)
         return M2, M3, M4
 
     def first(b):
@@ -196,8 +196,12 @@ def _tail_fixed_b(t, b, mu):
         return np.where(hi > lo, ndtr(hi) - ndtr(lo), 0.0)
 
     # G > -b: Z = (1 - mu) G + b;  G <= -b: Z = -mu G.
-    return (up(np.maximum(-b, (t - b) / a)) + between(-b, (-t - b) / a)
-            + between(t / mu, -b) + ndtr(np.minimum(-t / mu, -b)))
+    return (
+        up(np.maximum(-b, (t - b) / a))
+        + between(-b, (-t - b) / a)
+        + between(t / mu, -b)
+        + ndtr(np.minimum(-t / mu, -b))
+    )
 
 
 def abs_z_tail(t, bias=0.0):
@@ -221,8 +225,10 @@ def calibrated_lam(d, bias=0.0, delta=0.0, *, kappa=2.0):
     d = check_positive_int(d, "d", minimum=2)
     law = _check_law(bias)
     key = _law_key(law)
-    return _cached(("lam", key, d, float(delta), float(kappa)) if key is not None else None,
-                   lambda: _calibrated_lam(d, law, float(delta), float(kappa)))
+    return _cached(
+        ("lam", key, d, float(delta), float(kappa)) if key is not None else None,
+        lambda: _calibrated_lam(d, law, float(delta), float(kappa)),
+    )
 
 
 def _calibrated_lam(d, law, delta, kappa):
@@ -333,10 +339,12 @@ class RobustRecovery:
 
     def __repr__(self):
         n = "" if self.c.ndim == 1 else f", n_codes={self.c.shape[0]}"
-        s = (len(self.support) if self.c.ndim == 1 else int(sum(len(x) for x in self.support)))
-        return (f"RobustRecovery(solver={self.solver!r}, status={self.status!r}{n}, k={self.c.shape[-1]}, "
-                f"d={self.outliers.shape[-1]}, outliers_found={s}, "
-                f"kkt_residual={float(np.max(self.kkt_residual)):.2g})")
+        s = len(self.support) if self.c.ndim == 1 else int(sum(len(x) for x in self.support))
+        return (
+            f"RobustRecovery(solver={self.solver!r}, status={self.status!r}{n}, k={self.c.shape[-1]}, "
+            f"d={self.outliers.shape[-1]}, outliers_found={s}, "
+            f"kkt_residual={float(np.max(self.kkt_residual)):.2g})"
+        )
 
 
 def _huber_value(u, t):
@@ -536,8 +544,7 @@ def _check_lam(lam, n_codes):
     arr = np.asarray(lam, dtype=np.float64) if not isinstance(lam, (bool, np.bool_)) else None
     if arr is None or arr.ndim > 1 or (arr.ndim == 1 and arr.shape[0] != n_codes):
         raise ValueError(
-            f"lam must be None, 'calibrated', 'theory', a positive number or one per code "
-            f"({n_codes}); got {lam!r}"
+            f"lam must be None, 'calibrated', 'theory', a positive number or one per code ({n_codes}); got {lam!r}"
         )
     if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
         raise ValueError(
@@ -547,8 +554,7 @@ def _check_lam(lam, n_codes):
     return np.broadcast_to(arr, (n_codes,)).astype(np.float64)
 
 
-def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, delta=0.0, truth=None,
-                   max_iter=100):
+def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, delta=0.0, truth=None, max_iter=100):
     """Recover the code c* from ``v = relu(A c* + b) + e* + w`` (MR19 Section 4, program (47)).
 
     Solves the generalized LASSO
@@ -614,8 +620,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
     v_in = np.asarray(v)
     if v_in.ndim not in (1, 2) or v_in.shape[-1] != d:
         raise ValueError(
-            f"v must have shape ({d},) or (n_codes, {d}) to match A of shape ({d}, {k}); "
-            f"got shape {v_in.shape}"
+            f"v must have shape ({d},) or (n_codes, {d}) to match A of shape ({d}, {k}); got shape {v_in.shape}"
         )
     single = v_in.ndim == 1
     V = as_float_matrix(v_in.reshape(1, -1) if single else v_in, "v")
@@ -635,8 +640,13 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
         elif mode == "theory":
             if truth is None or not all(hasattr(truth, a) for a in ("c", "b", "w")):
                 raise ValueError("lam='theory' needs truth= with attributes c, b and w (e.g. a PlantedCodes)")
-            lt = theory_lam(A, np.atleast_2d(truth.c), np.atleast_2d(truth.b), np.atleast_2d(truth.w),
-                            bias=law if law is not None else None)
+            lt = theory_lam(
+                A,
+                np.atleast_2d(truth.c),
+                np.atleast_2d(truth.b),
+                np.atleast_2d(truth.w),
+                bias=law if law is not None else None,
+            )
             lam_arr = np.broadcast_to(lt, (N,)).astype(np.float64)
         else:
             raise ValueError(f"lam must be None, 'calibrated', 'theory' or a positive number; got {lam!r}")
@@ -656,8 +666,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
             C, iters, ok, nonu = _huber_newton_batch(A, G, V, C0, taus, max_iter)
             U = V - C @ A.T
             E = np.sign(U) * np.maximum(np.abs(U) - taus[:, None], 0.0)
-            statuses = ["non_unique" if nonu[j] else ("optimal" if ok[j] else "iteration_limit")
-                        for j in range(N)]
+            statuses = ["non_unique" if nonu[j] else ("optimal" if ok[j] else "iteration_limit") for j in range(N)]
         else:
             sess = _qp_session(A, taus[0])
             r_cols = np.arange(k, k + d)
@@ -677,7 +686,7 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
                 iters[j] = res.iterations
                 if res.status == highs.LPStatus.OPTIMAL:
                     C[j] = res.x[:k]
-                    e = res.x[k + d:k + 2 * d] - res.x[k + 2 * d:]
+                    e = res.x[k + d : k + 2 * d] - res.x[k + 2 * d :]
                     # p - q can leave rounding (1e-16) where both are nonzero; that is e = 0
                     E[j] = np.where(np.abs(e) > QP_ZERO * max(1.0, float(np.abs(V[j]).max())), e, 0.0)
                     statuses.append("optimal")
@@ -699,30 +708,46 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
     status = bad[0] if bad else "optimal"
     notes = []
     if bad:
-        notes.append(f"{len(bad)} of {N} code(s) ended with status {status!r}"
-                     + (": fewer than k inliers or a singular inlier matrix, c is not unique (a 1e-12 ridge "
-                        "picked one)" if status == "non_unique" else ": raise max_iter or check the data"))
+        notes.append(
+            f"{len(bad)} of {N} code(s) ended with status {status!r}"
+            + (
+                ": fewer than k inliers or a singular inlier matrix, c is not unique (a 1e-12 ridge picked one)"
+                if status == "non_unique"
+                else ": raise max_iter or check the data"
+            )
+        )
     if np.any(frac > TOO_MANY_OUTLIERS):
-        notes.append(f"more than {TOO_MANY_OUTLIERS:.0%} of the coordinates were flagged as outliers "
-                     f"(max {frac.max():.0%}): Theorem 4's guarantee needs s log(d/s) small against d; "
-                     "increase lam or check the model")
+        notes.append(
+            f"more than {TOO_MANY_OUTLIERS:.0%} of the coordinates were flagged as outliers "
+            f"(max {frac.max():.0%}): Theorem 4's guarantee needs s log(d/s) small against d; "
+            "increase lam or check the model"
+        )
     if mu is not None and mu <= SMALL_MU:
         notes.append(f"mu = {mu:.3g} <= {SMALL_MU}: almost every output is zero and c / mu is unstable")
     if notes:
         message = "; ".join(notes)
         warn(message)
     else:
-        message = "optimal" + ("; no outliers detected (the solution is least squares)"
-                               if all(s.size == 0 for s in supports) else "")
+        message = "optimal" + (
+            "; no outliers detected (the solution is least squares)" if all(s.size == 0 for s in supports) else ""
+        )
 
     C_scaled = None if mu is None or mu <= 0 else C / mu
     pick = (lambda a: a[0]) if single else (lambda a: a)
     return RobustRecovery(
-        c=pick(C), c_scaled=None if C_scaled is None else pick(C_scaled), outliers=pick(E),
-        support=supports[0] if single else supports, lam=float(lam_arr[0]) if single else lam_arr.copy(),
-        mu=mu, status=status, message=message, solver=solver,
-        iterations=int(iters[0]) if single else iters, kkt_residual=float(kkt[0]) if single else kkt,
-        debiased=bool(debias), seconds=time.perf_counter() - t0,
+        c=pick(C),
+        c_scaled=None if C_scaled is None else pick(C_scaled),
+        outliers=pick(E),
+        support=supports[0] if single else supports,
+        lam=float(lam_arr[0]) if single else lam_arr.copy(),
+        mu=mu,
+        status=status,
+        message=message,
+        solver=solver,
+        iterations=int(iters[0]) if single else iters,
+        kkt_residual=float(kkt[0]) if single else kkt,
+        debiased=bool(debias),
+        seconds=time.perf_counter() - t0,
         diagnostics={"statuses": tuple(statuses), "outlier_fraction": pick(frac)},
     )
 
@@ -801,8 +826,7 @@ def _mode_in(law, lo, hi):
         grid = np.linspace(lo[i], hi[i], 201)
         j = int(np.argmax(law.logpdf(grid)))
         a, b = grid[max(j - 1, 0)], grid[min(j + 1, 200)]
-        r = minimize_scalar(lambda x: -law.logpdf(x), bounds=(a, b), method="bounded",
-                            options={"xatol": 1e-12})
+        r = minimize_scalar(lambda x: -law.logpdf(x), bounds=(a, b), method="bounded", options={"xatol": 1e-12})
         out[i] = r.x if -r.fun >= law.logpdf(grid[j]) else grid[j]
     return out, "searched"
 
@@ -893,7 +917,9 @@ def ml_estimate(Y, *, bias, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0
             f"{bad[:10].tolist()}{' ...' if bad.size > 10 else ''} with gamma = {gamma:g} and "
             f"margin = {margin:g}: need gamma >= {gamma_min:g} (and the bias law's support must "
             "meet each row's interval)",
-            bad, gamma_min)
+            bad,
+            gamma_min,
+        )
     beta = np.full(d, np.nan)
     idx = np.flatnonzero(has)
     beta[idx], kind = _mode_in(law, lo[idx], hi[idx])
@@ -906,16 +932,22 @@ def ml_estimate(Y, *, bias, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0
     M = np.where(P, Y - np.where(has, beta, 0.0), fill_val)
     zero_frac = 1.0 - has.mean()
     if zero_frac > 0.5:
-        warn(f"{zero_frac:.0%} of the coordinates are zero in every sample: (34) fills them with -gamma "
-             "and they carry no information about the column space")
+        warn(
+            f"{zero_frac:.0%} of the coordinates are zero in every sample: (34) fills them with -gamma "
+            "and they carry no information about the column space"
+        )
     if kind == "searched":
-        warn("the bias law is not one relufast knows to be unimodal: beta was found by a 1-D grid search "
-             "(nonconvex_ml)")
+        warn(
+            "the bias law is not one relufast knows to be unimodal: beta was found by a 1-D grid search (nonconvex_ml)"
+        )
     if margin > 0 and n > 1 + 2 * gamma / margin:
-        warn(f"n = {n} > 1 + 2 gamma / margin = {1 + 2 * gamma / margin:.3g}: the premise of the paper's "
-             "Lemma 2 (consecutive gaps >= margin) cannot hold")
-    return MLEstimate(M=M, beta=beta, n_positive=s, row_status=status.astype(str), fill=fill,
-                      gamma=gamma, margin=margin)
+        warn(
+            f"n = {n} > 1 + 2 gamma / margin = {1 + 2 * gamma / margin:.3g}: the premise of the paper's "
+            "Lemma 2 (consecutive gaps >= margin) cannot hold"
+        )
+    return MLEstimate(
+        M=M, beta=beta, n_positive=s, row_status=status.astype(str), fill=fill, gamma=gamma, margin=margin
+    )
 
 
 @dataclass(frozen=True)
@@ -954,8 +986,10 @@ class ColumnSpace:
     seconds: float = float("nan")
 
     def __repr__(self):
-        return (f"ColumnSpace(method={self.method!r}, from_paper={self.from_paper}, "
-                f"basis{self.basis.shape}, gap_ratio={self.gap_ratio:.3g})")
+        return (
+            f"ColumnSpace(method={self.method!r}, from_paper={self.from_paper}, "
+            f"basis{self.basis.shape}, gap_ratio={self.gap_ratio:.3g})"
+        )
 
 
 def _top_right(M, k):
@@ -969,7 +1003,7 @@ def _log_prior_derivs(law, beta):
         return np.zeros_like(beta), np.zeros_like(beta)
     if getattr(getattr(law, "dist", None), "name", "") == "norm":
         m, sd = law.mean(), law.std()
-        return -(beta - m) / sd ** 2, np.full_like(beta, -1.0 / sd ** 2)
+        return -(beta - m) / sd**2, np.full_like(beta, -1.0 / sd**2)
     h = 1e-4 * max(law.std(), 1e-8)
     f0, fp, fm = law.logpdf(beta), law.logpdf(beta + h), law.logpdf(beta - h)
     return (fp - fm) / (2 * h), np.minimum((fp - 2 * f0 + fm) / (h * h), 0.0)
@@ -1004,8 +1038,20 @@ def _tobit(Y, k, law, rho, max_iter, pos_tol):
     return X, beta
 
 
-def column_space(Y, k, *, method="ml", bias=None, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0,
-                 rho=None, max_iter=300, gap_warn=0.5):
+def column_space(
+    Y,
+    k,
+    *,
+    method="ml",
+    bias=None,
+    gamma=None,
+    margin=0.0,
+    fill="midpoint",
+    pos_tol=0.0,
+    rho=None,
+    max_iter=300,
+    gap_warn=0.5,
+):
     """Estimate the column space of A from ``Y = relu(C A^T + 1 b^T)`` (MR19 Section 3).
 
     Parameters
@@ -1061,8 +1107,10 @@ def column_space(Y, k, *, method="ml", bias=None, gamma=None, margin=0.0, fill="
     with single_threaded_blas():
         if method == "ml":
             if bias is None:
-                raise ValueError("method='ml' needs the bias law (bias=a scipy.stats frozen distribution): "
-                                 "the likelihood (34) uses its density")
+                raise ValueError(
+                    "method='ml' needs the bias law (bias=a scipy.stats frozen distribution): "
+                    "the likelihood (34) uses its density"
+                )
             est = ml_estimate(Y, bias=bias, gamma=gamma, margin=margin, fill=fill, pos_tol=pos_tol)
             M, beta = est.M, est.beta
             basis, sv = _top_right(M, k)
@@ -1081,17 +1129,29 @@ def column_space(Y, k, *, method="ml", bias=None, gamma=None, margin=0.0, fill="
             basis, sv = _top_right(M, k)
     sk = sv[k - 1]
     if sk <= 1e-12 * max(sv[0], 1e-300):
-        raise ValueError(f"the estimate has numerical rank < k = {k} (sigma_k = {sk:.3g}): rank_deficient_estimate; "
-                         "lower k or, for 'tobit', lower rho")
+        raise ValueError(
+            f"the estimate has numerical rank < k = {k} (sigma_k = {sk:.3g}): rank_deficient_estimate; "
+            "lower k or, for 'tobit', lower rho"
+        )
     gap = float(sv[k] / sk) if sv.size > k else 0.0
     msg = "ok"
     if gap > gap_warn:
-        msg = (f"weak spectral gap: sigma_(k+1) / sigma_k = {gap:.2f} > {gap_warn}; the estimated space is "
-               "unstable" + (" (expected for the paper's 'ml' estimate: try method='tobit')" if method == "ml" else ""))
+        msg = f"weak spectral gap: sigma_(k+1) / sigma_k = {gap:.2f} > {gap_warn}; the estimated space is unstable" + (
+            " (expected for the paper's 'ml' estimate: try method='tobit')" if method == "ml" else ""
+        )
         warn(msg)
-    return ColumnSpace(basis=basis, singular_values=sv[:k + 1].copy(), gap_ratio=gap, method=method,
-                       from_paper=method == "ml", M=M, beta=beta, iterations=its, message=msg,
-                       seconds=time.perf_counter() - t0)
+    return ColumnSpace(
+        basis=basis,
+        singular_values=sv[: k + 1].copy(),
+        gap_ratio=gap,
+        method=method,
+        from_paper=method == "ml",
+        M=M,
+        beta=beta,
+        iterations=its,
+        message=msg,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def _orthonormal(B, name):
@@ -1160,7 +1220,7 @@ def davis_kahan_bound(M, M_hat, k):
     if gap <= 0:
         return float("inf"), float("inf")
     core = (2 * sv[0] + en) * min(math.sqrt(k) * en, ef) / gap
-    return 2.0 * core, 2.0 ** 1.5 * core
+    return 2.0 * core, 2.0**1.5 * core
 
 
 def theorem3_constants(bias, gamma, margin, *, grid=20001):
@@ -1195,6 +1255,8 @@ def theorem3_constants(bias, gamma, margin, *, grid=20001):
     C0 = 4.0 * math.e
     bound = C0 * L * gamma / (beta * omega) if beta > 0 and omega > 0 else float("inf")
     if not np.isfinite(bound):
-        warn("Theorem 3's bound is vacuous for this law (beta_gamma(p) = 0: p is not strictly monotone on "
-             "[-gamma, gamma]; vacuous_bound)")
+        warn(
+            "Theorem 3's bound is vacuous for this law (beta_gamma(p) = 0: p is not strictly monotone on "
+            "[-gamma, gamma]; vacuous_bound)"
+        )
     return {"beta": beta, "L": L, "omega": omega, "C0": C0, "bound_per_d": bound}

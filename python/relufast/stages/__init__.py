@@ -13,7 +13,7 @@ compiled core.
 ``reduce``              reductions of partial sums: local, MPI, dask
 ======================  ===================================================================
 """
+
 from . import diagnostics, fit, highs, moments, patterns, reduce, refine, robust_pca, tensor
 
-__all__ = ["moments", "tensor", "patterns", "refine", "fit", "diagnostics", "highs", "robust_pca",
-           "reduce"]
+__all__ = ["moments", "tensor", "patterns", "refine", "fit", "diagnostics", "highs", "robust_pca", "reduce"]

@@ -3,6 +3,7 @@
 Gaussianity of the inputs, numerical rank of the outputs, whitening of N(0, Sigma) inputs
 (BJW19 Remark 3), the refinement subset, and the refusals shared by several methods.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,9 +11,21 @@ import numpy as np
 from .._result import warn
 from .._validation import check_positive_int
 
-__all__ = ["RANK_TOL", "GAUSS_ROWS", "gaussianity", "numerical_rank", "whitener",
-           "refinement_subset", "outputs_below_hidden_message", "input_whitening",
-           "warn_if_not_gaussian", "BIAS_Z", "bias_evidence", "INPUT_RANK_TOL", "input_null_space"]
+__all__ = [
+    "RANK_TOL",
+    "GAUSS_ROWS",
+    "gaussianity",
+    "numerical_rank",
+    "whitener",
+    "refinement_subset",
+    "outputs_below_hidden_message",
+    "input_whitening",
+    "warn_if_not_gaussian",
+    "BIAS_Z",
+    "bias_evidence",
+    "INPUT_RANK_TOL",
+    "input_null_space",
+]
 
 
 #: Rank test for the outputs: sigma_k / sigma_1 below this means rank(Y) < k.
@@ -103,8 +116,7 @@ def input_whitening(X, whiten, diag, probe=None):
     probe = X if probe is None else probe
     diag.update(gaussianity(probe))
     W = None
-    if whiten is True or (whiten == "auto" and
-                          diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
+    if whiten is True or (whiten == "auto" and diag["second_moment_deviation"] > diag["second_moment_tolerance"]):
         W, diag["input_condition"] = whitener(X)
         if W is None:
             diag["whitened"] = False
@@ -119,18 +131,22 @@ def warn_if_not_gaussian(diag, method, law="N(0, I)"):
     if diag["gaussian_ok"]:
         return
     name = "standard Gaussian" if law == "N(0, I)" else f"Gaussian {law}"
-    warn(f"X does not look like {name} input (second-moment deviation "
-         f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
-         f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
-         f"{method} assumes x ~ {law}. Rows are still certified exactly, so an 'exact' status "
-         "remains trustworthy, but the moment step may fail.")
+    warn(
+        f"X does not look like {name} input (second-moment deviation "
+        f"{diag['second_moment_deviation']:.3g} vs tolerance {diag['second_moment_tolerance']:.3g}, "
+        f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
+        f"{method} assumes x ~ {law}. Rows are still certified exactly, so an 'exact' status "
+        "remains trustworthy, but the moment step may fail."
+    )
 
 
 def outputs_below_hidden_message(method, m, k, reason):
     """The message of every method that needs at least as many outputs as hidden units."""
-    return (f"{method} needs at least as many outputs as hidden units (m >= k): {reason}; "
-            f"got m = {m} < k = {k}. For fewer outputs than hidden units use bjw19-fpt "
-            "(Alg. 7) or, with Gaussian inputs, atv21.")
+    return (
+        f"{method} needs at least as many outputs as hidden units (m >= k): {reason}; "
+        f"got m = {m} < k = {k}. For fewer outputs than hidden units use bjw19-fpt "
+        "(Alg. 7) or, with Gaussian inputs, atv21."
+    )
 
 
 #: Input directions z with ||X z|| <= INPUT_RANK_TOL * ||X||_2 are in the null space of X
@@ -166,7 +182,7 @@ def input_null_space(X, *, block=1 << 16):
         M += P.T @ P
         top += float(np.linalg.norm(Z, 2)) ** 2
     ev, E = np.linalg.eigh(M)
-    keep = ev <= (INPUT_RANK_TOL ** 2) * top
+    keep = ev <= (INPUT_RANK_TOL**2) * top
     return np.ascontiguousarray((E[:, keep].T) @ N)
 
 

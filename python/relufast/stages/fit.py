@@ -5,6 +5,7 @@ certificate over all samples, and polishes (U, V) jointly by Gauss-Newton. Every
 ends here, so "exact" means the same thing everywhere: the fitted network reproduces the
 outputs to the tolerance, measured over all samples.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -15,10 +16,25 @@ import scipy.linalg
 from .._native import core
 from ..activations import RELU
 
-__all__ = ["max_abs", "power_of_two_scale", "scaled_norm", "fit_output_layer", "fit_from_stats",
-           "relu_stats", "relative_residual", "residual_from_stats", "fit_and_certify",
-           "fit_network", "Fit", "certify", "polish", "gauss_newton_system", "local_rank_deficiency",
-           "undetermined_directions", "minimum_norm_rows"]
+__all__ = [
+    "max_abs",
+    "power_of_two_scale",
+    "scaled_norm",
+    "fit_output_layer",
+    "fit_from_stats",
+    "relu_stats",
+    "relative_residual",
+    "residual_from_stats",
+    "fit_and_certify",
+    "fit_network",
+    "Fit",
+    "certify",
+    "polish",
+    "gauss_newton_system",
+    "local_rank_deficiency",
+    "undetermined_directions",
+    "minimum_norm_rows",
+]
 
 
 def _features(X, V, b, activation, intercept):
@@ -112,21 +128,32 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
     normal_equations = U is None if normal_equations is None else bool(normal_equations)
     Vc = np.ascontiguousarray(V, dtype=np.float64)
     intercept = c is not None
-    Uc = None if U is None else np.ascontiguousarray(U if c is None else np.column_stack([U, c]),
-                                                    dtype=np.float64)
+    Uc = None if U is None else np.ascontiguousarray(U if c is None else np.column_stack([U, c]), dtype=np.float64)
     bc = None if b is None else np.ascontiguousarray(b, dtype=np.float64)
     fused = activation.homogeneous and bc is None and not intercept
 
     def nonfinite(Xb, Yb):
-        return float(core.count_nonfinite(np.ascontiguousarray(Xb), samples.n_jobs)
-                     + core.count_nonfinite(np.ascontiguousarray(Yb), samples.n_jobs))
+        return float(
+            core.count_nonfinite(np.ascontiguousarray(Xb), samples.n_jobs)
+            + core.count_nonfinite(np.ascontiguousarray(Yb), samples.n_jobs)
+        )
 
     def one_block(Xb, Yb):
         if fused:
-            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree),
-                                normal_equations)
-        out = dict(relu_stats(Xb, Yb, Vc, Uc, n_jobs=samples.n_jobs, block_size=block_size,
-                              activation=activation, b=bc, intercept=intercept))
+            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree), normal_equations)
+        out = dict(
+            relu_stats(
+                Xb,
+                Yb,
+                Vc,
+                Uc,
+                n_jobs=samples.n_jobs,
+                block_size=block_size,
+                activation=activation,
+                b=bc,
+                intercept=intercept,
+            )
+        )
         out.setdefault("sq_residual", 0.0)
         out.setdefault("sq_norm", 0.0)
         out["count"] = float(Xb.shape[0])
@@ -135,8 +162,9 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
 
     st = samples.map_reduce(one_block, bounded=not fused)
     if st["nonfinite"] > 0:
-        raise ValueError(f"X and Y must contain only finite values; found {int(st['nonfinite'])} NaN or "
-                         "infinite entries")
+        raise ValueError(
+            f"X and Y must contain only finite values; found {int(st['nonfinite'])} NaN or infinite entries"
+        )
     return st
 
 
@@ -174,8 +202,14 @@ def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
     num = den = 0.0
     for a in range(0, X.shape[0], _SCALE_BLOCK):
         Ys = np.ascontiguousarray(Y[a : a + _SCALE_BLOCK]) * s
-        st = certify(_as_samples(np.ascontiguousarray(X[a : a + _SCALE_BLOCK]), Ys, threads), V, Us,
-                     activation=activation, b=b, c=cs)
+        st = certify(
+            _as_samples(np.ascontiguousarray(X[a : a + _SCALE_BLOCK]), Ys, threads),
+            V,
+            Us,
+            activation=activation,
+            b=b,
+            c=cs,
+        )
         num, den = num + st["sq_residual"], den + st["sq_norm"]
     return residual_from_stats({"sq_residual": num, "sq_norm": den})
 
@@ -378,8 +412,7 @@ def _cone_is_free(A, smax):
     if int(np.sum(sv > DIRECTION_TOL * max(smax, 1e-300))) < A.shape[1]:
         return True
     p = A.shape[0]
-    res = linprog(np.zeros(p), A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=[(1.0, None)] * p,
-                  method="highs")
+    res = linprog(np.zeros(p), A_eq=A.T, b_eq=np.zeros(A.shape[1]), bounds=[(1.0, None)] * p, method="highs")
     return res.status != 0
 
 

@@ -7,6 +7,7 @@ sparse rows. Every solution is
 re-checked against all constraints in double precision. :data:`STATUS_TABLE` is the one
 map from HiGHS model statuses to relufast's LP statuses.
 """
+
 from __future__ import annotations
 
 import time
@@ -81,8 +82,9 @@ class LPSession:
         Largest violation accepted by the re-check, relative to the row's scale.
     """
 
-    def __init__(self, n_vars, *, lower=None, upper=None, cost=None, time_limit=None,
-                 feasibility_tol=1e-9, check_tol=1e-7):
+    def __init__(
+        self, n_vars, *, lower=None, upper=None, cost=None, time_limit=None, feasibility_tol=1e-9, check_tol=1e-7
+    ):
         self.n_vars = int(n_vars)
         self._h = highspy.Highs()
         self._check(self._h.setOptionValue("output_flag", False), "setOptionValue")
@@ -96,8 +98,9 @@ class LPSession:
         self._check(self._h.addVars(self.n_vars, lo, up), "addVars")
         if cost is not None:
             c = np.asarray(cost, dtype=np.float64)
-            self._check(self._h.changeColsCost(self.n_vars, np.arange(self.n_vars, dtype=np.int32), c),
-                        "changeColsCost")
+            self._check(
+                self._h.changeColsCost(self.n_vars, np.arange(self.n_vars, dtype=np.int32), c), "changeColsCost"
+            )
         self._rows = np.zeros((0, self.n_vars))
         self._rlo = np.zeros(0)
         self._rup = np.zeros(0)
@@ -124,8 +127,9 @@ class LPSession:
         upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (r,)).copy()
         rows, cols = np.nonzero(A)
         starts = np.searchsorted(rows, np.arange(r)).astype(np.int32)
-        self._check(self._h.addRows(r, lower, upper, len(rows), starts, cols.astype(np.int32),
-                                    A[rows, cols]), "addRows")
+        self._check(
+            self._h.addRows(r, lower, upper, len(rows), starts, cols.astype(np.int32), A[rows, cols]), "addRows"
+        )
         first = self.n_rows
         self._rows = np.vstack([self._rows, A])
         self._rlo = np.concatenate([self._rlo, lower])
@@ -171,9 +175,15 @@ class LPSession:
             if not viol <= self.check_tol:
                 status = LPStatus.INACCURATE
         info = self._h.getInfo()
-        return LPResult(status=status, x=x, objective=obj, max_violation=viol,
-                        iterations=int(info.simplex_iteration_count), seconds=time.perf_counter() - t,
-                        highs_status=self._h.modelStatusToString(ms))
+        return LPResult(
+            status=status,
+            x=x,
+            objective=obj,
+            max_violation=viol,
+            iterations=int(info.simplex_iteration_count),
+            seconds=time.perf_counter() - t,
+            highs_status=self._h.modelStatusToString(ms),
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,8 +262,19 @@ class QPSession:
         instead of 1e-7 at d = 2000).
     """
 
-    def __init__(self, n_vars, *, hessian, lower=None, upper=None, cost=None, time_limit=None,
-                 feasibility_tol=1e-9, check_tol=1e-7, regularization=1e-7):
+    def __init__(
+        self,
+        n_vars,
+        *,
+        hessian,
+        lower=None,
+        upper=None,
+        cost=None,
+        time_limit=None,
+        feasibility_tol=1e-9,
+        check_tol=1e-7,
+        regularization=1e-7,
+    ):
         import scipy.sparse as sp
 
         self.n_vars = int(n_vars)
@@ -273,9 +294,17 @@ class QPSession:
         chk(self._h.changeColsCost(n, np.arange(n, dtype=np.int32), self._cost), "changeColsCost")
         L = _lower_triangle_csc(hessian, n)
         self._Q = (L + sp.tril(L, k=-1, format="csc").T).tocsr()
-        chk(self._h.passHessian(n, L.nnz, highspy.HessianFormat.kTriangular,
-                                L.indptr.astype(np.int32), L.indices.astype(np.int32),
-                                L.data.astype(np.float64)), "passHessian")
+        chk(
+            self._h.passHessian(
+                n,
+                L.nnz,
+                highspy.HessianFormat.kTriangular,
+                L.indptr.astype(np.int32),
+                L.indices.astype(np.int32),
+                L.data.astype(np.float64),
+            ),
+            "passHessian",
+        )
         self._rows = sp.csr_matrix((0, n))
         self._rlo = np.zeros(0)
         self._rup = np.zeros(0)
@@ -297,8 +326,10 @@ class QPSession:
         r = A.shape[0]
         lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (r,)).copy()
         upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (r,)).copy()
-        LPSession._check(self._h.addRows(r, lower, upper, A.nnz, A.indptr[:-1].astype(np.int32),
-                                         A.indices.astype(np.int32), A.data), "addRows")
+        LPSession._check(
+            self._h.addRows(r, lower, upper, A.nnz, A.indptr[:-1].astype(np.int32), A.indices.astype(np.int32), A.data),
+            "addRows",
+        )
         first = self.n_rows
         self._rows = sp.vstack([self._rows, A], format="csr")
         self._rlo = np.concatenate([self._rlo, lower])
@@ -358,6 +389,13 @@ class QPSession:
                 status = LPStatus.INACCURATE
         info = self._h.getInfo()
         iters = int(info.qp_iteration_count) + max(int(info.simplex_iteration_count), 0)
-        return QPResult(status=status, x=x, row_dual=dual, objective=obj, max_violation=viol,
-                        iterations=iters, seconds=time.perf_counter() - t,
-                        highs_status=self._h.modelStatusToString(ms))
+        return QPResult(
+            status=status,
+            x=x,
+            row_dual=dual,
+            objective=obj,
+            max_violation=viol,
+            iterations=iters,
+            seconds=time.perf_counter() - t,
+            highs_status=self._h.modelStatusToString(ms),
+        )

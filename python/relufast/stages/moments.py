@@ -12,6 +12,7 @@ because E[relu(z) He_3(z)] = 0 (see ``docs/bjw19.md``).
 The accumulator keeps raw sums, so partial results from chunks, threads and MPI ranks
 merge by addition and agree with a one-shot computation to rounding.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,12 +26,25 @@ from .._validation import check_positive_int, check_xy, resolve_n_jobs
 from .reduce import allreduce_state, is_dask, row_blocks
 from .tensor import input_span, project
 
-__all__ = ["C2_RELU", "Accumulator", "SecondMomentAccumulator", "DetectorAccumulator", "hermite_moment",
-           "hermite_moment_reference", "moment_span", "detector_matrix", "detector_matrix_reference",
-           "Hermite4Accumulator", "hermite4_contraction", "hermite4_contraction_reference",
-           "hermite4_statistics",
-           "HermiteAccumulator", "projected_hermite_moments", "hermite_from_raw",
-           "projected_hermite_reference"]
+__all__ = [
+    "C2_RELU",
+    "Accumulator",
+    "SecondMomentAccumulator",
+    "DetectorAccumulator",
+    "hermite_moment",
+    "hermite_moment_reference",
+    "moment_span",
+    "detector_matrix",
+    "detector_matrix_reference",
+    "Hermite4Accumulator",
+    "hermite4_contraction",
+    "hermite4_contraction_reference",
+    "hermite4_statistics",
+    "HermiteAccumulator",
+    "projected_hermite_moments",
+    "hermite_from_raw",
+    "projected_hermite_reference",
+]
 
 #: E[relu(z) He_2(z)] for z ~ N(0, 1).
 C2_RELU = 1.0 / math.sqrt(2.0 * math.pi)
@@ -95,8 +109,9 @@ class Accumulator:
     def set_state(self, state):
         """Replace the raw sums (e.g. by sums reduced elsewhere); returns self."""
         with self._lock:
-            self._acc.set_state(**{key: np.asarray(v, dtype=np.float64) if np.ndim(v) else float(v)
-                                   for key, v in state.items()})
+            self._acc.set_state(
+                **{key: np.asarray(v, dtype=np.float64) if np.ndim(v) else float(v) for key, v in state.items()}
+            )
         return self
 
     def allreduce(self, comm):
@@ -159,8 +174,9 @@ class DetectorAccumulator(Accumulator):
     """
 
     def __init__(self, M, *, n_jobs=None, block_size=256):
-        super().__init__(core.DetectorMoment(np.ascontiguousarray(M, dtype=np.float64)),
-                         n_jobs=n_jobs, block_size=block_size)
+        super().__init__(
+            core.DetectorMoment(np.ascontiguousarray(M, dtype=np.float64)), n_jobs=n_jobs, block_size=block_size
+        )
 
     def matrix(self, centred=True):
         """The detector matrix T (d (d+1)/2, k (k+1)/2); ``centred``: Alg. 3, else Alg. 2."""
@@ -281,8 +297,9 @@ def detector_matrix(X, Y, *, centred=True, n_jobs=None, block_size=256):
 
     if isinstance(X, Samples):  # Y is then the output compression (m, k) or None
         data, Pl = X, Y
-        st = data.map_reduce(lambda Xb, Yb: {"count": float(len(Xb)), "xx": Xb.T @ Xb,
-                                             "yx": (Yb if Pl is None else Yb @ Pl).T @ Xb})
+        st = data.map_reduce(
+            lambda Xb, Yb: {"count": float(len(Xb)), "xx": Xb.T @ Xb, "yx": (Yb if Pl is None else Yb @ Pl).T @ Xb}
+        )
         C, P = st["xx"] / st["count"], st["yx"] / st["count"]
     else:
         n = X.shape[0]
@@ -357,15 +374,19 @@ class Hermite4Accumulator(Accumulator):
     Updates take f of shape (n,) or (n, 1); partial sums merge by addition.
     """
 
-    def __init__(self, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False, n_jobs=None,
-                 block_size=1024):
+    def __init__(
+        self, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False, n_jobs=None, block_size=1024
+    ):
         Z = np.ascontiguousarray(np.asarray(directions, dtype=np.float64))
         if Z.ndim != 2 or Z.shape[1] < 1:
             raise ValueError(f"directions must be a 2-D array (n_directions, n_features); got shape {Z.shape}")
         if not np.isfinite(Z).all():
             raise ValueError("directions must be finite")
-        super().__init__(core.Hermite4Contraction(Z, float(offset), float(active_tol), bool(second), bool(pairs)),
-                         n_jobs=n_jobs, block_size=block_size)
+        super().__init__(
+            core.Hermite4Contraction(Z, float(offset), float(active_tol), bool(second), bool(pairs)),
+            n_jobs=n_jobs,
+            block_size=block_size,
+        )
         self.directions = Z
 
     def _kernel_update(self, X, Y):
@@ -384,15 +405,23 @@ class Hermite4Accumulator(Accumulator):
         return hermite4_statistics(self.sums(), self.directions)
 
 
-def hermite4_contraction(X, f, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False,
-                         n_jobs=None, block_size=1024):
+def hermite4_contraction(
+    X, f, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False, n_jobs=None, block_size=1024
+):
     """Raw sums of :class:`Hermite4Accumulator` over samples (X, f) in one call (C++ kernel).
 
     X and f are used as given when already float64 C-contiguous (the pipelines' path);
     anything else is validated and converted first.
     """
-    acc = Hermite4Accumulator(directions, offset=offset, active_tol=active_tol, second=second, pairs=pairs,
-                              n_jobs=n_jobs, block_size=block_size)
+    acc = Hermite4Accumulator(
+        directions,
+        offset=offset,
+        active_tol=active_tol,
+        second=second,
+        pairs=pairs,
+        n_jobs=n_jobs,
+        block_size=block_size,
+    )
     X_ok = isinstance(X, np.ndarray) and X.dtype == np.float64 and X.flags.c_contiguous and X.ndim == 2
     f_ok = isinstance(f, np.ndarray) and f.dtype == np.float64 and f.ndim == 1 and f.flags.c_contiguous
     if X_ok and f_ok and len(X) == len(f):
@@ -403,8 +432,7 @@ def hermite4_contraction(X, f, directions, *, offset=0.0, active_tol=0.0, second
     return acc.sums()
 
 
-def hermite4_contraction_reference(X, f, directions, *, offset=0.0, active_tol=0.0, second=False,
-                                   pairs=False):
+def hermite4_contraction_reference(X, f, directions, *, offset=0.0, active_tol=0.0, second=False, pairs=False):
     """Plain NumPy reference of :func:`hermite4_contraction` (for tests and benchmarks)."""
     X = np.asarray(X, dtype=np.float64)
     Z = np.asarray(directions, dtype=np.float64)
@@ -461,8 +489,13 @@ def hermite4_statistics(sums, directions):
     s1, s2, s3, s4 = S.T
     out = {
         "A4": (s4 - 6.0 * r * s2 + 3.0 * r**2 * s0) / (math.sqrt(24.0) * N),
-        "grad4": (4.0 * np.asarray(sums["G3"]) - 12.0 * r[:, None] * np.asarray(sums["G1"])
-                  - 12.0 * s2[:, None] * Z + 12.0 * (r * s0)[:, None] * Z) / (math.sqrt(24.0) * N),
+        "grad4": (
+            4.0 * np.asarray(sums["G3"])
+            - 12.0 * r[:, None] * np.asarray(sums["G1"])
+            - 12.0 * s2[:, None] * Z
+            + 12.0 * (r * s0)[:, None] * Z
+        )
+        / (math.sqrt(24.0) * N),
         "A3": (s3 - 3.0 * r * s1) / (math.sqrt(6.0) * N),
         "A2": (s2 - r * s0) / (math.sqrt(2.0) * N),
         "n_active_fraction": float(sums["n_active"]) / N,
@@ -471,6 +504,8 @@ def hermite4_statistics(sums, directions):
     if M.size:
         out["M2"] = (0.5 * (M + M.T) / N - (s0 / N) * np.eye(M.shape[0])) / math.sqrt(2.0)
     return out
+
+
 # ---- end GP19
 
 
@@ -524,8 +559,7 @@ class HermiteAccumulator(Accumulator):
         """``[T_0, ..., T_order]``, ``T_r`` of shape (m,) + (k,) * r."""
         self._require_samples()
         st = self._acc.state()
-        return hermite_from_raw(st["count"], [st[f"sums_{r}"] for r in range(self._acc.order + 1)],
-                                self._acc.k)
+        return hermite_from_raw(st["count"], [st[f"sums_{r}"] for r in range(self._acc.order + 1)], self._acc.k)
 
     result = tensors
 
@@ -538,7 +572,7 @@ def _matchings(slots):
     first, rest = slots[0], slots[1:]
     yield from _matchings(rest)  # first slot unpaired
     for j, other in enumerate(rest):
-        for sub in _matchings(rest[:j] + rest[j + 1:]):
+        for sub in _matchings(rest[:j] + rest[j + 1 :]):
             yield ((first, other),) + sub
 
 
@@ -553,8 +587,7 @@ def hermite_from_raw(count, sums, k):
     letters = "abcdefghjk"
     M = [np.asarray(S, dtype=np.float64) / float(count) for S in sums]
     m = M[0].shape[0]
-    M = [_symmetrize(Mr.reshape((m,) + (k,) * r)) if r >= 2 else Mr.reshape((m,) + (k,) * r)
-         for r, Mr in enumerate(M)]
+    M = [_symmetrize(Mr.reshape((m,) + (k,) * r)) if r >= 2 else Mr.reshape((m,) + (k,) * r) for r, Mr in enumerate(M)]
     I = np.eye(k)
     out = []
     for r in range(len(M)):

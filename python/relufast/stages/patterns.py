@@ -13,6 +13,7 @@ References
 .. [1] A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks
    in polynomial time. COLT 2019. Lemma 1, Lemma 10.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,8 +25,7 @@ import numpy as np
 from .._native import core
 from .._progress import Progress as _Progress
 
-__all__ = ["unpack_patterns", "sign_patterns", "sign_patterns_reference", "cell_count",
-           "PatternStream"]
+__all__ = ["unpack_patterns", "sign_patterns", "sign_patterns_reference", "cell_count", "PatternStream"]
 
 
 def unpack_patterns(words, n):
@@ -63,8 +63,7 @@ def sign_patterns(B, *, mode="vertices", tol=1e-9, begin=0, end=None, n_jobs=0, 
     k, n = B.shape
     total = core.pattern_subset_count(n, k, mode)
     end = total if end is None else min(end, total)
-    out = core.enumerate_patterns(B, mode, int(begin), int(end), float(tol), int(n_jobs),
-                                  _seconds(time_limit))
+    out = core.enumerate_patterns(B, mode, int(begin), int(end), float(tol), int(n_jobs), _seconds(time_limit))
     return unpack_patterns(out["words"], n), out["coeffs"], int(out["systems"])
 
 
@@ -120,8 +119,20 @@ class PatternStream:
     end the stream early (see :attr:`exhausted` and :attr:`stopped_by`).
     """
 
-    def __init__(self, B, *, tol=1e-9, n_jobs=0, chunk=20000, max_patterns=None, time_limit=None,
-                 progress=None, phases=("random", "rays", "vertices"), n_random=None, random_state=None):
+    def __init__(
+        self,
+        B,
+        *,
+        tol=1e-9,
+        n_jobs=0,
+        chunk=20000,
+        max_patterns=None,
+        time_limit=None,
+        progress=None,
+        phases=("random", "rays", "vertices"),
+        n_random=None,
+        random_state=None,
+    ):
         self.B = np.ascontiguousarray(B, dtype=np.float64)
         self.k, self.n = self.B.shape
         self.tol, self.n_jobs, self.chunk = tol, n_jobs, chunk
@@ -132,11 +143,11 @@ class PatternStream:
         # probability about 2^-(k-1), so these find the rows of relu(V X) in a few hundred
         # systems, where the lexicographic order can spend millions on subsets sharing a
         # sample at which a row is positive (measured: n = 2000, k = 4 took 8e6 systems).
-        self.n_random = (min(rays_total, 64 * self.k * 2 ** (self.k - 1)) if n_random is None
-                         else int(n_random))
+        self.n_random = min(rays_total, 64 * self.k * 2 ** (self.k - 1)) if n_random is None else int(n_random)
         self.rng = np.random.default_rng(random_state)
-        self.totals = {p: (self.n_random if p == "random" else core.pattern_subset_count(self.n, self.k, p))
-                       for p in phases}
+        self.totals = {
+            p: (self.n_random if p == "random" else core.pattern_subset_count(self.n, self.k, p)) for p in phases
+        }
         self.progress = progress
         self.systems = 0
         self.yielded = 0
@@ -166,9 +177,15 @@ class PatternStream:
                         if phase == "random":
                             pats, coeffs, systems = self._random_batch(end - begin)
                         else:
-                            pats, coeffs, systems = sign_patterns(self.B, mode=phase, tol=self.tol,
-                                                                  begin=begin, end=end, n_jobs=self.n_jobs,
-                                                                  time_limit=self._remaining())
+                            pats, coeffs, systems = sign_patterns(
+                                self.B,
+                                mode=phase,
+                                tol=self.tol,
+                                begin=begin,
+                                end=end,
+                                n_jobs=self.n_jobs,
+                                time_limit=self._remaining(),
+                            )
                     except TimeoutError:  # the deadline passed inside the C++ enumeration
                         self.stopped_by = "time_limit"
                         return
@@ -211,8 +228,14 @@ class PatternStream:
             subsets = np.sort(self.rng.integers(0, self.n, size=(2 * count + 16, r)), axis=1)
             distinct = np.all(np.diff(subsets, axis=1) > 0, axis=1) if r > 1 else np.ones(len(subsets), bool)
             subsets = subsets[distinct][:count]
-        out = core.enumerate_patterns_for(self.B, "rays", np.ascontiguousarray(subsets, dtype=np.int64),
-                                          self.tol, self.n_jobs, _seconds(self._remaining()))
+        out = core.enumerate_patterns_for(
+            self.B,
+            "rays",
+            np.ascontiguousarray(subsets, dtype=np.int64),
+            self.tol,
+            self.n_jobs,
+            _seconds(self._remaining()),
+        )
         return unpack_patterns(out["words"], self.n), out["coeffs"], int(out["systems"])
 
     def __iter__(self):

@@ -14,6 +14,7 @@ Measured floor (NumPy float32 forward pass of random networks, d = 10..200, k = 
 with and without biases): relative residual of the true network against its float32
 outputs ``0.3-0.5 eps sqrt(d)``; :data:`FLOOR_FACTOR` leaves a margin of 16x or more.
 """
+
 from __future__ import annotations
 
 import numbers
@@ -21,8 +22,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Precision", "resolve_precision", "refine_tolerances", "polish_at_precision",
-           "UNIT_ROUNDOFF", "FLOOR_FACTOR", "POLISH_ROWS"]
+__all__ = [
+    "Precision",
+    "resolve_precision",
+    "refine_tolerances",
+    "polish_at_precision",
+    "UNIT_ROUNDOFF",
+    "FLOOR_FACTOR",
+    "POLISH_ROWS",
+]
 
 #: Unit roundoff of the floating-point formats outputs may come in.
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
@@ -93,8 +101,11 @@ def resolve_precision(Y, precision=None) -> Precision:
     except TypeError:
         name = None
     if name not in UNIT_ROUNDOFF:
-        raise ValueError("precision must be None, one of " + ", ".join(repr(n) for n in UNIT_ROUNDOFF)
-                         + f", a float dtype or a unit roundoff; got {precision!r}")
+        raise ValueError(
+            "precision must be None, one of "
+            + ", ".join(repr(n) for n in UNIT_ROUNDOFF)
+            + f", a float dtype or a unit roundoff; got {precision!r}"
+        )
     return Precision(name, UNIT_ROUNDOFF[name])
 
 
@@ -103,8 +114,7 @@ def refine_tolerances(prec: Precision, d: int, k: int) -> dict:
     this precision: the null-space and verification zero tests move to the floor."""
     if prec.is_double:
         return {}
-    return {"tol_null": prec.tol(1e-10, d, k), "tol_verify": prec.tol(1e-9, d, k),
-            "tol_support": prec.tol(1e-9, d, k)}
+    return {"tol_null": prec.tol(1e-10, d, k), "tol_verify": prec.tol(1e-9, d, k), "tol_support": prec.tol(1e-9, d, k)}
 
 
 #: Samples the float64 polish uses (Gauss-Newton normal equations are dense in (m k + k d)).
@@ -138,8 +148,7 @@ def polish_at_precision(X, Y, U, V, b=None, c=None, *, threads=0, n_iter=4):
         return U, V, b, c, r0
     from .refine import region_refine
 
-    rr = region_refine(X, Y, V, np.zeros(V.shape[0]) if b is None else b, U, c, max_rounds=n_iter,
-                       n_jobs=threads)
+    rr = region_refine(X, Y, V, np.zeros(V.shape[0]) if b is None else b, U, c, max_rounds=n_iter, n_jobs=threads)
     if rr.residual <= r0:
         return rr.U, rr.V, rr.b, rr.c, rr.residual
     return U, V, b, c, r0

@@ -20,14 +20,14 @@ Validation (:meth:`Samples.from_arrays`) is agreed on by every rank before anyth
 is communicated, so bad input raises the same ``ValueError`` on every rank instead of
 leaving the others waiting in a collective.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .._native import core
 
-__all__ = ["is_dask", "row_blocks", "allreduce_state", "check_comm", "Samples", "SampleStream",
-           "count_nonfinite"]
+__all__ = ["is_dask", "row_blocks", "allreduce_state", "check_comm", "Samples", "SampleStream", "count_nonfinite"]
 
 #: Rows per block when a NumPy-side check walks a large array (bounded temporaries).
 CHECK_ROWS = 1 << 15
@@ -72,9 +72,9 @@ def check_comm(comm):
     except ImportError:
         raise ImportError(
             f"comm= needs an mpi4py communicator, and mpi4py is not installed (got a "
-            f"{type(comm).__name__}); install it with pip install 'relufast[mpi]'") from None
-    raise TypeError(f"comm must be None or an mpi4py communicator (e.g. MPI.COMM_WORLD); got "
-                    f"{type(comm).__name__}")
+            f"{type(comm).__name__}); install it with pip install 'relufast[mpi]'"
+        ) from None
+    raise TypeError(f"comm must be None or an mpi4py communicator (e.g. MPI.COMM_WORLD); got {type(comm).__name__}")
 
 
 def _sum_in_order(parts):
@@ -117,10 +117,12 @@ def _local_array(a, name, allow_1d):
         if a.ndim == 1 and allow_1d:
             a = a[:, None]
         if a.ndim != 2:
-            raise ValueError(f"{name} must be a 2-D array of shape (n_samples, n_features); got a "
-                             f"dask array with shape {a.shape}")
-        if not (np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.bool_)) or \
-                np.issubdtype(a.dtype, np.complexfloating):
+            raise ValueError(
+                f"{name} must be a 2-D array of shape (n_samples, n_features); got a dask array with shape {a.shape}"
+            )
+        if not (np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.bool_)) or np.issubdtype(
+            a.dtype, np.complexfloating
+        ):
             raise TypeError(f"{name} must be a real numeric array; got dtype {a.dtype}")
         return a
     from .._validation import as_float_matrix
@@ -188,7 +190,8 @@ class Samples:
             if Xl.shape[0] != Yl.shape[0]:
                 raise ValueError(
                     f"X and Y must have the same number of samples (rows); got X with "
-                    f"{Xl.shape[0]} rows and Y with {Yl.shape[0]}")
+                    f"{Xl.shape[0]} rows and Y with {Yl.shape[0]}"
+                )
             if Xl.shape[1] == 0 or Yl.shape[1] == 0:
                 raise ValueError(f"X and Y must have at least one column; got shapes {Xl.shape} and {Yl.shape}")
             shape = (int(Xl.shape[0]), int(Xl.shape[1]), int(Yl.shape[1]))
@@ -207,13 +210,15 @@ class Samples:
         dims = {(s[1], s[2]) for _, s, _ in summaries}
         if len(dims) > 1:
             got = ", ".join(f"rank {r}: d = {s[1]}, m = {s[2]}" for r, (_, s, _) in enumerate(summaries))
-            raise ValueError(f"every rank must pass samples with the same number of features d and "
-                             f"outputs m; got {got}")
+            raise ValueError(
+                f"every rank must pass samples with the same number of features d and outputs m; got {got}"
+            )
         bad_total = sum(b for _, _, b in summaries)
         if bad_total:
             where = "" if comm is None else " over all ranks"
-            raise ValueError(f"X and Y must contain only finite values; found {bad_total} NaN or "
-                             f"infinite entries{where}")
+            raise ValueError(
+                f"X and Y must contain only finite values; found {bad_total} NaN or infinite entries{where}"
+            )
         out = cls(Xl, Yl, comm=comm, n_jobs=n_jobs, counts=[s[0] for _, s, _ in summaries])
         out.finite_checked = check_finite and not out.lazy
         return out
@@ -340,4 +345,3 @@ class SampleStream:
         self.indices = np.concatenate([self.indices, new])
         self._sorted = np.sort(self.indices)
         return new
-

@@ -12,6 +12,7 @@ References
 .. [1] A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks
    in polynomial time. COLT 2019, PMLR 99:195-268. Algorithm 5, Theorem 6.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -51,8 +52,19 @@ def output_basis(Y, k):
     return np.ascontiguousarray(Uy[:, :k].T), s, np.ascontiguousarray(Vt[:k].T)
 
 
-def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=1e-6,
-                tol_verify=1e-9, n_jobs=0, activation=RELU, tol_support=1e-9):
+def refine_rows(
+    B,
+    X,
+    Vhat,
+    *,
+    margins=DEFAULT_MARGINS,
+    tol_null=1e-10,
+    tol_gap=1e-6,
+    tol_verify=1e-9,
+    n_jobs=0,
+    activation=RELU,
+    tol_support=1e-9,
+):
     """Certify and solve hidden rows from approximate directions (Alg. 5, steps 2-5).
 
     Parameters
@@ -82,12 +94,22 @@ def refine_rows(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=
     X = np.ascontiguousarray(X, dtype=np.float64)
     Vhat = np.ascontiguousarray(np.atleast_2d(Vhat), dtype=np.float64)
     if activation.homogeneous:
-        return core.refine_rows(B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, tol_support, 0,
-                                n_jobs, float(activation.degree))
-    outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol_support)
-            for v in Vhat]
-    keys = ("certified", "solved", "sign", "margin", "null_ratio", "gap_ratio", "other_ratio",
-            "verify_residual", "n_zero", "support")
+        return core.refine_rows(
+            B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, tol_support, 0, n_jobs, float(activation.degree)
+        )
+    outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol_support) for v in Vhat]
+    keys = (
+        "certified",
+        "solved",
+        "sign",
+        "margin",
+        "null_ratio",
+        "gap_ratio",
+        "other_ratio",
+        "verify_residual",
+        "n_zero",
+        "support",
+    )
     res = {key: np.array([o[key] for o in outs]) for key in keys}
     res["rows"] = np.array([o["row"] for o in outs]).reshape(len(outs), X.shape[1])
     return res
@@ -131,9 +153,19 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol
     """NumPy version of the C++ kernel for one candidate (certified rows only)."""
     k, l = B.shape
     d = X.shape[1]
-    out = {"certified": False, "solved": False, "sign": 0, "margin": 0.0, "null_ratio": 1.0,
-           "gap_ratio": 0.0, "other_ratio": 1.0, "verify_residual": 1.0, "n_zero": 0, "support": 0,
-           "row": np.full(d, np.nan)}
+    out = {
+        "certified": False,
+        "solved": False,
+        "sign": 0,
+        "margin": 0.0,
+        "null_ratio": 1.0,
+        "gap_ratio": 0.0,
+        "other_ratio": 1.0,
+        "verify_residual": 1.0,
+        "n_zero": 0,
+        "support": 0,
+        "row": np.full(d, np.nan),
+    }
     v = v / np.linalg.norm(v)
     p = X @ v
     for gamma in margins:
@@ -166,17 +198,29 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol
             t = activation(X @ z)
             res = np.linalg.norm(t - B.T @ (B @ t)) / np.linalg.norm(t)
             supp = t > tol_support * t.max()
-            out.update({"solved": True, "row": z, "sign": q, "margin": gamma, "null_ratio": mine[0],
-                        "gap_ratio": mine[1], "other_ratio": other_ratio, "verify_residual": res,
-                        "n_zero": mine[3], "support": int(S.sum())})
+            out.update(
+                {
+                    "solved": True,
+                    "row": z,
+                    "sign": q,
+                    "margin": gamma,
+                    "null_ratio": mine[0],
+                    "gap_ratio": mine[1],
+                    "other_ratio": other_ratio,
+                    "verify_residual": res,
+                    "n_zero": mine[3],
+                    "support": int(S.sum()),
+                }
+            )
             if res < tol_verify and np.array_equal(supp, S):
                 out["certified"] = True
                 return out
     return out
 
 
-def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=1e-6,
-                          tol_verify=1e-9, activation=RELU):
+def refine_rows_reference(
+    B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10, tol_gap=1e-6, tol_verify=1e-9, activation=RELU
+):
     """NumPy reference of :func:`refine_rows` for certified rows (for tests).
 
     Returns (rows, certified, sign) with the same conventions.
@@ -186,10 +230,6 @@ def refine_rows_reference(B, X, Vhat, *, margins=DEFAULT_MARGINS, tol_null=1e-10
     rows = np.array([o["row"] if o["certified"] else np.full(X.shape[1], np.nan) for o in outs])
     signs = np.array([o["sign"] if o["certified"] else 0 for o in outs], dtype=int)
     return rows.reshape(len(outs), X.shape[1]), certified, signs
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------
@@ -317,8 +357,22 @@ def _canonical_biased(U, V, b):
     return U * s[None, :], V / s[:, None], b / s
 
 
-def region_refine(X, Y, V, b, U=None, c=None, *, margin=0.1, max_rounds=10, trim=8.0,
-                  tol=1e-13, n_jobs=None, block_size=4096, max_regions=1 << 16):
+def region_refine(
+    X,
+    Y,
+    V,
+    b,
+    U=None,
+    c=None,
+    *,
+    margin=0.1,
+    max_rounds=10,
+    trim=8.0,
+    tol=1e-13,
+    n_jobs=None,
+    block_size=4096,
+    max_regions=1 << 16,
+):
     """Make an approximate biased network exact by activation-region refinement.
 
     Given ``(V, b)`` within a few tenths of a radian of the truth, the network is affine
@@ -365,8 +419,7 @@ def region_refine(X, Y, V, b, U=None, c=None, *, margin=0.1, max_rounds=10, trim
     from .._blas import single_threaded_blas
 
     with single_threaded_blas():
-        return _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size,
-                              max_regions)
+        return _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size, max_regions)
 
 
 def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size, max_regions):
@@ -399,8 +452,9 @@ def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, bloc
     c = np.zeros(m) if c is None else np.array(c, dtype=np.float64).reshape(m)
 
     def systems(U, V, b, c, marg, mask=None):
-        return core.region_systems(X, Y, np.ascontiguousarray(V), b, np.ascontiguousarray(U), c,
-                                   marg, mask, max_regions, threads, block)
+        return core.region_systems(
+            X, Y, np.ascontiguousarray(V), b, np.ascontiguousarray(U), c, marg, mask, max_regions, threads, block
+        )
 
     def fit_output(U, V, b, c):
         # Iterative refinement of the normal equations of [relu(X V^T + b), 1]: the pass
@@ -428,8 +482,19 @@ def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, bloc
         dC, dc, undetermined, _ = _joint_solve(sys, k, d, m)
         n_regions, n_certain, n_trimmed = len(sys["counts"]), int(sys["n_certain"]), 0
         if trim is not None and n_certain:
-            r = core.region_residuals(X, Y, np.ascontiguousarray(V), b, np.ascontiguousarray(U), c, marg,
-                                      np.ascontiguousarray(dC.reshape(k, -1)), dc, threads, block)
+            r = core.region_residuals(
+                X,
+                Y,
+                np.ascontiguousarray(V),
+                b,
+                np.ascontiguousarray(U),
+                c,
+                marg,
+                np.ascontiguousarray(dC.reshape(k, -1)),
+                dc,
+                threads,
+                block,
+            )
             fin = np.isfinite(r)
             thr = trim * float(np.median(r[fin]))
             floor = 1e-14 * float(np.sqrt(sys["sq_norm"] / max(n, 1)))
@@ -454,9 +519,19 @@ def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, bloc
     st = systems(U, V, b, c, np.full(k, np.inf))
     residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
     history.append(residual)
-    return RegionRefinement(U=U, V=V, b=b, c=c, residual=residual, history=tuple(history), rounds=rounds,
-                            undetermined=tuple(undetermined), n_regions=n_regions, n_certain=n_certain,
-                            n_trimmed=n_trimmed)
+    return RegionRefinement(
+        U=U,
+        V=V,
+        b=b,
+        c=c,
+        residual=residual,
+        history=tuple(history),
+        rounds=rounds,
+        undetermined=tuple(undetermined),
+        n_regions=n_regions,
+        n_certain=n_certain,
+        n_trimmed=n_trimmed,
+    )
 
 
 def region_systems_reference(X, Y, V, b, U, c, margin, mask=None):
@@ -489,11 +564,21 @@ def region_systems_reference(X, Y, V, b, U, c, margin, mask=None):
         counts.append(float(sel.sum()))
         sq.append(float(np.sum(Rg**2)))
     D = X.shape[1] + 1
-    return {"keys": np.array(uniq, dtype=np.uint64).reshape(len(uniq), words),
-            "counts": np.array(counts), "gram": np.array(gram).reshape(len(uniq), D * D),
-            "cross": np.array(cross).reshape(len(uniq), D * Y.shape[1]), "sq_res": np.array(sq),
-            "fgram": F1.T @ F1, "fcross": F1.T @ R, "sq_residual": float(np.sum(R**2)),
-            "sq_norm": float(np.sum(Y**2)), "n_certain": float(certain.sum()), "count": float(len(X))}
+    return {
+        "keys": np.array(uniq, dtype=np.uint64).reshape(len(uniq), words),
+        "counts": np.array(counts),
+        "gram": np.array(gram).reshape(len(uniq), D * D),
+        "cross": np.array(cross).reshape(len(uniq), D * Y.shape[1]),
+        "sq_res": np.array(sq),
+        "fgram": F1.T @ F1,
+        "fcross": F1.T @ R,
+        "sq_residual": float(np.sum(R**2)),
+        "sq_norm": float(np.sum(Y**2)),
+        "n_certain": float(certain.sum()),
+        "count": float(len(X)),
+    }
+
+
 #: Rows whose |cos| exceeds this are the same hidden unit.
 DUPLICATE_COS = 1.0 - 1e-6
 #: Fields of :func:`refine_rows`' output kept as a row's certificate.

@@ -13,6 +13,7 @@ References
 .. [2] Z. Lin, M. Chen, Y. Ma. The augmented Lagrange multiplier method for exact recovery
    of corrupted low-rank matrices. arXiv:1009.5055, 2010.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,12 +6,22 @@ the rows of V from the unfolded second-order moment, projection of the moment on
 span, simultaneous diagonalisation of two random contractions (Jennrich), and a CP-ALS
 polish started from Jennrich's factors.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["input_span", "project", "jennrich", "cp_als", "merge_symmetric_factors", "draw_candidates",
-           "as_third_order", "contract", "power_iteration"]
+__all__ = [
+    "input_span",
+    "project",
+    "jennrich",
+    "cp_als",
+    "merge_symmetric_factors",
+    "draw_candidates",
+    "as_third_order",
+    "contract",
+    "power_iteration",
+]
 
 
 def input_span(T, k):

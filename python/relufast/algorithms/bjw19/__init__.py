@@ -46,11 +46,8 @@ Functions and the paper
 Modules: ``gaussian``, ``enumeration``, ``fpt``, ``noisy``, ``sparse_noise``, ``ica``,
 ``independent_noise`` (one per theorem).
 """
-CITATION = (
-    "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "
-    "polynomial time. COLT 2019, PMLR 99:195-268."
-)
 
+from ...stages.fit import polish
 from .enumeration import enumeration, iterative_lp
 from .fpt import fpt
 from .gaussian import gaussian
@@ -58,7 +55,24 @@ from .ica import fastica, ica
 from .independent_noise import halfspace_estimate, independent_noise
 from .noisy import noisy, sign_by_projection
 from .sparse_noise import sparse_noise
-from ...stages.fit import polish
 
-__all__ = ["gaussian", "enumeration", "fpt", "noisy", "sparse_noise", "ica", "independent_noise",
-           "fastica", "halfspace_estimate", "iterative_lp", "sign_by_projection", "polish", "CITATION"]
+CITATION = (
+    "A. Bakshi, R. Jayaram, D. P. Woodruff. Learning two layer rectified neural networks in "
+    "polynomial time. COLT 2019, PMLR 99:195-268."
+)
+
+__all__ = [
+    "gaussian",
+    "enumeration",
+    "fpt",
+    "noisy",
+    "sparse_noise",
+    "ica",
+    "independent_noise",
+    "fastica",
+    "halfspace_estimate",
+    "iterative_lp",
+    "sign_by_projection",
+    "polish",
+    "CITATION",
+]

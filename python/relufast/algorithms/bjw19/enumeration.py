@@ -4,6 +4,7 @@ Lemma 1 (candidate sign patterns, C++ enumeration in the patterns stage), Algori
 (Iterative LP on HiGHS, :func:`iterative_lp`) and Algorithm 2 (ExactNeuralNet), with the
 exact support solve where |S| >= d.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,7 @@ SPAN_TOL = 1e-9
 INDEPENDENCE_TOL = 1e-8
 #: Zero tests at float64 (sign of an entry, rank of B off a support, the support solve);
 #: :func:`_zero_tests` raises all of them to the rounding floor of lower-precision outputs.
-ZERO_TESTS = {"span": SPAN_TOL, "independence": INDEPENDENCE_TOL, "sign": 1e-9, "rank": 1e-9,
-              "solve": 1e-9}
+ZERO_TESTS = {"span": SPAN_TOL, "independence": INDEPENDENCE_TOL, "sign": 1e-9, "rank": 1e-9, "solve": 1e-9}
 
 
 def _zero_tests(prec, d, k):
@@ -138,8 +138,19 @@ def _try_pattern(S, coeff, X, B, found, rng, time_limit, zt=ZERO_TESTS):
 
 
 @recovery_method("bjw19-enumeration")
-def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None, n_jobs=None,
-                progress=None, random_state=None, precision=None):
+def enumeration(
+    X,
+    Y,
+    n_hidden,
+    *,
+    tol=1e-10,
+    max_patterns=None,
+    time_limit=None,
+    n_jobs=None,
+    progress=None,
+    random_state=None,
+    precision=None,
+):
     """Exact recovery for any input distribution (BJW19 Thm 1; Algorithms 1 and 2).
 
     Parameters
@@ -199,9 +210,18 @@ def enumeration(X, Y, n_hidden, *, tol=1e-10, max_patterns=None, time_limit=None
     """
     prec = resolve_precision(Y, precision)
     with single_threaded_blas():
-        return _enumeration(X, Y, n_hidden, tol=tol, max_patterns=max_patterns,
-                            time_limit=time_limit, n_jobs=n_jobs, progress=progress,
-                            random_state=random_state, prec=prec)
+        return _enumeration(
+            X,
+            Y,
+            n_hidden,
+            tol=tol,
+            max_patterns=max_patterns,
+            time_limit=time_limit,
+            n_jobs=n_jobs,
+            progress=progress,
+            random_state=random_state,
+            prec=prec,
+        )
 
 
 def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progress, random_state, prec):
@@ -228,13 +248,17 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
     diag["output_singular_values"] = sv
     seconds["rank"] = time.perf_counter() - t
     if rank < k:
-        return run.result(Status.RANK_DEFICIENT,
-                       f"the outputs have rank {rank} < n_hidden = {k}: BJW19 Thm 1 needs rank(Y) = k "
-                       "(with rank(Y) < k, deciding whether a network exists is NP-hard, Thm 2)")
+        return run.result(
+            Status.RANK_DEFICIENT,
+            f"the outputs have rank {rank} < n_hidden = {k}: BJW19 Thm 1 needs rank(Y) = k "
+            "(with rank(Y) < k, deciding whether a network exists is NP-hard, Thm 2)",
+        )
     if rank > k:
-        return run.result(Status.FAILED,
-                       f"the outputs have rank {rank} > n_hidden = {k}: no network with {k} hidden "
-                       "units fits them exactly (noisy outputs, or n_hidden too small)")
+        return run.result(
+            Status.FAILED,
+            f"the outputs have rank {rank} > n_hidden = {k}: no network with {k} hidden "
+            "units fits them exactly (noisy outputs, or n_hidden too small)",
+        )
     B = np.ascontiguousarray(Uy[:, :k].T)
     # Real inputs may span a subspace (pixels that are zero in every image): search in the
     # row space of X, where the rows are identifiable, and report V there (minimum norm).
@@ -257,8 +281,15 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
             return True
         return False
 
-    stream = PatternStream(B, tol=zt["sign"], n_jobs=threads, max_patterns=max_patterns, time_limit=time_limit,
-                           progress=progress, random_state=rng.integers(2**63))
+    stream = PatternStream(
+        B,
+        tol=zt["sign"],
+        n_jobs=threads,
+        max_patterns=max_patterns,
+        time_limit=time_limit,
+        progress=progress,
+        random_state=rng.integers(2**63),
+    )
     W, F, det, paths, sources, feasible = [], [], [], [], [], []
     Qb = np.zeros((0, n))  # orthonormal basis of the rectified rows found so far
 
@@ -288,8 +319,9 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                 tried += len(batch)
                 found = list(F)
                 seeds = rng.integers(0, 2**63, size=len(batch))
-                args = [(S, c, X, B, found, np.random.default_rng(s), remaining(), zt)
-                        for (S, c, _), s in zip(batch, seeds)]
+                args = [
+                    (S, c, X, B, found, np.random.default_rng(s), remaining(), zt) for (S, c, _), s in zip(batch, seeds)
+                ]
                 outs = list(pool.map(lambda a: _try_pattern(*a), args)) if pool else [_try_pattern(*a) for a in args]
                 # First-feasible in stream order: the outcome does not depend on the thread count.
                 for (S, c, src), (out, nlp) in zip(batch, outs):
@@ -310,8 +342,9 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
             for S in feasible:
                 if out_of_time():
                     break
-                out, nlp = _try_pattern(S, None, X, B, list(F), np.random.default_rng(rng.integers(2**63)),
-                                        remaining(), zt)
+                out, nlp = _try_pattern(
+                    S, None, X, B, list(F), np.random.default_rng(rng.integers(2**63)), remaining(), zt
+                )
                 lps += nlp
                 if out is not None and accept(out, "reused"):
                     break
@@ -319,18 +352,27 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
         if pool:
             pool.shutdown()
     seconds["search"] = time.perf_counter() - t
-    counts.update({"patterns_tried": tried, "lps_solved": lps, "linear_systems": stream.systems,
-                   "rows_found": len(W)})
-    diag.update({"determined": tuple(det), "row_paths": tuple(paths), "row_sources": tuple(sources),
-                 "stopped_by": stream.stopped_by})
+    counts.update({"patterns_tried": tried, "lps_solved": lps, "linear_systems": stream.systems, "rows_found": len(W)})
+    diag.update(
+        {
+            "determined": tuple(det),
+            "row_paths": tuple(paths),
+            "row_sources": tuple(sources),
+            "stopped_by": stream.stopped_by,
+        }
+    )
 
     if len(W) < k:
         if stream.stopped_by:
-            msg = (f"stopped by {stream.stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
-                   "raise max_patterns or time_limit")
+            msg = (
+                f"stopped by {stream.stopped_by} after {tried} patterns with {len(W)} of {k} rows; "
+                "raise max_patterns or time_limit"
+            )
         else:
-            msg = (f"all candidate patterns tried ({tried}); only {len(W)} of {k} independent rows "
-                   "exist: the outputs are not realizable by a ReLU network with these inputs")
+            msg = (
+                f"all candidate patterns tried ({tried}); only {len(W)} of {k} independent rows "
+                "exist: the outputs are not realizable by a ReLU network with these inputs"
+            )
         return run.result(Status.FAILED, msg)
 
     t = time.perf_counter()
@@ -352,8 +394,12 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
             null = input_null_space(X)
             U, V, minimal = minimum_norm_rows(X, V, U, free, null)
             residual = relative_residual(X, Y, V, U, threads, RELU)
-            diag.update(undetermined_rows=tuple(loose), undetermined_directions=tuple(free),
-                        minimum_norm=minimal, all_rows_determined=False)
+            diag.update(
+                undetermined_rows=tuple(loose),
+                undetermined_directions=tuple(free),
+                minimum_norm=minimal,
+                all_rows_determined=False,
+            )
             if null.shape[0]:
                 diag["input_null_space"] = null
             seconds["fit"] = time.perf_counter() - t
@@ -365,26 +411,39 @@ def _enumeration(X, Y, n_hidden, *, tol, max_patterns, time_limit, n_jobs, progr
                 "direction(s) each (diagnostics['undetermined_directions']) that their active samples do "
                 f"not see{span_note}"
                 " without changing the outputs; returned the minimum-norm representative",
-                U=U, V=V, residual=residual)
-        msg = (f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "
-               f"patterns and {lps} LPs; "
-               + ("each row is determined by its sign pattern (a single ray of the output span "
-                  "with that support, |S| >= d, X_S of rank d)" if all_det else
-                  f"{k - sum(det)} row(s) are not determined by their sign pattern (|S| < d, X_S "
-                  "rank-deficient, or a face of dimension > 1)")
-               + ". An exact fit does not by itself make the network unique: other rectified "
-               "vectors in the output span may give another exact factorization"
-               + ("" if prec.is_double else f" (certified at {prec.name} precision, floor "
-                  f"{prec.floor(d, k):.1e}; polished in float64)"))
+                U=U,
+                V=V,
+                residual=residual,
+            )
+        msg = (
+            f"found {k} rows fitting Y exactly (relative residual {residual:.2e}) after {tried} "
+            f"patterns and {lps} LPs; "
+            + (
+                "each row is determined by its sign pattern (a single ray of the output span "
+                "with that support, |S| >= d, X_S of rank d)"
+                if all_det
+                else f"{k - sum(det)} row(s) are not determined by their sign pattern (|S| < d, X_S "
+                "rank-deficient, or a face of dimension > 1)"
+            )
+            + ". An exact fit does not by itself make the network unique: other rectified "
+            "vectors in the output span may give another exact factorization"
+            + (
+                ""
+                if prec.is_double
+                else f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
+            )
+        )
         status = Status.EXACT
     else:
         msg = f"k rows found but the least-squares fit has residual {residual:.2e} > tol = {tol:.1e}"
         status = Status.FAILED
     diag["all_rows_determined"] = all_det
     if null_dirs.shape[0]:
-        msg += (f". X spans a {row_space.shape[0]}-dimensional subspace of R^{d}: V is reported on the "
-                f"row space of X (minimum norm); its components along the other {null_dirs.shape[0]} "
-                "input directions (diagnostics['unidentifiable_directions']) are not identifiable")
+        msg += (
+            f". X spans a {row_space.shape[0]}-dimensional subspace of R^{d}: V is reported on the "
+            f"row space of X (minimum norm); its components along the other {null_dirs.shape[0]} "
+            "input directions (diagnostics['unidentifiable_directions']) are not identifiable"
+        )
     return run.result(status, msg, U=U, V=V, exact=exact, residual=residual)
 
 
@@ -396,5 +455,3 @@ def _row_space(X, tol):
     _, E = np.linalg.eigh(Xs.T @ Xs)  # eigenvectors, ascending: the last r span the rows
     E = E[:, ::-1].T
     return np.ascontiguousarray(E[:r]), np.ascontiguousarray(E[r:])
-
-

@@ -2,6 +2,7 @@
 hidden units (m < k allowed), with the corrections in ``docs/bjw19.md`` (pairwise
 independent columns of U, m >= 2).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,19 @@ def _classes(Y, m, min_size, class_tol, rng):
 
 
 @recovery_method("bjw19-fpt")
-def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, random_state=None,
-        n_estimate=None, comm=None, precision=None):
+def fpt(
+    X,
+    Y,
+    n_hidden,
+    *,
+    tol=1e-10,
+    class_tol=1e-9,
+    min_class_size=None,
+    random_state=None,
+    n_estimate=None,
+    comm=None,
+    precision=None,
+):
     """Exact recovery when U is rank-deficient or has fewer rows than k (BJW19 Thm 11, Alg. 7).
 
     Parameters
@@ -85,8 +97,7 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     O(n m log n + k n d^2).
     """
     run = Run("bjw19-fpt")
-    data = Samples.from_arrays(X, Y, comm=comm,
-                               check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+    data = Samples.from_arrays(X, Y, comm=comm, check_finite=isinstance(n_estimate, str) and n_estimate == "all")
     n, d, m = data.n, data.d, data.m
     k = check_n_hidden(n_hidden, d)
     prec = resolve_precision(Y, precision)
@@ -100,10 +111,12 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     if m == 1 and k >= 2:
         if not data.finite_checked:
             certify(data, np.zeros((1, d)))
-        return run.result(Status.UNSUPPORTED,
-                       f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
-                       f"parallel to the single column of U and the units cannot be told apart "
-                       f"(docs/bjw19.md, erratum 7); got m = 1, k = {k}")
+        return run.result(
+            Status.UNSUPPORTED,
+            f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
+            f"parallel to the single column of U and the units cannot be told apart "
+            f"(docs/bjw19.md, erratum 7); got m = 1, k = {k}",
+        )
     # Adaptive: classes from a growing random sample (about k 2^-k of the samples have a
     # single active unit); only the certificate reads every sample.
     if n_estimate == "all":
@@ -128,14 +141,19 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         if not data.finite_checked:
             certify(data, np.zeros((1, d)))
         status = Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE
-        return run.result(status,
-                       f"found {len(classes)} classes of at least {min_size} samples with parallel "
-                       f"outputs, expected k = {k}: "
-                       + (f"either the outputs come from only {len(classes)} hidden unit(s) (n_hidden "
-                          "too large), or too few samples have a single active unit (Lemma 21 needs n of "
-                          "order d (k kappa)^(2k): add samples). Noisy outputs also give no classes: "
-                          "Alg. 7 needs outputs that are exactly parallel" if len(classes) < k else
-                          "the columns of U are not pairwise independent or k is too small"))
+        return run.result(
+            status,
+            f"found {len(classes)} classes of at least {min_size} samples with parallel "
+            f"outputs, expected k = {k}: "
+            + (
+                f"either the outputs come from only {len(classes)} hidden unit(s) (n_hidden "
+                "too large), or too few samples have a single active unit (Lemma 21 needs n of "
+                "order d (k kappa)^(2k): add samples). Noisy outputs also give no classes: "
+                "Alg. 7 needs outputs that are exactly parallel"
+                if len(classes) < k
+                else "the columns of U are not pairwise independent or k is too small"
+            ),
+        )
     V = np.empty((k, d))
     class_res = []
     for i, S in enumerate(classes):
@@ -149,10 +167,12 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
     if max(class_res) > prec.tol(1e-9, d, k):
         if not data.finite_checked:
             certify(data, np.zeros((1, d)))
-        return run.result(Status.NON_IDENTIFIABLE,
-                       f"a class of parallel outputs is not produced by one unit (least-squares "
-                       f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
-                       "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)")
+        return run.result(
+            Status.NON_IDENTIFIABLE,
+            f"a class of parallel outputs is not produced by one unit (least-squares "
+            f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
+            "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)",
+        )
     U, residual, _ = fit_and_certify(data, None, V, subset=(Xe, Ye))
     counts["certify_passes"] = 1
     exact = residual <= tol
@@ -161,9 +181,19 @@ def fpt(X, Y, n_hidden, *, tol=1e-10, class_tol=1e-9, min_class_size=None, rando
         if not prec.is_double and not (data.distributed or data.lazy):
             U, V, _, _, residual = polish_at_precision(data.X, data.Y, U, V)
             note = f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
-        return run.result(Status.EXACT,
-                       f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
-                       f"residual {residual:.2e}{note}", U=U, V=V, exact=True, residual=residual)
-    return run.result(Status.FAILED,
-                   f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
-                   U=U, V=V, residual=residual)
+        return run.result(
+            Status.EXACT,
+            f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
+            f"residual {residual:.2e}{note}",
+            U=U,
+            V=V,
+            exact=True,
+            residual=residual,
+        )
+    return run.result(
+        Status.FAILED,
+        f"rows recovered but the fit of U leaves residual {residual:.2e} > tol = {tol:.1e}",
+        U=U,
+        V=V,
+        residual=residual,
+    )

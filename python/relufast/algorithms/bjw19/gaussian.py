@@ -4,6 +4,7 @@ Departures from the paper (``docs/bjw19.md``): the second-order moment with the 
 mode kept replaces the third-order score tensor (zero for ReLU); Algorithm 5 runs in its
 margin form on an orthonormal basis of the output span.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,10 +37,6 @@ __all__ = ["gaussian"]
 #: sigma_(k+1)/sigma_1 of the outputs (m > k) or the smallest null-space ratio (m = k) above
 #: this means noisy outputs: exact outputs leave both at rounding level, about 1e-16.
 NOISE_FLOOR = 1e-12
-
-
-
-
 
 
 def _deflate_missing(Xs, Ys, V_known, B, Xr, threads):
@@ -85,9 +82,23 @@ def check_n_estimate(n_estimate, n_min):
 
 
 @recovery_method("bjw19-gaussian")
-def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=None,
-             random_state=None, block_size=256, activation="relu", whiten="auto", n_estimate=None,
-             comm=None, precision=None):
+def gaussian(
+    X,
+    Y,
+    n_hidden,
+    *,
+    n_refine=None,
+    n_restarts=10,
+    tol=1e-10,
+    n_jobs=None,
+    random_state=None,
+    block_size=256,
+    activation="relu",
+    whiten="auto",
+    n_estimate=None,
+    comm=None,
+    precision=None,
+):
     """Exact recovery of ``Y = relu(X V^T) U^T`` for Gaussian X (BJW19 Thm 7; Alg. 4 + 5).
 
     Parameters
@@ -172,14 +183,41 @@ def gaussian(X, Y, n_hidden, *, n_refine=None, n_restarts=10, tol=1e-10, n_jobs=
     """
     prec = resolve_precision(Y, precision)
     with single_threaded_blas():
-        return _gaussian(X, Y, n_hidden, n_refine=n_refine, n_restarts=n_restarts, tol=tol,
-                         n_jobs=n_jobs, random_state=random_state, block_size=block_size,
-                         activation=activation, whiten=whiten, n_estimate=n_estimate, comm=comm,
-                         prec=prec)
+        return _gaussian(
+            X,
+            Y,
+            n_hidden,
+            n_refine=n_refine,
+            n_restarts=n_restarts,
+            tol=tol,
+            n_jobs=n_jobs,
+            random_state=random_state,
+            block_size=block_size,
+            activation=activation,
+            whiten=whiten,
+            n_estimate=n_estimate,
+            comm=comm,
+            prec=prec,
+        )
 
 
-def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state, block_size,
-              activation, whiten, n_estimate, comm, prec):
+def _gaussian(
+    X,
+    Y,
+    n_hidden,
+    *,
+    n_refine,
+    n_restarts,
+    tol,
+    n_jobs,
+    random_state,
+    block_size,
+    activation,
+    whiten,
+    n_estimate,
+    comm,
+    prec,
+):
     run = Run("bjw19-gaussian")
     run.precision = prec.name
     threads = resolve_n_jobs(n_jobs)
@@ -193,15 +231,14 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         raise TypeError(f"n_estimate must be None, 'all' or an integer; got {type(n_estimate).__name__}")
     # Finiteness: checked now when every sample is read anyway by the moment, else by the
     # certificate pass (one read of the data instead of two).
-    data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads,
-                               check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+    data = Samples.from_arrays(
+        X, Y, comm=comm, n_jobs=threads, check_finite=isinstance(n_estimate, str) and n_estimate == "all"
+    )
     n, d, m = data.n, data.d, data.m
     k = check_n_hidden(n_hidden, d)
     n_min = 2 * (d + 1)
     if n < n_min:
-        raise ValueError(
-            f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}"
-        )
+        raise ValueError(f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}")
     n_estimate = check_n_estimate(n_estimate, n_min)
     rng = check_random_state(random_state)
     act = get_activation(activation)
@@ -222,21 +259,34 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             certify(data, np.zeros((1, d)))
         return _fewer_outputs(run, data.X, data.Y, k, prec.tol(tol, d, k), n_jobs, rng, block_size, threads)
     if m < k:
-        return early(Status.UNSUPPORTED, outputs_below_hidden_message(
-            "bjw19-gaussian", m, k, "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
-            "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it"))
+        return early(
+            Status.UNSUPPORTED,
+            outputs_below_hidden_message(
+                "bjw19-gaussian",
+                m,
+                k,
+                "BJW19 Thm 7 assumes U of rank k, and both the output mode of "
+                "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it",
+            ),
+        )
     if act is not RELU:
         c = np.array([hermite_coefficient(act, r) for r in range(5)])
         diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return early(Status.UNSUPPORTED, f"the second Hermite coefficient of {act.name} vanishes "
-                         f"(c2 = {c[2]:.2e}): the second-order moment carries no information")
+            return early(
+                Status.UNSUPPORTED,
+                f"the second Hermite coefficient of {act.name} vanishes "
+                f"(c2 = {c[2]:.2e}): the second-order moment carries no information",
+            )
 
     # Step 1: one random sample, gathered once (on every rank): its prefixes are the probe
     # of the diagnostics, the refinement sample and the adaptive estimation sample.
     with run.stage("prepare"):
-        ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else \
-            min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
+        ell = (
+            min(n, max(1000, 25 * d, 100 * k))
+            if n_refine is None
+            else min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
+        )
         n_probe = min(n, GAUSS_ROWS)
         adaptive = n_estimate != "all"
         n_est = min(n, max(ell, start_size(d, k) if n_estimate is None else n_estimate)) if adaptive else n
@@ -244,8 +294,10 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         Xp, Yp = data.extend(stream, max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0))
         bad = int(Xp.size + Yp.size - np.count_nonzero(np.isfinite(Xp)) - np.count_nonzero(np.isfinite(Yp)))
         if bad:
-            raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries "
-                             "in a random sample of the rows")
+            raise ValueError(
+                f"X and Y must contain only finite values; found {bad} NaN or infinite entries "
+                "in a random sample of the rows"
+            )
         Xr, Yr = Xp[:ell], Yp[:ell]
         B, sv, Q = output_basis(Yr, k)
         diag["output_singular_values"] = sv
@@ -254,9 +306,11 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         diag["noise_ratio"] = noise_ratio
         Wh = input_whitening(Xp[:n_probe] if adaptive else data, whiten, diag, probe=Xp[:n_probe])
         if Wh is False:
-            return early(Status.NON_IDENTIFIABLE,
-                         "the second-moment matrix of X is singular: the inputs lie in a "
-                         "subspace, so V is not identifiable along its complement")
+            return early(
+                Status.NON_IDENTIFIABLE,
+                "the second-moment matrix of X is singular: the inputs lie in a "
+                "subspace, so V is not identifiable along its complement",
+            )
         # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
         to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
     if rank < k:
@@ -264,7 +318,8 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             Status.RANK_DEFICIENT,
             f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
             f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
-            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.")
+            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
+        )
     warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
     # Noisy outputs cannot be certified at any size: their estimate uses every sample.
     noise_tol, tol_p = prec.tol(NOISE_FLOOR, d, k), prec.tol(tol, d, k)
@@ -272,8 +327,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         adaptive, n_est = False, n
         diag["adaptive_stopped"] = "noisy outputs: the moment uses every sample"
 
-    acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size,
-                                  compress=None if m == k else Q)
+    acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size, compress=None if m == k else Q)
     n_in_acc = 0
     full_moment = None
     doublings = escalations = certify_passes = restarts = candidates = 0
@@ -291,15 +345,26 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             else:
                 n_est = n
                 if full_moment is None:
-                    full_moment = moment_span(data, None, k, None if m == k else Q, threads, block_size,
-                                              whitener=Wh)
+                    full_moment = moment_span(data, None, k, None if m == k else Q, threads, block_size, whitener=Wh)
                 W, P, evals = full_moment
         diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
         # Step 4: candidates pooled over restarts and certified.
         Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
-        pool, approx_rows, min_null = _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng,
-                                                          threads, act, whitened=Wh is not None,
-                                                          tols=refine_tolerances(prec, d, k))
+        pool, approx_rows, min_null = _certify_candidates(
+            run,
+            P,
+            W,
+            B,
+            Xref,
+            to_x,
+            k,
+            n_restarts,
+            rng,
+            threads,
+            act,
+            whitened=Wh is not None,
+            tols=refine_tolerances(prec, d, k),
+        )
         restarts += run.counts["restarts"]
         candidates += run.counts["candidates"]
         gaps.extend(run.diag["jennrich_gaps"])
@@ -311,8 +376,7 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         if not pool.full and adaptive and n_est < n:
             n_est, doublings = min(n, 2 * n_est), doublings + 1
             continue
-        if (not pool.full and noise_ratio <= noise_tol and ell < n
-                and escalations < MAX_CERTIFY_PASSES):
+        if not pool.full and noise_ratio <= noise_tol and ell < n and escalations < MAX_CERTIFY_PASSES:
             # Noiseless but rows missing with the estimate at full size: Alg. 5's null-space
             # test needs more confidently-off samples (e.g. nearly parallel rows), so the
             # refinement sample doubles (the moment estimate is kept).
@@ -336,13 +400,22 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
             B = output_basis(Yr, k)[0]
             continue
         break
-    run.counts.update(candidates=candidates, restarts=restarts, certified_rows=len(pool), n_refine=ell,
-                      n_estimate=n_est, doublings=doublings, escalations=escalations,
-                      certify_passes=certify_passes, n_certify=n)
+    run.counts.update(
+        candidates=candidates,
+        restarts=restarts,
+        certified_rows=len(pool),
+        n_refine=ell,
+        n_estimate=n_est,
+        doublings=doublings,
+        escalations=escalations,
+        certify_passes=certify_passes,
+        n_certify=n,
+    )
     diag["jennrich_gaps"] = np.array(gaps)
     diag["row_certificates"] = tuple(pool.certificates)
-    status, message = _outcome(pool, k, residual, tol_p, n, len(Xr), noise_ratio, m, min_null, restarts,
-                               noise_tol, prec.tol(NOISE_FLOOR, d, k))
+    status, message = _outcome(
+        pool, k, residual, tol_p, n, len(Xr), noise_ratio, m, min_null, restarts, noise_tol, prec.tol(NOISE_FLOOR, d, k)
+    )
     exact = status == Status.EXACT
     if exact and not prec.is_double and act is RELU and in_memory:
         with run.stage("polish"):
@@ -350,8 +423,9 @@ def _gaussian(X, Y, n_hidden, *, n_refine, n_restarts, tol, n_jobs, random_state
         message += f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
     if not exact and act is RELU:
         message += _bias_note(data.X, data.Y, Wh) if in_memory else _bias_note(Xp[:n_probe], Yp[:n_probe], Wh)
-    return run.result(status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out,
-                      warn_user=not exact)
+    return run.result(
+        status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out, warn_user=not exact
+    )
 
 
 def _bias_note(X, Y, Wh):
@@ -361,9 +435,11 @@ def _bias_note(X, Y, Wh):
     ev = bias_evidence(X[:rows], Y[:rows], Wh)
     if not ev["biased"]:
         return ""
-    return (f". The outputs look like those of a network with an output offset or hidden biases "
-            f"(mean(y) - tr E[y (x x^T - I)] has |z| = {np.max(np.abs(ev['z'])):.1f}; it is 0 without "
-            "biases), which the bias-free model of BJW19 cannot fit: use method='atv21'")
+    return (
+        f". The outputs look like those of a network with an output offset or hidden biases "
+        f"(mean(y) - tr E[y (x x^T - I)] has |z| = {np.max(np.abs(ev['z'])):.1f}; it is 0 without "
+        "biases), which the bias-free model of BJW19 cannot fit: use method='atv21'"
+    )
 
 
 def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None):
@@ -388,8 +464,11 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
         if approx_rows is None:
             # Noise-tolerant estimate from the polished draw: near-null-vector rows where
             # solved, else the tensor direction with the better-supported sign.
-            approx_rows = to_x(np.where(out["solved"][:k, None], out["rows"][:k],
-                                        np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]))
+            approx_rows = to_x(
+                np.where(
+                    out["solved"][:k, None], out["rows"][:k], np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]
+                )
+            )
         pool.add_certified(out, rows_x)
         if pool.full:
             break
@@ -409,8 +488,9 @@ def _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag):
         U, residual, cond = fit_and_certify(data, None, V, subset=(Xr, Yr), threads=threads, activation=act)
         passes = 1
     else:
-        fill = [r / np.linalg.norm(r) for r in approx_rows
-                if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in pool.rows)]
+        fill = [
+            r / np.linalg.norm(r) for r in approx_rows if all(abs(r @ c) < 0.9 * np.linalg.norm(r) for c in pool.rows)
+        ]
         V = np.array(pool.rows + fill[: k - len(pool)])
         if V.shape[0] < k:  # approximate rows collapsed onto certified ones: keep the draw
             V = approx_rows / np.linalg.norm(approx_rows, axis=1, keepdims=True)
@@ -422,12 +502,15 @@ def _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag):
     return U[:, order], V[order], residual, passes
 
 
-def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts, noise_tol=NOISE_FLOOR,
-             null_tol=NOISE_FLOOR):
+def _outcome(
+    pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, restarts, noise_tol=NOISE_FLOOR, null_tol=NOISE_FLOOR
+):
     """Status and message of the run."""
     if pool.full and residual <= tol:
-        return Status.EXACT, (f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
-                              f"relative residual {residual:.2e} over {n} samples")
+        return Status.EXACT, (
+            f"recovered {k} hidden units exactly: every row certified by Alg. 5, "
+            f"relative residual {residual:.2e} over {n} samples"
+        )
     if pool.full:
         # Every row is certified, so the network is a sound estimate: the rest is noise or a
         # few bad samples, not a failure of the method.
@@ -435,7 +518,8 @@ def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, rest
             f"all {k} rows were certified on {n_refine} refinement samples but the residual "
             f"over all {n} samples is {residual:.2e} > tol = {tol:.1e}: the outputs are "
             "not exactly those of one network (noise, or outliers / a few corrupted samples: "
-            "bjw19-sparse-noise handles sparse corruption)")
+            "bjw19-sparse-noise handles sparse corruption)"
+        )
     # With m > k the (k+1)-th singular value of the outputs measures the noise; with
     # m = k only the absence of any exact null vector can tell. Exact outputs leave both at
     # rounding level; anything above the noise floor is noise, however small (1e-9 noise is
@@ -444,12 +528,14 @@ def _outcome(pool, k, residual, tol, n, n_refine, noise_ratio, m, min_null, rest
         return Status.APPROXIMATE, (
             f"outputs are not exactly realizable (sigma_(k+1)/sigma_1 = {noise_ratio:.2e}, "
             f"smallest null-space ratio {min_null:.2e}): returning an approximate network with "
-            f"relative residual {residual:.2e}; {len(pool)} of {k} rows certified")
+            f"relative residual {residual:.2e}; {len(pool)} of {k} rows certified"
+        )
     return Status.FAILED, (
         f"only {len(pool)} of {k} rows could be certified after {restarts} restarts: the moment "
         "estimate is too crude. Try more samples, more n_restarts, or check that X is standard "
         "Gaussian and that rows of V are not nearly parallel. Outputs of a network with hidden "
-        "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21")
+        "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21"
+    )
 
 
 #: |b| and |c| (relative to the outputs) below which the m < k route reports a bias-free net.
@@ -467,10 +553,13 @@ def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):
 
     with run.stage("atv21"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RelufastWarning)
-        res = atv21_estimate(X, Y, k, tol=tol, n_jobs=n_jobs, random_state=rng, block_size=block_size,
-                             precision=run.precision)
-    run.diag["m_below_k"] = ("m < k: rows of V from the fourth-order moment in the span of V "
-                             "(ATV21 estimate) and the activation-region refinement")
+        res = atv21_estimate(
+            X, Y, k, tol=tol, n_jobs=n_jobs, random_state=rng, block_size=block_size, precision=run.precision
+        )
+    run.diag["m_below_k"] = (
+        "m < k: rows of V from the fourth-order moment in the span of V "
+        "(ATV21 estimate) and the activation-region refinement"
+    )
     run.diag["atv21_status"] = res.status.value
     run.counts["refine_rounds"] = res.counts.get("refine_rounds", 0)
     m = Y.shape[1]
@@ -480,18 +569,31 @@ def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):
         if np.max(np.abs(res.b)) <= bias_tol and np.max(np.abs(res.c)) <= bias_tol * scale:
             residual = relative_residual(X, Y, res.V, res.U, threads, RELU)
             if residual <= tol:
-                return run.result(Status.EXACT,
-                                  f"recovered {k} hidden units exactly from m = {m} < k outputs (beyond "
-                                  "BJW19 Thm 7: fourth-order moment in the span of V, then activation-region "
-                                  f"refinement); relative residual {residual:.2e} over {X.shape[0]} samples",
-                                  U=res.U, V=res.V, exact=True, residual=residual)
-        return run.result(Status.FAILED,
-                          f"the outputs are exactly those of a network with hidden biases or an output offset "
-                          f"(max |b| = {np.max(np.abs(res.b)):.2e}, max |c| = {np.max(np.abs(res.c)):.2e}), "
-                          "not BJW19's bias-free model: use method='atv21'",
-                          U=res.U, V=res.V, residual=res.residual)
-    return run.result(Status.FAILED,
-                      f"m = {m} < k = {k}: BJW19 Thm 7 needs m >= k; the fourth-order route (ATV21 estimate "
-                      f"and activation-region refinement) ended {res.status.value}: {res.message}. For "
-                      "m >= 2 with pairwise independent columns of U, bjw19-fpt (Alg. 7) may work",
-                      U=res.U, V=res.V, residual=res.residual)
+                return run.result(
+                    Status.EXACT,
+                    f"recovered {k} hidden units exactly from m = {m} < k outputs (beyond "
+                    "BJW19 Thm 7: fourth-order moment in the span of V, then activation-region "
+                    f"refinement); relative residual {residual:.2e} over {X.shape[0]} samples",
+                    U=res.U,
+                    V=res.V,
+                    exact=True,
+                    residual=residual,
+                )
+        return run.result(
+            Status.FAILED,
+            f"the outputs are exactly those of a network with hidden biases or an output offset "
+            f"(max |b| = {np.max(np.abs(res.b)):.2e}, max |c| = {np.max(np.abs(res.c)):.2e}), "
+            "not BJW19's bias-free model: use method='atv21'",
+            U=res.U,
+            V=res.V,
+            residual=res.residual,
+        )
+    return run.result(
+        Status.FAILED,
+        f"m = {m} < k = {k}: BJW19 Thm 7 needs m >= k; the fourth-order route (ATV21 estimate "
+        f"and activation-region refinement) ended {res.status.value}: {res.message}. For "
+        "m >= 2 with pairwise independent columns of U, bjw19-fpt (Alg. 7) may work",
+        U=res.U,
+        V=res.V,
+        residual=res.residual,
+    )

@@ -1,7 +1,5 @@
-"""BJW19 Algorithm 3 (Theorem 4): orthonormal V via ICA of the sketched outputs.
+"""BJW19 Algorithm 3 (Theorem 4): orthonormal V via ICA of the sketched outputs."""
 
-
-"""
 from __future__ import annotations
 
 import numpy as np
@@ -68,8 +66,21 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
 
 
 @recovery_method("bjw19-ica")
-def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12, max_iter=1000,
-        n_jobs=None, random_state=None, n_estimate=None, comm=None):
+def ica(
+    X,
+    Y,
+    n_hidden,
+    *,
+    n_refine=None,
+    n_restarts=5,
+    tol=1e-10,
+    ica_tol=1e-12,
+    max_iter=1000,
+    n_jobs=None,
+    random_state=None,
+    n_estimate=None,
+    comm=None,
+):
     """Exact recovery for orthonormal V by ICA (BJW19 Theorem 4, Algorithm 3).
 
     Parameters
@@ -114,8 +125,9 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
     with single_threaded_blas():
         run = Run("bjw19-ica")
         threads = resolve_n_jobs(n_jobs)
-        data = Samples.from_arrays(X, Y, comm=comm, n_jobs=threads,
-                                   check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+        data = Samples.from_arrays(
+            X, Y, comm=comm, n_jobs=threads, check_finite=isinstance(n_estimate, str) and n_estimate == "all"
+        )
         n, d, m = data.n, data.d, data.m
         k = check_n_hidden(n_hidden, d)
         max_iter = check_positive_int(max_iter, "max_iter")
@@ -128,10 +140,12 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
         if m < k:
             if not data.finite_checked:
                 certify(data, np.zeros((1, d)))
-            return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
-                "bjw19-ica", m, k, "Thm 4 assumes U of rank k"))
-        ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else \
-            min(n, check_positive_int(n_refine, "n_refine"))
+            return run.result(
+                Status.UNSUPPORTED, outputs_below_hidden_message("bjw19-ica", m, k, "Thm 4 assumes U of rank k")
+            )
+        ell = (
+            min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else min(n, check_positive_int(n_refine, "n_refine"))
+        )
         n_est = n if n_estimate == "all" else min(n, max(ell, n_estimate or start_size(d, k)))
         stream = SampleStream(n, rng)
         Xe, Ye = data.extend(stream, n_est)
@@ -153,8 +167,9 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                     except np.linalg.LinAlgError:
                         if not data.finite_checked:
                             certify(data, np.zeros((1, d)))
-                        return run.result(Status.RANK_DEFICIENT,
-                                          "the sketched outputs have rank < k: U is not of rank k")
+                        return run.result(
+                            Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k"
+                        )
                     iters_all.append(iters)
                     S = Zs @ unmix
                     Sc = S - S.mean(axis=0)
@@ -167,8 +182,9 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                 with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
                     out = refine_rows(B, Xr, cand, n_jobs=threads)
                 if approx is None:
-                    approx = np.where(out["solved"][:, None], out["rows"],
-                                      cand / np.linalg.norm(cand, axis=1, keepdims=True))
+                    approx = np.where(
+                        out["solved"][:, None], out["rows"], cand / np.linalg.norm(cand, axis=1, keepdims=True)
+                    )
                 pool.add_certified(out)
                 if pool.full:
                     break
@@ -176,8 +192,7 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
                 break
             n_est, doublings = min(n, 2 * n_est), doublings + 1
             Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
-        run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n,
-                          certify_passes=1)
+        run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n, certify_passes=1)
         run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
         run.counts["certified_rows"] = len(pool)
         certified = pool.rows
@@ -185,9 +200,20 @@ def ica(X, Y, n_hidden, *, n_refine=None, n_restarts=5, tol=1e-10, ica_tol=1e-12
         with run.stage("fit"):
             U, residual, _ = fit_and_certify(data, None, rows, subset=(Xr, Yr), threads=threads)
         if len(certified) == k and residual <= tol:
-            return run.result(Status.EXACT, f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
-                              U=U, V=rows, exact=True, residual=residual)
-        return run.result(Status.FAILED,
-                          f"{len(certified)} of {k} rows certified after {restart + 1} ICA restarts; "
-                          "Alg. 3 needs orthonormal V, standard Gaussian X and noiseless outputs: try "
-                          "bjw19-gaussian for general V", U=U, V=rows, residual=residual)
+            return run.result(
+                Status.EXACT,
+                f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
+                U=U,
+                V=rows,
+                exact=True,
+                residual=residual,
+            )
+        return run.result(
+            Status.FAILED,
+            f"{len(certified)} of {k} rows certified after {restart + 1} ICA restarts; "
+            "Alg. 3 needs orthonormal V, standard Gaussian X and noiseless outputs: try "
+            "bjw19-gaussian for general V",
+            U=U,
+            V=rows,
+            residual=residual,
+        )

@@ -1,17 +1,16 @@
-"""BJW19 Algorithm 8 (Theorem 13): arbitrary output noise independent of X.
+"""BJW19 Algorithm 8 (Theorem 13): arbitrary output noise independent of X."""
 
-
-"""
 from __future__ import annotations
 
 import itertools
 import math
+
 import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._result import Run, Status, recovery_method
-from ...stages.fit import fit_and_certify
 from ..._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
+from ...stages.fit import fit_and_certify
 
 __all__ = ["halfspace_estimate", "independent_noise", "grid_size"]
 
@@ -37,8 +36,18 @@ def _fit(X, Y, V):
 
 
 @recovery_method("bjw19-independent-noise")
-def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, max_guesses=100000,
-                      smoothing=(0.0, 0.25, 1.0), random_state=None):
+def independent_noise(
+    X,
+    Y,
+    n_hidden,
+    *,
+    given_M=None,
+    eps=0.25,
+    levels=None,
+    max_guesses=100000,
+    smoothing=(0.0, 0.25, 1.0),
+    random_state=None,
+):
     """Approximate recovery under arbitrary noise independent of X (BJW19 Thm 13; Alg. 8).
 
     Parameters
@@ -95,7 +104,8 @@ def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, ma
                 raise ValueError(
                     f"the brute-force grid of Alg. 8 has (2 * {L} + 1)^(k m) = {nu:.3g} candidate left "
                     f"inverses for k = {k}, m = {m}, above max_guesses = {max_guesses}; pass given_M "
-                    "(e.g. from bjw19-noisy's U), a coarser eps, or raise max_guesses")
+                    "(e.g. from bjw19-noisy's U), a coarser eps, or raise max_guesses"
+                )
             # Entries of U^+ are at most 1 / sigma_min(U); estimate the scale from Y
             # (E relu(z)^2 = 1/2 for unit rows), then powers of (1 + eps) below it.
             sk = np.linalg.svd(Y, compute_uv=False)[min(k, m) - 1]
@@ -122,8 +132,12 @@ def independent_noise(X, Y, n_hidden, *, given_M=None, eps=0.25, levels=None, ma
         run.diag.update(source=source, smoothing=eta, zero_network=V is None)
         residual = res / max(float(np.linalg.norm(Y)), 1e-300)
         if V is None:
-            return run.result(Status.FAILED, "the zero network fits best: the noise dominates the signal",
-                              residual=1.0)
-        return run.result(Status.APPROXIMATE,
-                          f"approximate network (BJW19 Alg. 8) from {tried} fits; relative residual {residual:.3e}",
-                          U=U, V=V, residual=residual, warn_user=False)
+            return run.result(Status.FAILED, "the zero network fits best: the noise dominates the signal", residual=1.0)
+        return run.result(
+            Status.APPROXIMATE,
+            f"approximate network (BJW19 Alg. 8) from {tried} fits; relative residual {residual:.3e}",
+            U=U,
+            V=V,
+            residual=residual,
+            warn_user=False,
+        )

@@ -1,7 +1,5 @@
-"""BJW19 Theorem 10, Algorithm 6: i.i.d. sub-Gaussian output noise.
+"""BJW19 Theorem 10, Algorithm 6: i.i.d. sub-Gaussian output noise."""
 
-
-"""
 from __future__ import annotations
 
 import time
@@ -63,13 +61,20 @@ def sign_by_projection(X, Y, V):
     return V_out, margins
 
 
-
-
-
-
 @recovery_method("bjw19-noisy")
-def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=None,
-          random_state=None, block_size=256, comm=None):
+def noisy(
+    X,
+    Y,
+    n_hidden,
+    *,
+    n_sign=20000,
+    n_restarts=5,
+    polish_steps=0,
+    n_jobs=None,
+    random_state=None,
+    block_size=256,
+    comm=None,
+):
     """Approximate recovery under i.i.d. sub-Gaussian output noise (BJW19 Thm 10; Alg. 6).
 
     Parameters
@@ -120,9 +125,11 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
         n_restarts = check_positive_int(n_restarts, "n_restarts")
         polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
         if polish_steps and (data.distributed or data.lazy):
-            raise ValueError("polish_steps needs the samples in memory on one process; got "
-                             + ("an MPI communicator" if data.distributed else "dask arrays")
-                             + ": use polish_steps=0")
+            raise ValueError(
+                "polish_steps needs the samples in memory on one process; got "
+                + ("an MPI communicator" if data.distributed else "dask arrays")
+                + ": use polish_steps=0"
+            )
         rng = check_random_state(random_state)
         if n < 2 * (d + 1):
             raise ValueError(f"bjw19-noisy needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
@@ -130,8 +137,9 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
         counts.update(n_samples=n, n_hidden=k)
         diag["backend"] = BACKEND
         if m < k:
-            return run.result(Status.UNSUPPORTED, outputs_below_hidden_message(
-                "bjw19-noisy", m, k, "Thm 10 assumes U of rank k"))
+            return run.result(
+                Status.UNSUPPORTED, outputs_below_hidden_message("bjw19-noisy", m, k, "Thm 10 assumes U of rank k")
+            )
         ell = min(n, n_sign)
         Xs, Ys = data.extend(SampleStream(n, rng), ell)
         _, sv, Q = output_basis(Ys, k)
@@ -159,13 +167,16 @@ def noisy(X, Y, n_hidden, *, n_sign=20000, n_restarts=5, polish_steps=0, n_jobs=
             U, V = polish(data.X, data.Y, U, V, n_iter=polish_steps)
         residual = residual_from_stats(certify(data, V, U))
         seconds["fit"] = time.perf_counter() - t
-        counts.update({"n_estimate": n, "n_certify": n, "n_sign": ell, "restarts": n_restarts,
-                       "polish_steps": polish_steps})
-        message = (f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
-                   f"smallest sign margin {margins.min():.3f}")
+        counts.update(
+            {"n_estimate": n, "n_certify": n, "n_sign": ell, "restarts": n_restarts, "polish_steps": polish_steps}
+        )
+        message = (
+            f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
+            f"smallest sign margin {margins.min():.3f}"
+        )
         if margins.min() <= 0:
-            warn(f"a sign of Alg. 6 is a guess (margin {margins.min():.3g} <= 0): use more samples "
-                 "(n_sign) or less noise")
+            warn(
+                f"a sign of Alg. 6 is a guess (margin {margins.min():.3g} <= 0): use more samples "
+                "(n_sign) or less noise"
+            )
         return run.result(Status.APPROXIMATE, message, U=U, V=V, residual=residual, warn_user=False)
-
-

@@ -4,6 +4,7 @@ Principal component pursuit separates the low-rank outputs from the sparse corru
 the Gaussian pipeline runs on the low-rank part, and a Gauss-Newton polish on the
 uncorrupted entries only makes the result exact.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -25,8 +26,20 @@ SUPPORT_ROUNDS = 4
 
 
 @recovery_method("bjw19-sparse-noise")
-def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, support_tol=1e-7,
-                 polish_steps=10, tol=1e-10, n_jobs=None, random_state=None):
+def sparse_noise(
+    X,
+    Y,
+    n_hidden,
+    *,
+    lam=None,
+    pcp_tol=1e-9,
+    max_iter=500,
+    support_tol=1e-7,
+    polish_steps=10,
+    tol=1e-10,
+    n_jobs=None,
+    random_state=None,
+):
     """Exact recovery under sparse gross corruption of the outputs (BJW19 Sec. 8, Thm 14).
 
     Parameters
@@ -87,10 +100,15 @@ def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, suppor
         if direct.status == Status.EXACT:
             diag["corrupted"] = np.zeros(Y.shape, dtype=bool)
             counts["corrupted_entries"] = 0
-            return run.result(Status.EXACT,
-                              f"no corrupted entries: the Gaussian pipeline fits every entry of the "
-                              f"outputs exactly (relative residual {direct.residual:.2e})",
-                              U=direct.U, V=direct.V, exact=True, residual=direct.residual)
+            return run.result(
+                Status.EXACT,
+                f"no corrupted entries: the Gaussian pipeline fits every entry of the "
+                f"outputs exactly (relative residual {direct.residual:.2e})",
+                U=direct.U,
+                V=direct.V,
+                exact=True,
+                residual=direct.residual,
+            )
 
         with run.stage("pcp"):
             pcp = principal_component_pursuit(Y, lam=lam, tol=pcp_tol, max_iter=max_iter)
@@ -101,10 +119,12 @@ def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, suppor
         if not pcp.converged or pcp.rank != k:
             diag["corrupted"] = corrupted
             counts["corrupted_entries"] = int(corrupted.sum())
-            return stop(Status.FAILED,
-                        f"principal component pursuit did not separate a rank-{k} part (rank {pcp.rank}, "
-                        f"converged {pcp.converged} after {pcp.iterations} iterations): the corruption "
-                        "may be too dense, U too coherent, or k too large for m (BJW19 Thm 14)")
+            return stop(
+                Status.FAILED,
+                f"principal component pursuit did not separate a rank-{k} part (rank {pcp.rank}, "
+                f"converged {pcp.converged} after {pcp.iterations} iterations): the corruption "
+                "may be too dense, U too coherent, or k too large for m (BJW19 Thm 14)",
+            )
 
         with run.stage("gaussian"):
             with warnings.catch_warnings():
@@ -139,28 +159,44 @@ def sparse_noise(X, Y, n_hidden, *, lam=None, pcp_tol=1e-9, max_iter=500, suppor
         # fit has no flat direction besides the k rescalings (U and V jointly, to first order).
         with run.stage("identifiability"):
             F = np.maximum(X @ V.T, 0.0)
-            weak = [j for j in range(m) if numerical_rank(
-                np.linalg.svd(F[clean[:, j]], compute_uv=False)) < k]
+            weak = [j for j in range(m) if numerical_rank(np.linalg.svd(F[clean[:, j]], compute_uv=False)) < k]
             flat = local_rank_deficiency(X, U, V, clean.astype(np.float64)) if not weak else -1
         diag.update(undetermined_outputs=tuple(weak), flat_directions=flat)
         fits = bool(residual <= tol)
         if fits and not weak and flat == 0:
-            return run.result(Status.EXACT,
-                              f"recovered {k} units exactly from outputs with {int(corrupted.sum())} corrupted "
-                              f"entries ({corrupted.mean():.1%}); residual on the others {residual:.2e}, and "
-                              "the others determine the network",
-                              U=U, V=V, exact=True, residual=residual)
+            return run.result(
+                Status.EXACT,
+                f"recovered {k} units exactly from outputs with {int(corrupted.sum())} corrupted "
+                f"entries ({corrupted.mean():.1%}); residual on the others {residual:.2e}, and "
+                "the others determine the network",
+                U=U,
+                V=V,
+                exact=True,
+                residual=residual,
+            )
         if fits:
-            why = (f"the unflagged samples of output(s) {list(weak)[:10]} do not see {k} independent hidden "
-                   "units" if weak else f"the masked fit has {flat} flat direction(s) besides the rescalings")
-            return run.result(Status.FAILED,
-                              f"a network fits the {int(clean.sum())} unflagged entries (residual {residual:.2e}) "
-                              f"but {int(corrupted.sum())} entries ({corrupted.mean():.1%}) are flagged and {why}: "
-                              "the unflagged entries do not determine the network, so it is not certified",
-                              U=U, V=V, residual=residual)
-        return run.result(Status.APPROXIMATE,
-                          f"approximate network: residual on uncorrupted entries {residual:.2e} > tol = "
-                          f"{tol:.1e} (noise besides the sparse corruption?)", U=U, V=V, residual=residual)
+            why = (
+                f"the unflagged samples of output(s) {list(weak)[:10]} do not see {k} independent hidden units"
+                if weak
+                else f"the masked fit has {flat} flat direction(s) besides the rescalings"
+            )
+            return run.result(
+                Status.FAILED,
+                f"a network fits the {int(clean.sum())} unflagged entries (residual {residual:.2e}) "
+                f"but {int(corrupted.sum())} entries ({corrupted.mean():.1%}) are flagged and {why}: "
+                "the unflagged entries do not determine the network, so it is not certified",
+                U=U,
+                V=V,
+                residual=residual,
+            )
+        return run.result(
+            Status.APPROXIMATE,
+            f"approximate network: residual on uncorrupted entries {residual:.2e} > tol = "
+            f"{tol:.1e} (noise besides the sparse corruption?)",
+            U=U,
+            V=V,
+            residual=residual,
+        )
 
 
 def _masked_relative_residual(R, Y, mask):
