@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ._result import RecoveryResult, RelufastWarning, Run, Status, warn
+from ._result import RecoveryResult, RelufastWarning, Run, Status, call_method, warn
 from ._units import map_back, plain_array, rescale
 from .algorithms import atv21, bjw19, gklw19, gp19
 
@@ -255,15 +255,7 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
         Xs, Ys, opts, scale = rescale(X, Y, options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RelufastWarning)
-        try:
-            res = function(Xs, Ys, n_hidden, **opts)
-        except np.linalg.LinAlgError as exc:
-            res = Run(name).result(
-                Status.FAILED,
-                f"{name}: a linear-algebra step broke down ({exc}); the "
-                "data are numerically degenerate for this method (collinear or "
-                "constant inputs, or outputs of extreme dynamic range)",
-            )
+        res = call_method(name, function, Xs, Ys, n_hidden, opts)
     method_message, method_status = res.message, res.status
     res = _identify(map_back(res, scale), X)
     notes = _causes(res, X, Y, n_hidden, options)

@@ -255,6 +255,20 @@ class Run:
         return res
 
 
+def call_method(name, function, X, Y, n_hidden, options):
+    """``function(X, Y, n_hidden, **options)``, with a numerical breakdown inside it (numpy or
+    scipy ``LinAlgError``) returned as a ``failed`` result naming the cause."""
+    try:
+        return function(X, Y, n_hidden, **options)
+    except np.linalg.LinAlgError as exc:
+        return Run(name).result(
+            Status.FAILED,
+            f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
+            "degenerate for this method (collinear or constant inputs, or outputs of extreme "
+            "dynamic range)",
+        )
+
+
 def recovery_method(name):
     """Decorator for a public method function: units-free and never a raw ``LinAlgError``.
 
@@ -270,16 +284,7 @@ def recovery_method(name):
             from ._units import map_back, rescale
 
             Xs, Ys, opts, scale = rescale(X, Y, options)
-            try:
-                res = function(Xs, Ys, n_hidden, **opts)
-            except np.linalg.LinAlgError as exc:
-                res = Run(name).result(
-                    Status.FAILED,
-                    f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
-                    "degenerate for this method (collinear or constant inputs, or outputs of extreme "
-                    "dynamic range)",
-                )
-            return map_back(res, scale)
+            return map_back(call_method(name, function, Xs, Ys, n_hidden, opts), scale)
 
         method.rescales_units = True  # type: ignore[attr-defined]
         return method
