@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["rescale", "map_back", "rms_exponent", "plain_array"]
+__all__ = ["rescale", "map_back", "rms_exponent", "plain_array", "file_backed"]
 
 
 def rms_exponent(A):
@@ -60,10 +60,28 @@ def _ldexp_keep_precision(A, e):
     return np.ldexp(A, e).astype(A.dtype, copy=False)
 
 
+def file_backed(A):
+    """True when A is a NumPy memmap or a view of one (data the caller keeps on disk)."""
+    import mmap
+
+    while A is not None:
+        if isinstance(A, (np.memmap, mmap.mmap)):
+            return True
+        A = getattr(A, "base", None)
+    return False
+
+
 def rescale(X, Y, options):
     """Exact power-of-two rescaling of X and Y: returns (X', Y', options', (ex, ey, p)) with
-    X' = X 2^-ex, Y' = Y 2^-ey; (0, 0, 1) when nothing is rescaled."""
-    if "comm" in options:  # each MPI rank holds other samples: no common scale without a reduction
+    X' = X 2^-ex, Y' = Y 2^-ey; (0, 0, 1) when nothing is rescaled.
+
+    Out-of-core inputs are used in their own units: MPI runs (each rank holds other samples,
+    so there is no common scale without a reduction), dask arrays and memmaps (a rescaled copy
+    would put the whole data set in memory, which is what the caller avoided).
+    """
+    if "comm" in options:
+        return X, Y, options, (0, 0, 1.0)
+    if file_backed(X) or file_backed(Y):
         return X, Y, options, (0, 0, 1.0)
     Xa, Ya = plain_array(X), plain_array(Y)
     if Xa is None or Ya is None or Xa.ndim != 2:

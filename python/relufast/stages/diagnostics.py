@@ -163,7 +163,8 @@ def input_null_space(X, *, block=1 << 16):
     """
     n, d = X.shape
     head = np.asarray(X[: min(n, max(4 * d, 2000))], dtype=np.float64)
-    _, s, Vt = np.linalg.svd(head, full_matrices=True)
+    # All d right singular vectors, without the (rows x rows) left factor when rows >= d.
+    _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
     smax = float(s[0]) if s.size else 0.0
     if smax == 0.0:
         if n <= head.shape[0]:
