@@ -121,3 +121,11 @@ def test_bad_options_say_what_was_expected(noiseless):
         rf.recover(X, Y, n_hidden=6, method="gklw19", tol=-1.0)
     with pytest.raises(ValueError, match="precision must be None, one of"):
         rf.recover(X, Y, n_hidden=6, method="gklw19", precision="float8")
+
+
+def test_dask_inputs_are_refined_on_the_probe_and_certified_on_every_block(noiseless):
+    da = pytest.importorskip("dask.array")
+    net, X, Y = noiseless
+    res = _recover(da.from_array(X, chunks=5000), da.from_array(Y, chunks=5000), 6)
+    assert res.exact and res.residual < EXACT_TOL
+    assert rf.metrics.parameter_error(res, net).V < EXACT_TOL
