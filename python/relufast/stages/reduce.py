@@ -276,8 +276,8 @@ class Samples:
         lo, hi = np.searchsorted(sidx, [self.offset, self.offset + self.n_local])
         local = sidx[lo:hi] - self.offset
         Xl, Yl = self.X[local], self.Y[local]
-        if self.lazy:
-            Xl, Yl = np.asarray(Xl.compute()), np.asarray(Yl.compute())
+        Xl = np.asarray(Xl.compute()) if is_dask(Xl) else Xl  # one of X, Y may be in memory
+        Yl = np.asarray(Yl.compute()) if is_dask(Yl) else Yl
         Xl = np.ascontiguousarray(Xl, dtype=np.float64)
         Yl = np.ascontiguousarray(Yl, dtype=np.float64).reshape(len(local), self.m)
         if self.comm is not None:
