@@ -6,13 +6,16 @@ dict of the slowest rank's seconds.
   "all" estimate.
 - ``enumeration``: Laplace inputs, d = 5, k = 4, m = 4, bjw19-enumeration (the candidate
   patterns split across the ranks), with its counts of patterns, LPs and linear systems
-  (equal for every number of ranks: the work is split, not repeated).
+  (equal for every number of ranks: the work is split, not repeated); then outputs no
+  network gives (random, rank 3, n / 5 samples), where each of 200 candidate patterns
+  costs an LP pair (one kernel thread per rank).
 """
 
 import sys
 import time
 import warnings
 
+import numpy as np
 from mpi4py import MPI
 
 import relufast as rf
@@ -52,5 +55,14 @@ with warnings.catch_warnings():
         out.update(seconds=wall, status=res.status.value, error_V=rf.metrics.parameter_error(res, net).V)
         out.update({key: res.counts[key] for key in ("patterns_tried", "lps_solved", "linear_systems")})
         out["search_seconds"] = comm.allreduce(res.seconds.get("search", 0.0), op=MPI.MAX)
+        # Outputs of rank k that no ReLU network of these inputs gives: every candidate
+        # pattern goes to the LPs of Algorithm 1 (a fixed number, max_patterns).
+        rng = np.random.default_rng(6)
+        Xs = rng.laplace(size=(n // 5, 5))
+        Ys = rng.standard_normal((n // 5, 3)) @ rng.standard_normal((3, 4))
+        share = slice(len(Xs) * rank // size, len(Xs) * (rank + 1) // size)
+        res, wall = timed(Xs[share], Ys[share], 3, max_patterns=200, n_jobs=1, **kw)
+        out.update(lp_case_seconds=wall, lp_case_status=res.status.value)
+        out.update({"lp_case_" + key: res.counts[key] for key in ("patterns_tried", "lps_solved", "linear_systems")})
 if rank == 0:
     print(repr(out))

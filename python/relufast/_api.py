@@ -332,7 +332,7 @@ def _choose(X, Y, n_hidden):
 def _auto(X, Y, n_hidden, options, *, plan_only=False):
     """``method="auto"``: the certified methods in order of cost, best status wins.
 
-    Four steps: check the options (:func:`_auto_options`), look at the data
+    Five steps: check the options (:func:`_auto_options`), look at the data
     (:func:`_auto_facts`), plan the methods (:func:`_auto_plan`), try them in order
     (:func:`_auto_try`) and return the best result (:func:`_auto_best`). With ``comm=`` or
     dask arrays the facts come from the same first rows one process would look at,
