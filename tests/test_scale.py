@@ -224,29 +224,66 @@ def _enumeration_case():
     return net, X, Y
 
 
+def _unrealizable_case():
+    """Outputs of rank 3 that no ReLU network of these inputs gives: every candidate
+    pattern goes to the LPs of Algorithm 1 (bounded by max_patterns)."""
+    rng = np.random.default_rng(6)
+    X = rng.laplace(size=(60, 5))
+    return X, rng.standard_normal((60, 3)) @ rng.standard_normal((3, 4))
+
+
 @pytest.mark.parametrize("ranks", [2, 3])
-def test_enumeration_splits_patterns_across_ranks(ranks):
+@pytest.mark.parametrize("case", ["planted", "lps"])
+def test_enumeration_splits_patterns_across_ranks(ranks, case):
     from relufast.algorithms import bjw19
 
-    net, X, Y = _enumeration_case()
+    if case == "planted":
+        net, X, Y = _enumeration_case()
+        k, kw = 3, {}
+    else:
+        (X, Y), k, kw = _unrealizable_case(), 3, {"max_patterns": 40}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", rf.RelufastWarning)
-        one = bjw19.enumeration(X, Y, 3, random_state=0, n_jobs=1)
+        one = bjw19.enumeration(X, Y, k, random_state=0, n_jobs=1, **kw)
         parts = np.array_split(np.arange(len(X)), ranks)
         got = _on_threads(
-            ranks, lambda comm, r: bjw19.enumeration(X[parts[r]], Y[parts[r]], 3, random_state=0, n_jobs=1, comm=comm)
+            ranks,
+            lambda comm, r: bjw19.enumeration(X[parts[r]], Y[parts[r]], k, random_state=0, n_jobs=1, comm=comm, **kw),
         )
-    assert one.status == "exact" and rf.metrics.parameter_error(one, net).V < EXACT_TOL
+    if case == "planted":
+        assert one.status == "exact" and rf.metrics.parameter_error(one, net).V < EXACT_TOL
+    else:
+        assert one.status == "failed" and one.counts["lps_solved"] >= 40
     for res in got:
-        assert res.status == one.status
-        np.testing.assert_array_equal(res.V, got[0].V)  # the same bits on every rank
-        np.testing.assert_array_equal(res.U, got[0].U)
-        err = rf.metrics.parameter_error(res, one.network)
-        assert err.U < SAME_TOL and err.V < SAME_TOL
+        assert res.status == one.status and res.message == got[0].message
+        if one.V is not None:
+            np.testing.assert_array_equal(res.V, got[0].V)  # the same bits on every rank
+            np.testing.assert_array_equal(res.U, got[0].U)
+            err = rf.metrics.parameter_error(res, one.network)
+            assert err.U < SAME_TOL and err.V < SAME_TOL
         # The same patterns, LPs and systems as one process: the work is split, not repeated.
         for key in ("patterns_tried", "lps_solved", "linear_systems", "rows_found"):
             assert res.counts[key] == one.counts[key], key
         assert res.counts["ranks"] == ranks
+
+
+def test_enumeration_ranks_agree_on_the_time_limit():
+    # Each rank's clock is its own: a rank past the deadline must stop every rank at the
+    # same pattern, or the others would wait in a collective (a deadlock).
+    from relufast.algorithms import bjw19
+
+    rng = np.random.default_rng(7)
+    X = rng.laplace(size=(400, 5))
+    Y = rng.standard_normal((400, 3)) @ rng.standard_normal((3, 4))
+    half = np.array_split(np.arange(len(X)), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        got = _on_threads(
+            2, lambda comm, r: bjw19.enumeration(X[half[r]], Y[half[r]], 3, time_limit=0.5, n_jobs=1, comm=comm)
+        )
+    assert got[0].status == got[1].status == "failed"
+    assert got[0].diagnostics["stopped_by"] == got[1].diagnostics["stopped_by"] == "time_limit"
+    assert got[0].counts == got[1].counts
 
 
 def test_enumeration_gathers_dask_inputs():
@@ -307,16 +344,19 @@ def test_auto_with_dask_matches_numpy():
 
 
 def test_auto_with_dask_reaches_the_enumeration():
-    # Laplace inputs, m = k: bjw19-gaussian may certify or not; the enumeration (on a
-    # gathered subsample, certified by a reduction) must give the exact network either way.
+    # k = 5 > d = 3 with rank(Y) = k: only Thm 1 applies. auto runs the enumeration on a
+    # gathered subsample of 200 of the 300 samples and certifies its rows by a reduction.
     da = pytest.importorskip("dask.array")
-    _, X, Y = _enumeration_case()
-    one = _quiet(X, Y, 3, "auto", random_state=0)
-    res = _quiet(da.from_array(X, chunks=(150, 4)), da.from_array(Y, chunks=(150, 3)), 3, "auto", random_state=0)
+    rng = np.random.default_rng(3)
+    net = rf.network.Network(rng.standard_normal((5, 5)), rng.standard_normal((5, 3)))
+    X = rng.laplace(size=(300, 3))
+    Y = net.predict(X)
+    one = _quiet(X, Y, 5, "auto", random_state=0)
+    res = _quiet(da.from_array(X, chunks=(120, 3)), da.from_array(Y, chunks=(100, 5)), 5, "auto", random_state=0)
     assert res.status == one.status == "exact"
-    assert [a["method"] for a in res.diagnostics["auto_attempts"]] == [
-        a["method"] for a in one.diagnostics["auto_attempts"]
-    ]
+    assert [a["method"] for a in res.diagnostics["auto_attempts"]] == ["bjw19-enumeration"]
+    assert res.diagnostics["subsample"] == one.diagnostics["subsample"] == 200
+    assert rf.metrics.parameter_error(one, net).V < EXACT_TOL
     err = rf.metrics.parameter_error(res, one.network)
     assert err.U < SAME_TOL and err.V < SAME_TOL
 

@@ -673,7 +673,10 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         ``time_limit`` seconds (default :data:`AUTO_TIME_LIMIT`). It returns the best
         status (exact, non_identifiable, approximate, failed, ...; ties to the smaller
         residual) with every attempt in ``diagnostics["auto_attempts"]`` and the checks of
-        the data in ``diagnostics["auto_facts"]``.
+        the data in ``diagnostics["auto_facts"]``. With ``comm=`` (MPI ranks) or dask
+        arrays, ``auto`` decides from the same first 20,000 rows of the concatenated
+        samples, gathered on every rank, so every rank chooses the same method, and plans
+        only the methods that take ``comm`` (docs/results.md, docs/scale.md).
     **options
         Passed to the method's function (see its docstring); an unknown option is a
         TypeError listing the valid ones. With ``auto``, each method gets the options it
