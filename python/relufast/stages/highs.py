@@ -81,7 +81,18 @@ class _HighsSession:
 
     _check = staticmethod(_check)
 
-    def __init__(self, n_vars, *, lower, upper, cost, time_limit, feasibility_tol, check_tol, options=()):
+    def __init__(
+        self,
+        n_vars,
+        *,
+        lower=None,
+        upper=None,
+        cost=None,
+        time_limit=None,
+        feasibility_tol=1e-9,
+        check_tol=1e-7,
+        options=(),
+    ):
         self.n_vars = n = int(n_vars)
         self._h = highspy.Highs()
         settings = [
@@ -206,20 +217,9 @@ class LPSession(_HighsSession):
         HiGHS primal feasibility tolerance.
     check_tol : float, default=1e-7
         Largest violation accepted by the re-check, relative to the row's scale.
+    options : sequence of (str, value), optional
+        Further HiGHS options, set once.
     """
-
-    def __init__(
-        self, n_vars, *, lower=None, upper=None, cost=None, time_limit=None, feasibility_tol=1e-9, check_tol=1e-7
-    ):
-        super().__init__(
-            n_vars,
-            lower=lower,
-            upper=upper,
-            cost=cost,
-            time_limit=time_limit,
-            feasibility_tol=feasibility_tol,
-            check_tol=check_tol,
-        )
 
     def solve(self):
         """Solve (warm from the previous basis) and re-check the point."""
