@@ -464,20 +464,23 @@ class ExactRefinement(NamedTuple):
     biased: bool  #: the refined network needs hidden biases or an offset (bias-free asked)
 
 
-def refine_to_exact(X, Y, U, V, b=None, c=None, *, tol, bias_free, threads=0, max_rounds=10):
+def refine_to_exact(X, Y, U, V, b=None, c=None, *, tol, bias_free, subset=None, threads=0, max_rounds=10):
     """Try to make an approximate network exact on noiseless data (beyond the papers).
 
     Runs the activation-region refinement (:func:`relufast.stages.refine.region_refine`)
-    from ``(U, V, b, c)`` and certifies the outcome over all samples. With ``bias_free``
-    (methods whose model has no biases) the refined b and c must vanish (at most
-    :data:`BIAS_FREE_TOL`, or ``tol`` when larger, e.g. at float32 precision); the output
-    layer is then refitted without biases (:func:`fit_network`) and that network's residual
-    is the certificate. Shared by the methods that estimate an approximate network and may
-    meet noiseless data (bjw19-noisy; any method can call it).
+    from ``(U, V, b, c)`` on ``subset`` (default all samples), refits the output layer on it
+    (:func:`fit_network`; without biases for ``bias_free``, with the offset otherwise) and
+    certifies that network over all samples in one pass. With ``bias_free`` (methods whose
+    model has no biases) the refined b and c must vanish first (at most
+    :data:`BIAS_FREE_TOL`, or ``tol`` when larger, e.g. at float32 precision). Shared by
+    the methods that estimate an approximate network and may meet noiseless data
+    (bjw19-noisy; any method can call it).
 
     Parameters
     ----------
-    X : ndarray of shape (n, d)
+    X : ndarray of shape (n, d) or Samples
+        All samples (a :class:`relufast.stages.reduce.Samples` for memmaps, dask or MPI;
+        Y is then ignored and ``subset`` required).
     Y : ndarray of shape (n, m)
     U, V : ndarray of shape (m, k) and (k, d)
         The approximate network (rows within a few tenths of a radian of the truth).
@@ -486,25 +489,28 @@ def refine_to_exact(X, Y, U, V, b=None, c=None, *, tol, bias_free, threads=0, ma
     tol : float
         Largest relative residual accepted as exact (already at the outputs' precision).
     bias_free : bool
+    subset : pair of ndarray, optional
+        In-memory samples (X_s, Y_s) the refinement and the fit of the output layer use.
     threads : int, default=0
     max_rounds : int, default=10
 
     Returns
     -------
     ExactRefinement
-        ``exact`` is True only when the certificate holds; a noisy input ends with
-        ``exact`` False after a round or two (the residual stops falling).
+        ``exact`` is True only when the certificate over all samples holds; noisy data end
+        with ``exact`` False after a round or two (the residual stops falling).
     """
     from .refine import region_refine
 
+    Xs, Ys = (X, Y) if subset is None else subset
     k = V.shape[0]
-    rr = region_refine(X, Y, V, np.zeros(k) if b is None else b, U, c, max_rounds=max_rounds, n_jobs=threads or None)
-    if not bias_free:
-        return ExactRefinement(bool(rr.residual <= tol), rr.U, rr.V, rr.b, rr.c, rr.residual, rr.rounds, False)
-    bias_tol = max(BIAS_FREE_TOL, tol)
-    scale = max(float(np.sqrt(np.mean(Y * Y))), 1e-300)
-    if np.max(np.abs(rr.b)) > bias_tol or np.max(np.abs(rr.c)) > bias_tol * scale:
-        exact_biased = bool(rr.residual <= tol)
-        return ExactRefinement(False, rr.U, rr.V, rr.b, rr.c, rr.residual, rr.rounds, exact_biased)
-    fit = fit_network(X, Y, rr.V, threads=threads)
-    return ExactRefinement(bool(fit.residual <= tol), fit.U, rr.V, None, None, fit.residual, rr.rounds, False)
+    rr = region_refine(Xs, Ys, V, np.zeros(k) if b is None else b, U, c, max_rounds=max_rounds, n_jobs=threads or None)
+    if bias_free:
+        bias_tol = max(BIAS_FREE_TOL, tol)
+        scale = max(float(np.sqrt(np.mean(Ys * Ys))), 1e-300)
+        if np.max(np.abs(rr.b)) > bias_tol or np.max(np.abs(rr.c)) > bias_tol * scale:
+            return ExactRefinement(False, rr.U, rr.V, rr.b, rr.c, rr.residual, rr.rounds, bool(rr.residual <= tol))
+        fit = fit_network(X, Y, rr.V, subset=(Xs, Ys), threads=threads)
+        return ExactRefinement(bool(fit.residual <= tol), fit.U, rr.V, None, None, fit.residual, rr.rounds, False)
+    fit = fit_network(X, Y, rr.V, rr.b, intercept=True, subset=(Xs, Ys), threads=threads)
+    return ExactRefinement(bool(fit.residual <= tol), fit.U, rr.V, rr.b, fit.c, fit.residual, rr.rounds, False)

@@ -105,7 +105,8 @@ def noisy(
         Beyond the paper: the activation-region refinement from the estimate
         (:func:`relufast.stages.fit.refine_to_exact`), ``exact`` when the certificate over
         all samples holds. "auto" tries it when sigma_(k+1)/sigma_1 of the outputs is at
-        rounding level (m > k) or when m = k (the certificate decides). Samples in memory.
+        rounding level (m > k) or when m = k (the certificate decides). The refinement reads
+        the ``n_sign`` samples of the sign test; the certificate reads every sample.
     tol : float, default=1e-10
         Largest relative residual accepted as exact after the refinement.
     n_jobs, random_state, block_size
@@ -176,27 +177,23 @@ def _noisy(
         return run.result(
             Status.UNSUPPORTED, outputs_below_hidden_message("bjw19-noisy", m, k, "Thm 10 assumes U of rank k")
         )
-    U, V, residual, margins, noise_ratio = _estimate(
+    U, V, residual, margins, noise_ratio, sign_sample = _estimate(
         run, data, k, n_sign, n_restarts, polish_steps, rng, threads, block_size
     )
     noiseless = m > k and noise_ratio <= prec.tol(NOISE_FLOOR, d, k)
-    try_exact = in_memory and (exact_refine is True or (exact_refine == "auto" and (noiseless or m == k)))
+    try_exact = exact_refine is True or (exact_refine == "auto" and (noiseless or m == k))
     if try_exact:
-        exact = _refine_exact(run, data, U, V, prec.tol(tol, d, k), prec, threads)
+        exact = _refine_exact(run, data, sign_sample, U, V, prec.tol(tol, d, k), prec, threads)
         if exact is not None:
             return exact
     else:
-        run.diag["exact_refinement"] = (
-            "not run: " + ("disabled" if exact_refine is False else "the outputs look noisy")
-            if in_memory
-            else "not run: needs the samples in memory on one process"
-        )
+        run.diag["exact_refinement"] = "not run: " + ("disabled" if exact_refine is False else "the outputs look noisy")
     message = (
         f"approximate network (BJW19 Thm 10): relative residual {residual:.3e}, "
         f"smallest sign margin {margins.min():.3f}"
     )
     if noiseless and not try_exact:
-        message += "; the outputs look noiseless: exact_refine=True (in memory) may make the network exact"
+        message += "; the outputs look noiseless: exact_refine=True may make the network exact"
     if margins.min() <= 0:
         warn(f"a sign of Alg. 6 is a guess (margin {margins.min():.3g} <= 0): use more samples (n_sign) or less noise")
     return run.result(Status.APPROXIMATE, message, U=U, V=V, residual=residual, warn_user=False)
@@ -206,7 +203,8 @@ def _estimate(run, data, k, n_sign, n_restarts, polish_steps, rng, threads, bloc
     """Thm 10 steps 1-3: the tensor estimate of V up to signs (Alg. 4 with the second-order
     moment), the signs by Alg. 6 on ``min(n, n_sign)`` samples, U by least squares on all
     samples (Lemma 20) and the optional Gauss-Newton polish. Returns (U, V, residual,
-    sign margins, noise ratio sigma_(k+1)/sigma_1 of the outputs, 0 when m = k)."""
+    sign margins, noise ratio sigma_(k+1)/sigma_1 of the outputs, 0 when m = k, and the
+    in-memory sign sample (X_s, Y_s))."""
     n, m = data.n, data.m
     seconds, diag = run.seconds, run.diag
     ell = min(n, n_sign)
@@ -241,16 +239,17 @@ def _estimate(run, data, k, n_sign, n_restarts, polish_steps, rng, threads, bloc
     run.counts.update(
         {"n_estimate": n, "n_certify": n, "n_sign": ell, "restarts": n_restarts, "polish_steps": polish_steps}
     )
-    return U, V, residual, margins, noise_ratio
+    return U, V, residual, margins, noise_ratio, (Xs, Ys)
 
 
-def _refine_exact(run, data, U, V, tol, prec, threads):
+def _refine_exact(run, data, sample, U, V, tol, prec, threads):
     """Step 4 (relufast, beyond BJW19; issue 9): the activation-region refinement from the
-    Alg. 6 estimate, certified over all samples for the bias-free model
-    (:func:`relufast.stages.fit.refine_to_exact`). Returns the ``exact`` result, or None
-    (the data are noisy, or fit only a network with biases) after noting why."""
+    Alg. 6 estimate on the in-memory ``sample`` (the sign test's), certified over all
+    samples for the bias-free model (:func:`relufast.stages.fit.refine_to_exact`; memmaps,
+    dask and MPI alike). Returns the ``exact`` result, or None (the data are noisy, or fit
+    only a network with biases) after noting why."""
     with run.stage("exact_refine"):
-        out = refine_to_exact(data.X, data.Y, U, V, tol=tol, bias_free=True, threads=threads)
+        out = refine_to_exact(data, None, U, V, tol=tol, bias_free=True, subset=sample, threads=threads)
     run.counts["refine_rounds"] = out.rounds
     if not out.exact:
         run.diag["exact_refinement"] = (
@@ -262,7 +261,7 @@ def _refine_exact(run, data, U, V, tol, prec, threads):
         return None
     U, V, residual = out.U, out.V, out.residual
     note = ""
-    if not prec.is_double:
+    if not prec.is_double and not (data.distributed or data.lazy):
         with run.stage("polish"):
             U, V, _, _, residual = polish_at_precision(data.X, data.Y, U, V, threads=threads)
         note = f" (certified at {prec.name} precision, floor {prec.floor(data.d, V.shape[0]):.1e}; polished in float64)"
