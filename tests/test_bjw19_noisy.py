@@ -173,3 +173,17 @@ def test_exact_refine_is_validated():
         rf.recover(X, Y, n_hidden=3, method="bjw19-noisy", exact_refine="yes")
     with pytest.raises(ValueError, match="tol must be a positive number"):
         rf.recover(X, Y, n_hidden=3, method="bjw19-noisy", tol=-1.0)
+
+
+def test_a_refinement_that_stops_leaves_the_approximate_result(monkeypatch):
+    import sys
+
+    noisy_module = sys.modules["relufast.algorithms.bjw19.noisy"]  # the package exports the function
+
+    def stop(*args, **kwargs):
+        raise ValueError("the activation patterns populate more than max_regions regions")
+
+    monkeypatch.setattr(noisy_module, "refine_to_exact", stop)
+    X, Y = _instance(2).sample(5_000, random_state=6)
+    res = _quiet(X, Y, 3)
+    assert res.status == "approximate" and "max_regions" in res.diagnostics["exact_refinement"]

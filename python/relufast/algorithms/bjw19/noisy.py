@@ -249,7 +249,11 @@ def _refine_exact(run, data, sample, U, V, tol, prec, threads):
     dask and MPI alike). Returns the ``exact`` result, or None (the data are noisy, or fit
     only a network with biases) after noting why."""
     with run.stage("exact_refine"):
-        out = refine_to_exact(data, None, U, V, tol=tol, bias_free=True, subset=sample, threads=threads)
+        try:
+            out = refine_to_exact(data, None, U, V, tol=tol, bias_free=True, subset=sample, threads=threads)
+        except (np.linalg.LinAlgError, ValueError) as exc:  # e.g. more regions than max_regions
+            run.diag["exact_refinement"] = f"not certified: the refinement stopped ({exc})"
+            return None
     run.counts["refine_rounds"] = out.rounds
     if not out.exact:
         run.diag["exact_refinement"] = (
