@@ -460,15 +460,16 @@ class ExactRefinement(NamedTuple):
     b: Optional[np.ndarray]  #: (k,), None for a bias-free result
     c: Optional[np.ndarray]  #: (m,), None for a bias-free result
     residual: float  #: relative residual over all samples of the returned network
-    rounds: int  #: activation-region rounds run
+    rounds: int  #: activation-region rounds run (0: the refinement did not reach tol, not kept)
     biased: bool  #: the refined network needs hidden biases or an offset (bias-free asked)
 
 
 def refine_to_exact(X, Y, U, V, b=None, c=None, *, tol, bias_free, subset=None, threads=0, max_rounds=10):
     """Try to make an approximate network exact on noiseless data (beyond the papers).
 
-    Runs the activation-region refinement (:func:`relufast.stages.refine.region_refine`)
-    from ``(U, V, b, c)`` on ``subset`` (default all samples), refits the output layer on it
+    Runs the activation-region refinement from ``(U, V, b, c)`` on ``subset`` (default all
+    samples) through :func:`relufast.stages.refine.refine_if_noiseless` (kept only when it
+    reaches ``tol`` there with every unit determined), refits the output layer on it
     (:func:`fit_network`; without biases for ``bias_free``, with the offset otherwise) and
     certifies that network over all samples in one pass. With ``bias_free`` (methods whose
     model has no biases) the refined b and c must vanish first (at most
@@ -500,16 +501,20 @@ def refine_to_exact(X, Y, U, V, b=None, c=None, *, tol, bias_free, subset=None, 
         ``exact`` is True only when the certificate over all samples holds; noisy data end
         with ``exact`` False after a round or two (the residual stops falling).
     """
-    from .refine import region_refine
+    from .refine import refine_if_noiseless
 
     Xs, Ys = (X, Y) if subset is None else subset
     k = V.shape[0]
-    rr = region_refine(Xs, Ys, V, np.zeros(k) if b is None else b, U, c, max_rounds=max_rounds, n_jobs=threads or None)
+    rr, probe_residual = refine_if_noiseless(
+        Xs, Ys, U, V, np.zeros(k) if b is None else b, c, tol=tol, max_rounds=max_rounds, n_jobs=threads or None
+    )
+    if rr is None:  # noisy data (or units the regions leave undetermined): nothing to certify
+        return ExactRefinement(False, U, V, b, c, probe_residual, 0, False)
     if bias_free:
         bias_tol = max(BIAS_FREE_TOL, tol)
         scale = max(float(np.sqrt(np.mean(Ys * Ys))), 1e-300)
         if np.max(np.abs(rr.b)) > bias_tol or np.max(np.abs(rr.c)) > bias_tol * scale:
-            return ExactRefinement(False, rr.U, rr.V, rr.b, rr.c, rr.residual, rr.rounds, bool(rr.residual <= tol))
+            return ExactRefinement(False, rr.U, rr.V, rr.b, rr.c, rr.residual, rr.rounds, True)
         fit = fit_network(X, Y, rr.V, subset=(Xs, Ys), threads=threads)
         return ExactRefinement(bool(fit.residual <= tol), fit.U, rr.V, None, None, fit.residual, rr.rounds, False)
     fit = fit_network(X, Y, rr.V, rr.b, intercept=True, subset=(Xs, Ys), threads=threads)

@@ -260,7 +260,7 @@ def _refine_exact(run, data, sample, U, V, tol, prec, threads):
             f"ran {out.rounds} round(s): the outputs are exactly those of a network with hidden biases or an "
             "output offset, outside BJW19's model (use method='atv21')"
             if out.biased
-            else f"ran {out.rounds} round(s), residual {out.residual:.2e} > tol = {tol:.1e}: the outputs are noisy"
+            else f"the refinement reached residual {out.residual:.2e} > tol = {tol:.1e}: the outputs are noisy"
         )
         return None
     U, V, residual = out.U, out.V, out.residual
