@@ -7,13 +7,15 @@ method fail. :func:`visible_units` counts the units the outputs show, from the r
 centred outputs (exact when m exceeds the number of visible units) and from the spectrum
 of the second Hermite moment ``T_2 = E[y (x x^T - I)]`` of a random output combination
 (Gaussian inputs). :func:`near_duplicates` names pairs of recovered rows that are nearly
-parallel and the samples that separate them.
+parallel and the samples that separate them; :func:`merge_near_duplicates` replaces each
+such pair by one effective unit fitted to the data (the network with fewer units that the
+samples can resolve).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,7 +23,15 @@ from .stages.diagnostics import RANK_TOL
 from .stages.fit import max_abs, power_of_two_scale
 from .stages.precision import resolve_precision
 
-__all__ = ["Visibility", "visible_units", "near_duplicates", "NEAR_DUPLICATE_COS"]
+__all__ = [
+    "Visibility",
+    "visible_units",
+    "near_duplicates",
+    "merge_near_duplicates",
+    "merged_result",
+    "Merged",
+    "NEAR_DUPLICATE_COS",
+]
 
 #: Recovered rows with |cos| above this are reported as a near-duplicate pair.
 NEAR_DUPLICATE_COS = 0.98
@@ -143,3 +153,153 @@ def near_duplicate_message(pairs) -> str:
         for i, j, c, need in pairs
     ]
     return "; ".join(parts)
+
+
+class Merged(NamedTuple):
+    """A network with near-duplicate pairs merged (:func:`merge_near_duplicates`).
+
+    Attributes
+    ----------
+    network : Network
+        The effective network (k - len(pairs) units).
+    residual : float
+        Its relative residual ``||Y - network(X)||_F / ||Y||_F`` over all samples.
+    pairs : tuple of (int, int, float)
+        The merged pairs (i, j, cos) in the indices of the input network; unit j went into i.
+    """
+
+    network: Any
+    residual: float
+    pairs: tuple
+
+
+def _merge_rows(net, pairs):
+    """Each pair (i, j) -> one unit on the bisector (weighted by the output columns' norms),
+    bias averaged likewise and output columns summed: relu(v_i x + b_i) ~ relu(v_j x + b_j)."""
+    U, V, b = np.array(net.U), np.array(net.V), np.array(net.b)
+    gone = set()
+    for i, j, _c in pairs:
+        if i in gone or j in gone:
+            continue
+        wi, wj = np.linalg.norm(U[:, i]), np.linalg.norm(U[:, j])
+        w = wi + wj if wi + wj > 0 else 1.0
+        V[i] = (wi * V[i] + wj * V[j]) / w
+        b[i] = (wi * b[i] + wj * b[j]) / w
+        s = np.linalg.norm(V[i])
+        V[i], b[i] = V[i] / s, b[i] / s
+        U[:, i] = (U[:, i] + U[:, j]) * s
+        gone.add(j)
+    keep = [t for t in range(V.shape[0]) if t not in gone]
+    return U[:, keep], V[keep], b[keep]
+
+
+def merge_near_duplicates(X, Y, network, *, threshold=NEAR_DUPLICATE_COS, n_jobs=None):
+    """Replace near-duplicate units by one effective unit each, fitted to (X, Y).
+
+    Two units at angle theta differ only on a fraction ``theta / pi`` of Gaussian inputs:
+    with too few samples no method can tell them apart, but the network with the pair
+    merged into one unit fits the data almost as well. This returns that network: each pair
+    of rows with ``cos >= threshold`` becomes one unit (their bisector, weighted by the norms
+    of the output columns), the output layer (and offset, for biased networks) is refitted by
+    least squares, and the whole network is polished in float64 (Gauss-Newton jointly in
+    (U, V) for bias-free networks, activation-region refinement for biased ones; beyond the
+    papers). The residual says how well k - 1 units reproduce Y.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+    network : Network, RecoveryResult or tuple (U, V[, b[, c]])
+        A recovered network whose rows include near-duplicates.
+    threshold : float, default=NEAR_DUPLICATE_COS
+        Rows with cosine at least this are merged.
+    n_jobs : int or None
+        Threads for the C++ kernels.
+
+    Returns
+    -------
+    Merged or None
+        None when no pair reaches the threshold.
+    """
+    from ._validation import resolve_n_jobs
+    from .network import Network, as_network
+    from .stages.fit import fit_network
+    from .stages.precision import polish_at_precision
+
+    net = as_network(network)
+    if net.activation is not None:
+        raise ValueError("merge_near_duplicates handles ReLU networks only; got a network with another activation")
+    X = np.ascontiguousarray(np.asarray(X, dtype=np.float64))
+    Y = np.asarray(Y, dtype=np.float64)
+    Y = np.ascontiguousarray(Y.reshape(len(Y), -1))
+    if X.ndim != 2 or X.shape[1] != net.n_features or Y.shape != (len(X), net.n_outputs):
+        raise ValueError(
+            f"expected X of shape (n, {net.n_features}) and Y of shape (n, {net.n_outputs}); "
+            f"got X {X.shape} and Y {Y.shape}"
+        )
+    pairs = tuple((i, j, c) for i, j, c, _ in near_duplicates(net.V, threshold=threshold))
+    if not pairs:
+        return None
+    threads = resolve_n_jobs(n_jobs)
+    U, V, b = _merge_rows(net, pairs)
+    biased = net.has_bias
+    fit = fit_network(X, Y, V, b if biased else None, intercept=biased, threads=threads)
+    U, c = fit.U, fit.c
+    U, V, b2, c2, residual = polish_at_precision(X, Y, U, V, b if biased else None, c, threads=threads, n_iter=10)
+    return Merged(Network(U, V, b2, c2), float(residual), pairs)
+
+
+def merged_result(res, X, Y, *, n_jobs=None):
+    """A non-exact result whose rows include near-duplicates, replaced by the merged
+    effective network (:func:`merge_near_duplicates`) when that fits Y better; else None.
+
+    The returned result has status ``approximate``, ``n_hidden`` one less per merged pair,
+    a message naming the pairs, the residual and the samples that would separate them, and
+    ``diagnostics["merged_pairs"]`` and ``diagnostics["unmerged"]`` (status, residual and
+    parameters of the result before merging).
+    """
+    import dataclasses
+
+    from ._result import Status
+
+    if res.exact or res.V is None or not res.has_finite_parameters or res.activation is not None:
+        return None
+    pairs = near_duplicates(res.V)
+    if not pairs:
+        return None
+    try:
+        merged = merge_near_duplicates(X, Y, res, n_jobs=n_jobs)
+    except (ValueError, np.linalg.LinAlgError):
+        return None
+    before = res.residual if np.isfinite(res.residual) else np.inf
+    if merged is None or not (np.isfinite(merged.residual) and merged.residual < before):
+        return None
+    net = merged.network
+    need = {(i, j): n for i, j, _, n in pairs}
+    named = "; ".join(
+        f"units {i} and {j} (recovered rows at cos {c:.5f}; about {need[(i, j)]:.1e} samples would separate them)"
+        for i, j, c in merged.pairs
+    )
+    message = (
+        f"{res.message}. Merged near-duplicates: {named}. Returned the effective network with "
+        f"{net.n_hidden} of {res.V.shape[0]} units (each pair replaced by one unit fitted to the data), "
+        f"relative residual {merged.residual:.2e} (was {res.residual:.2e}); the unmerged result is in "
+        "diagnostics['unmerged']"
+    )
+    diag = dict(
+        res.diagnostics,
+        merged_pairs=tuple((i, j) for i, j, _ in merged.pairs),
+        unmerged={"status": res.status.value, "residual": res.residual, "U": res.U, "V": res.V, "b": res.b, "c": res.c},
+    )
+    return dataclasses.replace(
+        res,
+        U=net.U,
+        V=net.V,
+        b=net.b,
+        c=net.c,
+        status=Status.APPROXIMATE,
+        exact=False,
+        residual=merged.residual,
+        message=message,
+        diagnostics=diag,
+    )
