@@ -176,3 +176,16 @@ def test_extract_estimates_the_number_of_units():
     assert res.message.startswith("n_hidden not given: 4 hidden unit(s) visible")
     alive = [0, 2, 3, 5]
     assert metrics.parameter_error(Network(net.U[:, alive], net.V[alive]), res).V < EXACT_TOL
+
+
+def test_extract_softmax_classifier_trained_on_wine():
+    """A 3-class MLPClassifier (d = 13, k = 4) trained on the bundled wine data, queried on
+    Gaussian inputs through its centred log-probabilities (rank 2 < k: atv21): exact."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    X, y = datasets.load_wine(return_X_y=True)
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    mlp = _trained_classifier(X, y, 4)
+    res = relufast.extract(mlp, 13, 4, n_queries=40000, random_state=0)
+    assert res.exact and res.n_hidden == 4 and res.U.shape == (3, 4), res.message
+    logits = relufast.from_sklearn(mlp).predict(X)
+    np.testing.assert_allclose(res.predict(X), logits - logits.mean(axis=1, keepdims=True), atol=1e-12)

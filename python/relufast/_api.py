@@ -73,7 +73,8 @@ METHODS = {
         atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), then activation-region refinement (relufast).",
     ),
     "atv21-general": Method(
-        recovery_method("atv21-general")(atv21.atv21_general), atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 (fit=True: Algorithm 5)."
+        recovery_method("atv21-general")(atv21.atv21_general),
+        atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 (fit=True: Algorithm 5).",
     ),
 }
 

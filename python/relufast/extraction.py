@@ -94,6 +94,23 @@ def _sklearn_function(mlp):
     raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
 
 
+#: Rows of Y summing to at most this (relative to |Y|) are centred outputs (softmax logits).
+CENTRED_TOL = 1e-12
+
+
+def _drop_centred_column(Y):
+    """(Y without its last column, True) when every row of Y sums to zero, as the centred
+    log-probabilities of a softmax classifier do: the last column is then minus the sum of
+    the others, and dropping it leaves outputs of full rank min(m - 1, k) for the methods
+    and the count of visible units. Else (Y, False)."""
+    if Y.shape[1] < 2:
+        return Y, False
+    scale = float(np.abs(Y).max()) if Y.size else 0.0
+    if scale > 0 and float(np.abs(Y.sum(axis=1)).max()) <= CENTRED_TOL * scale * Y.shape[1]:
+        return np.ascontiguousarray(Y[:, :-1]), True
+    return Y, False
+
+
 def as_query_function(model: Any) -> tuple:
     """(function on float64 arrays (n, d) -> (n, m), output dtype name) for a model."""
     try:
@@ -118,6 +135,22 @@ def as_query_function(model: Any) -> tuple:
     raise TypeError(
         "model must be a torch.nn.Module, a fitted sklearn MLPRegressor/MLPClassifier or a "
         f"callable on arrays of shape (n, n_features); got {type(model).__name__}"
+    )
+
+
+def _units_note(vis, k_given, k, m):
+    """The message's opening when fewer units are visible than given, or none was given."""
+    if k_given is not None:
+        return invisible_message(vis.count, k_given) + ". " if vis.count < k_given else ""
+    moment = (
+        ""
+        if vis.output_rank < m
+        else f", {vis.moment_count} singular value(s) of the stacked moments above their floor"
+    )
+    return (
+        f"n_hidden not given: {vis.count} hidden unit(s) visible in the outputs (rank of the centred "
+        f"outputs {vis.output_rank}{moment}), recovered with n_hidden={k} (units that are never "
+        "active on Gaussian queries or have a zero output column cannot be counted). "
     )
 
 
@@ -205,7 +238,8 @@ def extract(
     try:
         while True:
             draw(n_total - sum(len(x) for x in Xs), bar)
-            X, Y = np.concatenate(Xs), np.concatenate(Ys)
+            X, Y_all = np.concatenate(Xs), np.concatenate(Ys)
+            Y, centred = _drop_centred_column(Y_all)
             prec = resolve_precision(
                 np.empty(0, dtype=out_dtype[0] if out_dtype[0] in ("float32", "float16") else np.float64), precision
             )
@@ -238,20 +272,15 @@ def extract(
         f"differential extraction [CJM20, CCHRSS23] needs of the order of {crypt} for d = {d}, k = {k} "
         "(relufast's own rough estimate, not the papers' counts: relufast.extraction.cryptanalytic_queries)"
     )
-    if k_given is not None and visible < k_given:
-        message = invisible_message(visible, k_given) + ". " + message
-    elif k_given is None:
-        message = (
-            f"n_hidden not given: {visible} hidden unit(s) visible in the outputs (rank of the "
-            f"centred outputs {vis.output_rank}"
-            + ("" if vis.output_rank < Y.shape[1] else f", {vis.moment_count} eigenvalue(s) of the moment above its sampling floor")
-            + f"), recovered with n_hidden={k} (units that are never active on Gaussian queries "
-            "or have a zero output column cannot be counted). " + message
-        )
+    message = _units_note(vis, k_given, k, Y.shape[1]) + message
     if not result.exact and result.V is not None and merged is None:
         dup = near_duplicate_message(near_duplicates(result.V, d))
         message += f". {dup}" if dup else ""
     res = dataclasses.replace(result, counts=counts, diagnostics=diag, message=message)
+    if centred and res.U is not None:  # the last output is minus the sum of the others
+        res = dataclasses.replace(
+            res, U=np.vstack([res.U, -res.U.sum(axis=0)]), c=None if res.c is None else np.append(res.c, -res.c.sum())
+        )
     if not res.exact:
         warn(message)
     return res

@@ -11,8 +11,9 @@ shape (r, d) orthonormal (r = rank X): X_r has full column rank and ``X = X_r R`
 to rounding, so a method sees the same data in r dimensions. :func:`extend` maps the
 result back: ``V = V_r R`` is the minimum-norm representative (no component along N, row
 norms kept), every other network ``V + A N`` with any A fits equally well. A result that is
-exact on the span becomes ``non_identifiable`` (the fit is exact, the network is not unique)
-with the errors within the span (the residual, over every sample) and the unidentifiable
+exact (or approximate) on the span becomes ``non_identifiable`` (the network is not unique)
+with the errors within the span (the residual, over every sample, and the method's own
+status in ``diagnostics["span_status"]``) and the unidentifiable
 directions N in ``diagnostics["unidentifiable_directions"]`` (also ``["input_null_space"]``)
 and ``diagnostics["input_rank"] = r``.
 
@@ -113,26 +114,31 @@ def extend(res, space: RowSpace):
         diag["input_rank"] = d
         return dataclasses.replace(res, diagnostics=diag)
     if "undetermined_directions" in diag:  # per row, directions in R^r; add the null space
-        diag["undetermined_directions"] = tuple(np.vstack([_lift(a, R).reshape(-1, d), N]) for a in diag["undetermined_directions"])
+        diag["undetermined_directions"] = tuple(
+            np.vstack([_lift(a, R).reshape(-1, d), N]) for a in diag["undetermined_directions"]
+        )
     diag.update(input_null_space=N, unidentifiable_directions=N, input_rank=r)
-    span = f"the inputs span only {r} of {d} dimensions"
+    span = f"the inputs span only {r} of {d} dimensions (a subspace of R^{d})"
     if res.V is None:
         message = f"{res.message}. ({span}; the method ran on the row space of X)"
         return dataclasses.replace(res, message=message, diagnostics=diag)
     V = res.V @ R
-    if res.status in (Status.EXACT, Status.NON_IDENTIFIABLE):
-        diag["undetermined_rows"] = tuple(range(V.shape[0]))
-        diag["span_residual"] = float(res.residual)
+    if res.status in (Status.EXACT, Status.APPROXIMATE, Status.NON_IDENTIFIABLE):
+        # The components along N are never determined, however good the fit within the span.
+        exact_fit = res.status != Status.APPROXIMATE
+        diag.update(undetermined_rows=tuple(range(V.shape[0])), span_residual=float(res.residual))
+        diag["span_status"] = res.status.value
+        fit = "exact" if exact_fit else "approximate (not exactly realizable: noise?)"
         message = (
-            f"{res.message}. The fit is exact on the row space of X (relative residual "
-            f"{res.residual:.2e} within it) but not unique: {span}, so every row of V is free "
+            f"{res.message}. The fit on the row space of X is {fit}, relative residual "
+            f"{res.residual:.2e} within it, but not unique: {span}, so every row of V is free "
             f"along the {d - r} input direction(s) in diagnostics['unidentifiable_directions']; "
             "returned the minimum-norm representative (rows on the row space of X)"
         )
         out = dataclasses.replace(
             res, V=V, status=Status.NON_IDENTIFIABLE, exact=False, message=message, diagnostics=diag
         )
-        if res.status == Status.EXACT:
+        if res.status != Status.NON_IDENTIFIABLE:  # a new status: say so
             warn(message)
         return out
     message = (

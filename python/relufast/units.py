@@ -5,7 +5,7 @@ sample) or whose output column is zero (a pruned unit) has no effect on the outp
 method can recover it, and asking for ``n_hidden`` units including it makes an exact
 method fail. :func:`visible_units` counts the units the outputs show, from the rank of the
 centred outputs (exact when m exceeds the number of visible units) and from the spectrum
-of the second Hermite moment ``T_2 = E[y (x x^T - I)]`` of a random output combination
+of the second Hermite moments ``T_2(y_j) = E[y_j (x x^T - I)]`` of the outputs, stacked
 (Gaussian inputs). :func:`near_duplicates` names pairs of recovered rows that are nearly
 parallel and the samples that separate them; :func:`merge_near_duplicates` replaces each
 such pair by one effective unit fitted to the data (the network with fewer units that the
@@ -35,6 +35,10 @@ __all__ = [
 
 #: Recovered rows with |cos| above this are reported as a near-duplicate pair.
 NEAR_DUPLICATE_COS = 0.98
+#: The merged residual is accepted up to the pair's angle, or this when the rows coincide.
+MERGE_MIN_ANGLE = 1e-3
+#: Output columns whose second moments are stacked (cost O(n d^2) each).
+MOMENT_OUTPUTS = 16
 #: Rows sampled for the estimate (the rank and the moment are cheap on this many).
 VISIBLE_ROWS = 50000
 
@@ -49,10 +53,10 @@ class Visibility(NamedTuple):
     output_rank : int
         Numerical rank of the centred outputs (at the outputs' precision).
     moment_count : int or None
-        Eigenvalues of T_2 above its sampling floor (None when m <= output_rank does not
+        Singular values of the stacked moments above their sampling floor (None when m <= output_rank does not
         need it).
     moment_spectrum : ndarray
-        |eigenvalues| of T_2, decreasing.
+        Singular values of the stacked moments ``[T_2(y_1) ... T_2(y_m)]``, decreasing.
     """
 
     count: int
@@ -71,7 +75,7 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     precision : None, str or float
         Precision of Y (default: from its dtype); sets the rank threshold.
     random_state : int or Generator
-        The random output combination of the moment.
+        Unused (kept for compatibility: the moments of all outputs are stacked).
 
     Returns
     -------
@@ -81,8 +85,9 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     -----
     With m outputs and k_v visible units, the centred outputs have rank min(m, k_v) for
     generic U (the features relu(X V^T + b) are linearly independent), so a rank below m
-    is the count. Otherwise the count is the number of eigenvalues of T_2 above the
-    sampling floor ``4 std(y) (sqrt(d/n) + d/n)`` (the edge of a Wishart-like noise
+    is the count. Otherwise the count is the number of singular values of the stacked
+    moments ``[T_2(y_1) ... T_2(y_m)]`` (first 16 outputs) above the sampling floor
+    ``4 sqrt(sum_j var(y_j)) (sqrt(d/n) + d/n)`` (the edge of a Wishart-like noise
     spectrum, with margin); units whose ``phi(b_i)`` is tiny (very negative biases) fall
     below it, as they should: the data then hardly see them.
     """
@@ -97,11 +102,14 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     sv = np.linalg.svd(Yc, compute_uv=False)
     rank_tol = prec.tol(RANK_TOL, d, 0)
     rank = int(np.sum(sv > rank_tol * sv[0])) if sv.size and sv[0] > 0 else 0
-    rng = np.random.default_rng(random_state)
-    y = Yc @ rng.standard_normal(m)
-    T = (X * y[:, None]).T @ X / n
-    ev = np.sort(np.abs(np.linalg.eigvalsh(0.5 * (T + T.T))))[::-1]
-    floor = 4.0 * float(np.std(y)) * (math.sqrt(d / n) + d / n)
+    # Every output's moment T_j, stacked: a unit shows in [T_1 ... T_m] unless its whole
+    # output column (times phi(b)) vanishes; one random combination of the outputs could
+    # cancel it (the centred logits of a softmax classifier did).
+    del random_state  # kept for compatibility: no random combination any more
+    cols = Yc[:, : min(m, MOMENT_OUTPUTS)]
+    T = np.hstack([(X * y[:, None]).T @ X / n for y in cols.T])
+    ev = np.linalg.svd(T, compute_uv=False)
+    floor = 4.0 * float(np.sqrt(np.sum(np.var(cols, axis=0)))) * (math.sqrt(d / n) + d / n)
     moment = int(np.sum(ev > floor))
     count = rank if rank < m else max(moment, rank)
     return Visibility(count, rank, moment, ev)
@@ -273,6 +281,12 @@ def merged_result(res, X, Y, *, n_jobs=None):
         return None
     before = res.residual if np.isfinite(res.residual) else np.inf
     if merged is None or not (np.isfinite(merged.residual) and merged.residual < before):
+        return None
+    # Two unit rows at angle theta have features that differ by about theta in relative RMS
+    # (Gaussian inputs), so merging a true pair costs a relative residual below theta. A
+    # larger one means the rows are not a resolved pair but a crude estimate: no merge.
+    theta = max(math.acos(min(c, 1.0)) for _, _, c in merged.pairs)
+    if merged.residual > max(theta, MERGE_MIN_ANGLE):
         return None
     net = merged.network
     need = {(i, j): n for i, j, _, n in pairs}
