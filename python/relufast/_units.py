@@ -136,10 +136,12 @@ def restrict_to_row_space(X, n_hidden, options):
         return None
     if Xa.shape[0] < 2 or not np.all(np.isfinite(Xa[:65536])):
         return None  # the method's own validation reports non-finite inputs
+    from ._blas import single_threaded_blas
     from .subspace import restrict
 
     try:
-        out = restrict(Xa, n_hidden)
+        with single_threaded_blas():  # small SVDs: BLAS threads only contend (relufast._blas)
+            out = restrict(Xa, n_hidden)
     except (np.linalg.LinAlgError, ValueError):
         return None
     if out is not None and not np.all(np.isfinite(out[0])):
