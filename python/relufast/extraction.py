@@ -203,7 +203,7 @@ def extract(
     -------
     RecoveryResult
         ``counts["queries"]`` is the number of queries used;
-        ``diagnostics["cryptanalytic_queries"]`` is the approximate query count of
+        ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude estimate of the query count of
         differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
     """
     from ._api import METHODS
