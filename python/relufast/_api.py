@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ._result import RecoveryResult, RelufastWarning, Run, Status, call_method, warn
+from ._result import RecoveryResult, RelufastWarning, Run, Status, call_method, recovery_method, warn
 from ._units import map_back, plain_array, rescale
 from .algorithms import atv21, bjw19, gklw19, gp19
 
@@ -67,12 +67,14 @@ METHODS = {
         gp19.correlation_graph_supports, gp19.CITATION + " Algorithm 3, Theorem 8.", units_free=False
     ),
     "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10.", units_free=False),
+    # Decorated here (not in atv21.py) so that atv21 too runs on the row space of X.
     "atv21": Method(
-        atv21.atv21,
+        recovery_method("atv21")(atv21.atv21),
         atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), then activation-region refinement (relufast).",
     ),
     "atv21-general": Method(
-        atv21.atv21_general, atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 (fit=True: Algorithm 5)."
+        recovery_method("atv21-general")(atv21.atv21_general),
+        atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 (fit=True: Algorithm 5).",
     ),
 }
 
@@ -149,6 +151,8 @@ def _identify(res, X):
 
     if res.status != Status.EXACT or res.V is None or res.activation is not None:
         return res
+    if res.diagnostics.get("input_rank") == res.V.shape[1]:
+        return res  # relufast.subspace found X (or a subset of its rows) of full rank already
     Xa = plain_array(X)
     if Xa is None or Xa.ndim != 2:
         return res
@@ -632,24 +636,36 @@ def _auto_certify_subsample(X, Y, small, idx, data, tol):
 
 def _explain(res, X, Y, n_hidden, options):
     """Add what the data cannot show to a result that is not exact: units invisible in the
-    outputs (dead or pruned) and near-duplicate recovered rows (:mod:`relufast.units`)."""
+    outputs (dead or pruned) and near-duplicate recovered rows (:mod:`relufast.units`). A
+    near-duplicate pair is merged into one effective unit when the merged network fits Y
+    better (status ``approximate``, :func:`relufast.units.merged_result`)."""
     if res.exact or X is None or Y is None or hasattr(X, "chunks") or hasattr(Y, "chunks"):
         return res  # query mode (the method drew its own samples) or lazy arrays
-    from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
+    from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
 
     try:
         vis = visible_units(X, Y, precision=options.get("precision"))
     except (ValueError, TypeError, np.linalg.LinAlgError):
         return res
+    merged = None
+    if plain_array(X) is not None and plain_array(Y) is not None:
+        merged = merged_result(res, X, Y, n_jobs=options.get("n_jobs"))
     notes = [
         invisible_message(vis.count, n_hidden),
-        "" if res.V is None else near_duplicate_message(near_duplicates(res.V)),
+        "" if res.V is None or merged is not None else near_duplicate_message(near_duplicates(res.V)),
     ]
     notes = [n for n in notes if n]
+    if merged is not None:
+        res = merged
     if not notes:
+        if merged is not None:
+            warn(res.message)
         return res
     diag = dict(res.diagnostics, visible_units=vis.count)
-    return dataclasses.replace(res, message=res.message + ". " + ". ".join(notes), diagnostics=diag)
+    res = dataclasses.replace(res, message=res.message + ". " + ". ".join(notes), diagnostics=diag)
+    if merged is not None:
+        warn(res.message)
+    return res
 
 
 def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:

@@ -270,10 +270,14 @@ def call_method(name, function, X, Y, n_hidden, options):
 
 
 def recovery_method(name):
-    """Decorator for a public method function: units-free and never a raw ``LinAlgError``.
+    """Decorator for a public method function: units-free, run on the row space of X, and
+    never a raw ``LinAlgError``.
 
     X and Y are rescaled by exact powers of two (:mod:`relufast._units`) before the method
-    runs and its parameters are mapped back; a numerical breakdown inside it (numpy or scipy
+    runs and its parameters are mapped back. When X spans a proper subspace of R^d (an input
+    null space), the method runs on X in coordinates of its row space and V is mapped back as
+    the minimum-norm representative (:mod:`relufast.subspace`; an exact fit then is
+    ``non_identifiable``). A numerical breakdown inside the method (numpy or scipy
     ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
     """
     import functools
@@ -281,10 +285,16 @@ def recovery_method(name):
     def wrap(function):
         @functools.wraps(function)
         def method(X, Y, n_hidden, **options):
-            from ._units import map_back, rescale
+            from ._units import map_back, rescale, restrict_to_row_space
 
             Xs, Ys, opts, scale = rescale(X, Y, options)
-            return map_back(call_method(name, function, Xs, Ys, n_hidden, opts), scale)
+            restricted = restrict_to_row_space(Xs, n_hidden, opts)
+            if restricted is None:
+                return map_back(call_method(name, function, Xs, Ys, n_hidden, opts), scale)
+            from .subspace import extend
+
+            Xr, space = restricted
+            return map_back(extend(call_method(name, function, Xr, Ys, n_hidden, opts), space), scale)
 
         method.rescales_units = True  # type: ignore[attr-defined]
         return method

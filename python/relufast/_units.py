@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["rescale", "map_back", "rms_exponent", "plain_array", "file_backed"]
+__all__ = ["rescale", "map_back", "restrict_to_row_space", "rms_exponent", "plain_array", "file_backed"]
 
 
 def rms_exponent(A):
@@ -122,3 +122,28 @@ def map_back(res, scale):
     b = None if res.b is None else np.ldexp(res.b, ex)
     c = None if res.c is None else np.ldexp(res.c, ey)
     return dataclasses.replace(res, U=U, b=b, c=c, diagnostics=diag)
+
+
+def restrict_to_row_space(X, n_hidden, options):
+    """``(X_r, RowSpace)`` when the in-memory inputs X span a proper subspace of R^d, else
+    None (:func:`relufast.subspace.restrict`). Inputs the rescaling leaves in their own units
+    (MPI ``comm``, dask arrays, memmaps) are left alone too: rotating them would need a
+    reduction or a copy of the whole data set."""
+    if "comm" in options or file_backed(X):
+        return None
+    Xa = plain_array(X)
+    if Xa is None or Xa.ndim != 2 or not (np.issubdtype(Xa.dtype, np.floating) or np.issubdtype(Xa.dtype, np.integer)):
+        return None
+    if Xa.shape[0] < 2 or not np.all(np.isfinite(Xa[:65536])):
+        return None  # the method's own validation reports non-finite inputs
+    from ._blas import single_threaded_blas
+    from .subspace import restrict
+
+    try:
+        with single_threaded_blas():  # small SVDs: BLAS threads only contend (relufast._blas)
+            out = restrict(Xa, n_hidden)
+    except (np.linalg.LinAlgError, ValueError):
+        return None
+    if out is not None and not np.all(np.isfinite(out[0])):
+        return None
+    return out

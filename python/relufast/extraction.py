@@ -30,21 +30,27 @@ from ._progress import Progress
 from ._result import RecoveryResult, RelufastWarning, warn
 from ._validation import check_positive_int, check_random_state
 from .stages.precision import resolve_precision
-from .units import invisible_message, near_duplicate_message, near_duplicates, visible_units
+from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
 
 __all__ = ["extract", "as_query_function", "cryptanalytic_queries"]
 
 
 def cryptanalytic_queries(n_features: int, n_hidden: int) -> int:
-    """Approximate query count of differential (cryptanalytic) extraction of a d-k-1 network.
+    """relufast's own order-of-magnitude estimate of the queries of differential
+    (cryptanalytic) extraction [3, 4] of a d-k-1 network; not a formula from [3] or [4].
 
-    An order of magnitude, not a measurement: the attacks of [3] and [4] find, for every
-    hidden unit, critical points (where the unit switches) by binary search along random
-    lines (about 64 queries each, to float64 resolution) and then read the unit's weight row
-    from second differences along the d coordinates (about 2 (d + 1) queries). With a few
-    critical points per unit this gives ``Q ~ k (2 (d + 1) + 64) * 4``; [3] and [4] report
-    counts of this order (2^15-2^22 for their networks). Used only to put relufast's query
-    count beside the literature's.
+    Assumptions (relufast's, chosen to match the shape of the attacks, not their code or
+    their measured counts): for every hidden unit, about 4 critical points (where the unit
+    switches) are found by binary search along random lines, about 64 queries each (float64
+    resolution), and the unit's weight row is read at a critical point from second
+    differences along the d coordinates and the bias, about 2 (d + 1) queries. This gives
+    ``Q = 4 k (2 (d + 1) + 64)``. It ignores the sign-recovery step (the costly part in [4]),
+    repeated searches when a critical point is ambiguous, and deeper layers. For calibration,
+    the abstract of [3] reports 2^18.5 queries for a model with 4,000 parameters and 2^21.5
+    for an MNIST model with 100,000 parameters; read as one-hidden-layer networks on d = 784
+    inputs (k = 5 and k = 128: an assumption, the abstract does not give the shapes), this
+    estimate gives 2^15.0 and 2^19.7, 3-11x below the reported counts. Use it only to put
+    relufast's query count beside the literature's, as an order of magnitude.
     """
     return int(4 * n_hidden * (2 * (n_features + 1) + 64))
 
@@ -88,6 +94,23 @@ def _sklearn_function(mlp):
     raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
 
 
+#: Rows of Y summing to at most this (relative to |Y|) are centred outputs (softmax logits).
+CENTRED_TOL = 1e-12
+
+
+def _drop_centred_column(Y):
+    """(Y without its last column, True) when every row of Y sums to zero, as the centred
+    log-probabilities of a softmax classifier do: the last column is then minus the sum of
+    the others, and dropping it leaves outputs of full rank min(m - 1, k) for the methods
+    and the count of visible units. Else (Y, False)."""
+    if Y.shape[1] < 2:
+        return Y, False
+    scale = float(np.abs(Y).max()) if Y.size else 0.0
+    if scale > 0 and float(np.abs(Y.sum(axis=1)).max()) <= CENTRED_TOL * scale * Y.shape[1]:
+        return np.ascontiguousarray(Y[:, :-1]), True
+    return Y, False
+
+
 def as_query_function(model: Any) -> tuple:
     """(function on float64 arrays (n, d) -> (n, m), output dtype name) for a model."""
     try:
@@ -112,6 +135,22 @@ def as_query_function(model: Any) -> tuple:
     raise TypeError(
         "model must be a torch.nn.Module, a fitted sklearn MLPRegressor/MLPClassifier or a "
         f"callable on arrays of shape (n, n_features); got {type(model).__name__}"
+    )
+
+
+def _units_note(vis, k_given, k, m):
+    """The message's opening when fewer units are visible than given, or none was given."""
+    if k_given is not None:
+        return invisible_message(vis.count, k_given) + ". " if vis.count < k_given else ""
+    moment = (
+        ""
+        if vis.output_rank < m
+        else f", {vis.moment_count} singular value(s) of the stacked moments above their floor"
+    )
+    return (
+        f"n_hidden not given: {vis.count} hidden unit(s) visible in the outputs (rank of the centred "
+        f"outputs {vis.output_rank}{moment}), recovered with n_hidden={k} (units that are never "
+        "active on Gaussian queries or have a zero output column cannot be counted). "
     )
 
 
@@ -164,7 +203,7 @@ def extract(
     -------
     RecoveryResult
         ``counts["queries"]`` is the number of queries used;
-        ``diagnostics["cryptanalytic_queries"]`` is the approximate query count of
+        ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude estimate of the query count of
         differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
     """
     from ._api import METHODS
@@ -199,11 +238,13 @@ def extract(
     try:
         while True:
             draw(n_total - sum(len(x) for x in Xs), bar)
-            X, Y = np.concatenate(Xs), np.concatenate(Ys)
+            X, Y_all = np.concatenate(Xs), np.concatenate(Ys)
+            Y, centred = _drop_centred_column(Y_all)
             prec = resolve_precision(
                 np.empty(0, dtype=out_dtype[0] if out_dtype[0] in ("float32", "float16") else np.float64), precision
             )
-            visible = visible_units(X, Y, precision=prec).count
+            vis = visible_units(X, Y, precision=prec)
+            visible = vis.count
             # Dead or pruned units leave no trace: recover the visible ones.
             k = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
             names = [method] if method != "auto" else (["bjw19-gaussian", "atv21"] if Y.shape[1] >= k else ["atv21"])
@@ -221,20 +262,25 @@ def extract(
             n_total *= 2
     finally:
         bar.close()
+    merged = merged_result(result, X, Y, n_jobs=n_jobs)  # None unless near-duplicates merge better
+    result = result if merged is None else merged
     crypt = cryptanalytic_queries(d, k)
     counts = dict(result.counts, queries=len(X))
     diag = dict(result.diagnostics, cryptanalytic_queries=crypt, query_history=tuple(history), visible_units=visible)
     message = (
         f"{result.message}. Used {len(X)} Gaussian queries ({len(history)} rounds); "
-        f"differential extraction [CJM20, CCHRSS23] needs about {crypt} for d = {d}, k = {k} "
-        "(approximate, see relufast.extraction.cryptanalytic_queries)"
+        f"differential extraction [CJM20, CCHRSS23] needs of the order of {crypt} for d = {d}, k = {k} "
+        "(relufast's own rough estimate, not the papers' counts: relufast.extraction.cryptanalytic_queries)"
     )
-    if k_given is not None and visible < k_given:
-        message = invisible_message(visible, k_given) + ". " + message
-    if not result.exact and result.V is not None:
+    message = _units_note(vis, k_given, k, Y.shape[1]) + message
+    if not result.exact and result.V is not None and merged is None:
         dup = near_duplicate_message(near_duplicates(result.V, d))
         message += f". {dup}" if dup else ""
     res = dataclasses.replace(result, counts=counts, diagnostics=diag, message=message)
+    if centred and res.U is not None:  # the last output is minus the sum of the others
+        res = dataclasses.replace(
+            res, U=np.vstack([res.U, -res.U.sum(axis=0)]), c=None if res.c is None else np.append(res.c, -res.c.sum())
+        )
     if not res.exact:
         warn(message)
     return res

@@ -5,15 +5,17 @@ sample) or whose output column is zero (a pruned unit) has no effect on the outp
 method can recover it, and asking for ``n_hidden`` units including it makes an exact
 method fail. :func:`visible_units` counts the units the outputs show, from the rank of the
 centred outputs (exact when m exceeds the number of visible units) and from the spectrum
-of the second Hermite moment ``T_2 = E[y (x x^T - I)]`` of a random output combination
+of the second Hermite moments ``T_2(y_j) = E[y_j (x x^T - I)]`` of the outputs, stacked
 (Gaussian inputs). :func:`near_duplicates` names pairs of recovered rows that are nearly
-parallel and the samples that separate them.
+parallel and the samples that separate them; :func:`merge_near_duplicates` replaces each
+such pair by one effective unit fitted to the data (the network with fewer units that the
+samples can resolve).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,10 +23,22 @@ from .stages.diagnostics import RANK_TOL
 from .stages.fit import max_abs, power_of_two_scale
 from .stages.precision import resolve_precision
 
-__all__ = ["Visibility", "visible_units", "near_duplicates", "NEAR_DUPLICATE_COS"]
+__all__ = [
+    "Visibility",
+    "visible_units",
+    "near_duplicates",
+    "merge_near_duplicates",
+    "merged_result",
+    "Merged",
+    "NEAR_DUPLICATE_COS",
+]
 
 #: Recovered rows with |cos| above this are reported as a near-duplicate pair.
 NEAR_DUPLICATE_COS = 0.98
+#: The merged residual is accepted up to the pair's angle, or this when the rows coincide.
+MERGE_MIN_ANGLE = 1e-3
+#: Output columns whose second moments are stacked (cost O(n d^2) each).
+MOMENT_OUTPUTS = 16
 #: Rows sampled for the estimate (the rank and the moment are cheap on this many).
 VISIBLE_ROWS = 50000
 
@@ -39,10 +53,10 @@ class Visibility(NamedTuple):
     output_rank : int
         Numerical rank of the centred outputs (at the outputs' precision).
     moment_count : int or None
-        Eigenvalues of T_2 above its sampling floor (None when m <= output_rank does not
+        Singular values of the stacked moments above their sampling floor (None when m <= output_rank does not
         need it).
     moment_spectrum : ndarray
-        |eigenvalues| of T_2, decreasing.
+        Singular values of the stacked moments ``[T_2(y_1) ... T_2(y_m)]``, decreasing.
     """
 
     count: int
@@ -61,7 +75,7 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     precision : None, str or float
         Precision of Y (default: from its dtype); sets the rank threshold.
     random_state : int or Generator
-        The random output combination of the moment.
+        Unused (kept for compatibility: the moments of all outputs are stacked).
 
     Returns
     -------
@@ -71,8 +85,9 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     -----
     With m outputs and k_v visible units, the centred outputs have rank min(m, k_v) for
     generic U (the features relu(X V^T + b) are linearly independent), so a rank below m
-    is the count. Otherwise the count is the number of eigenvalues of T_2 above the
-    sampling floor ``4 std(y) (sqrt(d/n) + d/n)`` (the edge of a Wishart-like noise
+    is the count. Otherwise the count is the number of singular values of the stacked
+    moments ``[T_2(y_1) ... T_2(y_m)]`` (first 16 outputs) above the sampling floor
+    ``4 sqrt(sum_j var(y_j)) (sqrt(d/n) + d/n)`` (the edge of a Wishart-like noise
     spectrum, with margin); units whose ``phi(b_i)`` is tiny (very negative biases) fall
     below it, as they should: the data then hardly see them.
     """
@@ -87,11 +102,14 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     sv = np.linalg.svd(Yc, compute_uv=False)
     rank_tol = prec.tol(RANK_TOL, d, 0)
     rank = int(np.sum(sv > rank_tol * sv[0])) if sv.size and sv[0] > 0 else 0
-    rng = np.random.default_rng(random_state)
-    y = Yc @ rng.standard_normal(m)
-    T = (X * y[:, None]).T @ X / n
-    ev = np.sort(np.abs(np.linalg.eigvalsh(0.5 * (T + T.T))))[::-1]
-    floor = 4.0 * float(np.std(y)) * (math.sqrt(d / n) + d / n)
+    # Every output's moment T_j, stacked: a unit shows in [T_1 ... T_m] unless its whole
+    # output column (times phi(b)) vanishes; one random combination of the outputs could
+    # cancel it (the centred logits of a softmax classifier did).
+    del random_state  # kept for compatibility: no random combination any more
+    cols = Yc[:, : min(m, MOMENT_OUTPUTS)]
+    T = np.hstack([(X * y[:, None]).T @ X / n for y in cols.T])
+    ev = np.linalg.svd(T, compute_uv=False)
+    floor = 4.0 * float(np.sqrt(np.sum(np.var(cols, axis=0)))) * (math.sqrt(d / n) + d / n)
     moment = int(np.sum(ev > floor))
     count = rank if rank < m else max(moment, rank)
     return Visibility(count, rank, moment, ev)
@@ -143,3 +161,159 @@ def near_duplicate_message(pairs) -> str:
         for i, j, c, need in pairs
     ]
     return "; ".join(parts)
+
+
+class Merged(NamedTuple):
+    """A network with near-duplicate pairs merged (:func:`merge_near_duplicates`).
+
+    Attributes
+    ----------
+    network : Network
+        The effective network (k - len(pairs) units).
+    residual : float
+        Its relative residual ``||Y - network(X)||_F / ||Y||_F`` over all samples.
+    pairs : tuple of (int, int, float)
+        The merged pairs (i, j, cos) in the indices of the input network; unit j went into i.
+    """
+
+    network: Any
+    residual: float
+    pairs: tuple
+
+
+def _merge_rows(net, pairs):
+    """Each pair (i, j) -> one unit on the bisector (weighted by the output columns' norms),
+    bias averaged likewise and output columns summed: relu(v_i x + b_i) ~ relu(v_j x + b_j)."""
+    U, V, b = np.array(net.U), np.array(net.V), np.array(net.b)
+    gone = set()
+    for i, j, _c in pairs:
+        if i in gone or j in gone:
+            continue
+        wi, wj = np.linalg.norm(U[:, i]), np.linalg.norm(U[:, j])
+        w = wi + wj if wi + wj > 0 else 1.0
+        V[i] = (wi * V[i] + wj * V[j]) / w
+        b[i] = (wi * b[i] + wj * b[j]) / w
+        s = np.linalg.norm(V[i])
+        V[i], b[i] = V[i] / s, b[i] / s
+        U[:, i] = (U[:, i] + U[:, j]) * s
+        gone.add(j)
+    keep = [t for t in range(V.shape[0]) if t not in gone]
+    return U[:, keep], V[keep], b[keep]
+
+
+def merge_near_duplicates(X, Y, network, *, threshold=NEAR_DUPLICATE_COS, n_jobs=None):
+    """Replace near-duplicate units by one effective unit each, fitted to (X, Y).
+
+    Two units at angle theta differ only on a fraction ``theta / pi`` of Gaussian inputs:
+    with too few samples no method can tell them apart, but the network with the pair
+    merged into one unit fits the data almost as well. This returns that network: each pair
+    of rows with ``cos >= threshold`` becomes one unit (their bisector, weighted by the norms
+    of the output columns), the output layer (and offset, for biased networks) is refitted by
+    least squares, and the whole network is polished in float64 (Gauss-Newton jointly in
+    (U, V) for bias-free networks, activation-region refinement for biased ones; beyond the
+    papers). The residual says how well k - 1 units reproduce Y.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    Y : array-like of shape (n_samples, n_outputs) or (n_samples,)
+    network : Network, RecoveryResult or tuple (U, V[, b[, c]])
+        A recovered network whose rows include near-duplicates.
+    threshold : float, default=NEAR_DUPLICATE_COS
+        Rows with cosine at least this are merged.
+    n_jobs : int or None
+        Threads for the C++ kernels.
+
+    Returns
+    -------
+    Merged or None
+        None when no pair reaches the threshold.
+    """
+    from ._validation import resolve_n_jobs
+    from .network import Network, as_network
+    from .stages.fit import fit_network
+    from .stages.precision import polish_at_precision
+
+    net = as_network(network)
+    if net.activation is not None:
+        raise ValueError("merge_near_duplicates handles ReLU networks only; got a network with another activation")
+    X = np.ascontiguousarray(np.asarray(X, dtype=np.float64))
+    Y = np.asarray(Y, dtype=np.float64)
+    Y = np.ascontiguousarray(Y.reshape(len(Y), -1))
+    if X.ndim != 2 or X.shape[1] != net.n_features or Y.shape != (len(X), net.n_outputs):
+        raise ValueError(
+            f"expected X of shape (n, {net.n_features}) and Y of shape (n, {net.n_outputs}); "
+            f"got X {X.shape} and Y {Y.shape}"
+        )
+    pairs = tuple((i, j, c) for i, j, c, _ in near_duplicates(net.V, threshold=threshold))
+    if not pairs:
+        return None
+    threads = resolve_n_jobs(n_jobs)
+    U, V, b = _merge_rows(net, pairs)
+    biased = net.has_bias
+    fit = fit_network(X, Y, V, b if biased else None, intercept=biased, threads=threads)
+    U, c = fit.U, fit.c
+    U, V, b2, c2, residual = polish_at_precision(X, Y, U, V, b if biased else None, c, threads=threads, n_iter=10)
+    return Merged(Network(U, V, b2, c2), float(residual), pairs)
+
+
+def merged_result(res, X, Y, *, n_jobs=None):
+    """A non-exact result whose rows include near-duplicates, replaced by the merged
+    effective network (:func:`merge_near_duplicates`) when that fits Y better; else None.
+
+    The returned result has status ``approximate``, ``n_hidden`` one less per merged pair,
+    a message naming the pairs, the residual and the samples that would separate them, and
+    ``diagnostics["merged_pairs"]`` and ``diagnostics["unmerged"]`` (status, residual and
+    parameters of the result before merging).
+    """
+    import dataclasses
+
+    from ._result import Status
+
+    if res.exact or res.V is None or not res.has_finite_parameters or res.activation is not None:
+        return None
+    pairs = near_duplicates(res.V)
+    if not pairs:
+        return None
+    try:
+        merged = merge_near_duplicates(X, Y, res, n_jobs=n_jobs)
+    except (ValueError, np.linalg.LinAlgError):
+        return None
+    before = res.residual if np.isfinite(res.residual) else np.inf
+    if merged is None or not (np.isfinite(merged.residual) and merged.residual < before):
+        return None
+    # Two unit rows at angle theta have features that differ by about theta in relative RMS
+    # (Gaussian inputs), so merging a true pair costs a relative residual below theta. A
+    # larger one means the rows are not a resolved pair but a crude estimate: no merge.
+    theta = max(math.acos(min(c, 1.0)) for _, _, c in merged.pairs)
+    if merged.residual > max(theta, MERGE_MIN_ANGLE):
+        return None
+    net = merged.network
+    need = {(i, j): n for i, j, _, n in pairs}
+    named = "; ".join(
+        f"units {i} and {j} (recovered rows at cos {c:.5f}; about {need[(i, j)]:.1e} samples would separate them)"
+        for i, j, c in merged.pairs
+    )
+    message = (
+        f"{res.message}. Merged near-duplicates: {named}. Returned the effective network with "
+        f"{net.n_hidden} of {res.V.shape[0]} units (each pair replaced by one unit fitted to the data), "
+        f"relative residual {merged.residual:.2e} (was {res.residual:.2e}); the unmerged result is in "
+        "diagnostics['unmerged']"
+    )
+    diag = dict(
+        res.diagnostics,
+        merged_pairs=tuple((i, j) for i, j, _ in merged.pairs),
+        unmerged={"status": res.status.value, "residual": res.residual, "U": res.U, "V": res.V, "b": res.b, "c": res.c},
+    )
+    return dataclasses.replace(
+        res,
+        U=net.U,
+        V=net.V,
+        b=net.b,
+        c=net.c,
+        status=Status.APPROXIMATE,
+        exact=False,
+        residual=merged.residual,
+        message=message,
+        diagnostics=diag,
+    )
