@@ -159,7 +159,8 @@ def input_null_space(X, *, block=1 << 16):
     space of X (r = 0 when X has rank d). Along them no row of V is determined by the data.
 
     Cost: an SVD of the first max(4 d, 2000) rows; only when those are rank-deficient, one
-    blockwise pass over all rows restricted to the candidate directions (memory O(block d)).
+    blockwise pass over all rows restricted to the candidate directions (memory
+    O(block d + d^2)).
     """
     n, d = X.shape
     head = np.asarray(X[: min(n, max(4 * d, 2000))], dtype=np.float64)
@@ -175,13 +176,17 @@ def input_null_space(X, *, block=1 << 16):
     N = Vt[r_head:]  # candidates: null space of the first rows
     if n <= head.shape[0]:
         return np.ascontiguousarray(N)
+    # M = (X N^T)^T (X N^T) from the products themselves (forming N G N^T instead would square
+    # the rounding of G up to eps ||X||^2, far above the threshold); ||X||_2^2 is the largest
+    # eigenvalue of G = X^T X (one GEMM per block; a per-block SVD costs several times more).
     M = np.zeros((N.shape[0], N.shape[0]))
-    top = 0.0  # an upper bound of ||X||_2^2: the sum over blocks of ||X_block||_2^2
+    G = np.zeros((d, d))
     for a in range(0, n, block):
         Z = np.asarray(X[a : a + block], dtype=np.float64)
         P = Z @ N.T
         M += P.T @ P
-        top += float(np.linalg.norm(Z, 2)) ** 2
+        G += Z.T @ Z
+    top = float(np.linalg.eigvalsh(G)[-1])
     ev, E = np.linalg.eigh(M)
     keep = ev <= (INPUT_RANK_TOL**2) * top
     return np.ascontiguousarray((E[:, keep].T) @ N)
