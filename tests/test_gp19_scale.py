@@ -131,7 +131,9 @@ def test_memmap_and_dask_match_numpy(teacher_data, tmp_path):
     np.save(tmp_path / "X.npy", X), np.save(tmp_path / "y.npy", y)
     Xm, ym = np.load(tmp_path / "X.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
     assert_same_network(gp19.lowest_layer(Xm, ym, 4, **kw), ref, tol=0.0)  # the same code path
-    got = rf.recover(da.from_array(X, chunks=(25_000, 4)), da.from_array(y, chunks=25_000), n_hidden=4, method="gp19", **kw)
+    got = rf.recover(
+        da.from_array(X, chunks=(25_000, 4)), da.from_array(y, chunks=25_000), n_hidden=4, method="gp19", **kw
+    )
     assert_same_network(got, ref)
 
 
@@ -145,7 +147,9 @@ def test_halfspaces_two_ranks_and_dask():
     one = gp19.halfspaces(X, g, 4, **kw)
     (r0, _), _ = run_ranks(lambda Xr, gr, c: gp19.halfspaces(Xr, gr, 4, comm=c, **kw), _split(X, g, 40_000))
     assert_same_network(r0, one)
-    assert_same_network(gp19.halfspaces(da.from_array(X, chunks=(30_000, 4)), da.from_array(g, chunks=30_000), 4, **kw), one)
+    assert_same_network(
+        gp19.halfspaces(da.from_array(X, chunks=(30_000, 4)), da.from_array(g, chunks=30_000), 4, **kw), one
+    )
 
 
 def test_support_and_even_two_ranks_and_dask():
@@ -158,7 +162,9 @@ def test_support_and_even_two_ranks_and_dask():
     (r0, r1), _ = run_ranks(lambda Xr, yr, c: gp19.even_activation(Xr, yr, 3, comm=c, **kw), _split(X, y, 25_000))
     assert np.array_equal(r0.V, r1.V)
     assert_same_network(r0, one)
-    assert_same_network(gp19.even_activation(da.from_array(X, chunks=(20_000, 5)), da.from_array(y, chunks=20_000), 3, **kw), one)
+    assert_same_network(
+        gp19.even_activation(da.from_array(X, chunks=(20_000, 5)), da.from_array(y, chunks=20_000), 3, **kw), one
+    )
     assert gp19.row_angles(one.V, np.eye(5)[:3], sign_invariant=True).max() < 0.1
     # Algorithm 3 on exponential units with disjoint supports {0, 1}, {2, 3}.
     ys = np.exp(0.7 * (X[:, 0] + X[:, 1]) - 1.0) + np.exp(0.7 * (X[:, 2] + X[:, 3]) - 1.0)
