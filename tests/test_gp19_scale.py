@@ -21,6 +21,8 @@ pytestmark = [
 #: One process vs ranks / dask blocks: the sums meet in another order, so the networks agree
 #: to rounding (the integer band counts of Step 2 agree exactly).
 SAME_TOL = 1e-12
+#: The unified ascent rounds its step differently from the former loop (measured 2.2e-16).
+EVEN_REPRO_TOL = 1e-13
 #: Seconds a simulated rank may wait in a collective before the test fails (no deadlock).
 BARRIER_TIMEOUT = 120
 
@@ -165,7 +167,7 @@ def test_support_and_even_two_ranks_and_dask():
     assert_same_network(
         gp19.even_activation(da.from_array(X, chunks=(20_000, 5)), da.from_array(y, chunks=20_000), 3, **kw), one
     )
-    assert gp19.row_angles(one.V, np.eye(5)[:3], sign_invariant=True).max() < 0.1
+    assert gp19.row_angles(one.V, np.eye(5)[:3], sign_invariant=True).max() < 0.2  # measured 0.087
     # Algorithm 3 on exponential units with disjoint supports {0, 1}, {2, 3}.
     ys = np.exp(0.7 * (X[:, 0] + X[:, 1]) - 1.0) + np.exp(0.7 * (X[:, 2] + X[:, 3]) - 1.0)
     one = gp19.correlation_graph_supports(X, ys, 2)
@@ -256,6 +258,42 @@ def test_unified_power_method_reproduces_the_former_gp19_loop(shift):
     np.testing.assert_array_equal(new[1], old[1])
     assert new[2] == old[2]
     assert gp19.row_angles(new[0], T.W, sign_invariant=True).max() < 0.15
+
+
+def _old_even_ascent(data, k, n, s4, eta, rng, restarts, max_iter, tol):
+    """GP19 Thm 10's deflated projected ascent as it was before the unification (reference)."""
+    found, passes = np.zeros((0, n)), 0
+    for _ in range(k):
+        Z = rng.standard_normal((restarts, n))
+        Z -= (Z @ found.T) @ found
+        Z /= np.linalg.norm(Z, axis=1, keepdims=True)
+        for _ in range(max_iter):
+            st = data.stats(Z, active_tol=-1.0)
+            passes += 1
+            G = st["grad4"] - np.sum(st["grad4"] * Z, axis=1, keepdims=True) * Z
+            Zn = Z + eta * s4 * G
+            Zn -= (Zn @ found.T) @ found
+            Zn /= np.linalg.norm(Zn, axis=1, keepdims=True)
+            change = float(np.max(1.0 - np.abs(np.sum(Zn * Z, axis=1))))
+            Z = Zn
+            if change < tol:
+                break
+        st = data.stats(Z, active_tol=-1.0)
+        found = np.vstack([found, Z[int(np.argmax(s4 * st["A4"]))]])
+    return found, passes
+
+
+def test_unified_power_method_reproduces_the_former_even_ascent():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((100_000, 5))
+    y = np.abs(X[:, :4]).sum(axis=1)
+    res = gp19.even_activation(X, y, 4, restarts=2, random_state=0)
+    data = gp19._Data(Samples.from_arrays(X, y), float(np.mean(y)))
+    u4 = gp19.hermite_coeffs("abs", 0.0, 4)[4]
+    found, passes = _old_even_ascent(data, 4, 5, -1.0, 0.05 / abs(u4), np.random.default_rng(0), 2, 500, 1e-12)
+    # The step is taken as normalize(s4 g + z / eta) instead of normalize(z + eta s4 g): rounding.
+    np.testing.assert_allclose(res.V, found, rtol=0, atol=EVEN_REPRO_TOL)
+    assert res.counts["passes"] == passes
 
 
 def test_power_iteration_operator_matches_array():

@@ -517,6 +517,18 @@ def _tpm_operator(data, K, counter):
     return apply
 
 
+def _ascent_operator(data, counter):
+    """Thm 10's objective ``E[f h_4(z.x)]`` as an operator for the power method: its gradient
+    on the unit sphere (tangent part) and its value, every row of Z, one unfiltered pass."""
+
+    def apply(Z):
+        counter[0] += 1
+        st = data.stats(Z, active_tol=-1.0)
+        return st["grad4"] - np.sum(st["grad4"] * Z, axis=1, keepdims=True) * Z, st["A4"]
+
+    return apply
+
+
 def _step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift):
     """Whitened tensor power method (SS-HOPM with deflation) on Q(v) = E[ft H_4(K v . x)].
 
@@ -1288,26 +1300,23 @@ def even_activation(
     s4 = float(np.sign(u[4]))
     eta = 0.05 / abs(u[4]) if step is None else float(step)
     data = _Data(samples, _mean(samples), n_jobs=_jobs(n_jobs))
-    found = np.zeros((0, n))
-    passes = 0
+    passes = [0]
     with single_threaded_blas(), run.stage("ascent"):
-        for _ in range(k):
-            Z = rng.standard_normal((restarts, n))
-            Z -= (Z @ found.T) @ found
-            Z /= np.linalg.norm(Z, axis=1, keepdims=True)
-            for _ in range(max_iter):
-                st = data.stats(Z, active_tol=-1.0)
-                passes += 1
-                G = st["grad4"] - np.sum(st["grad4"] * Z, axis=1, keepdims=True) * Z
-                Zn = Z + eta * s4 * G
-                Zn -= (Zn @ found.T) @ found
-                Zn /= np.linalg.norm(Zn, axis=1, keepdims=True)
-                change = float(np.max(1.0 - np.abs(np.sum(Zn * Z, axis=1))))
-                Z = Zn
-                if change < tol:
-                    break
-            st = data.stats(Z, active_tol=-1.0)
-            found = np.vstack([found, Z[int(np.argmax(s4 * st["A4"]))]])
+        # Projected ascent z <- normalize(z + eta s4 grad_tan) is the shifted power method
+        # normalize(s4 grad_tan + z / eta): one routine with Step 1's TPM.
+        _, found = power_iteration(
+            _ascent_operator(data, passes),
+            k,
+            rng,
+            n_starts=restarts,
+            n_iter=max_iter,
+            tol=math.sqrt(2.0 * tol),  # |z' - z| = sqrt(2 (1 - cos))
+            n_features=n,
+            order=4,
+            sign=s4,
+            shift=1.0 / eta,
+        )
+    passes = passes[0] - k  # one pass per row scores the final starts
     run.counts.update(n_samples=samples.n, passes=passes)
     return run.result(
         Status.APPROXIMATE,
