@@ -317,3 +317,63 @@ def test_power_iteration_operator_matches_array():
     with pytest.raises(ValueError, match="deflated by 'project'"):
         power_iteration(apply, k, rng, n_features=k, deflation="subtract")
     assert math.isfinite(float(lam_c[0]))
+
+
+#: The real two-rank run below (mpiexec from the mpich wheel of the mpi extra).
+MPI_TIMEOUT = 300
+
+_MPI_SCRIPT = """
+import sys, warnings
+import numpy as np
+from mpi4py import MPI
+import relufast as rf
+from relufast.algorithms import gp19
+from tests.test_gp19_scale import mpi_case
+comm = MPI.COMM_WORLD
+X, y, kw = mpi_case()
+idx = np.array_split(np.arange(len(X)), comm.Get_size())[comm.Get_rank()]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", rf.RelufastWarning)
+    res = gp19.lowest_layer(X[idx], y[idx], 4, comm=comm, **kw)
+np.savez(sys.argv[1] + f".rank{comm.Get_rank()}.npz", V=res.V, U=res.U, angle=res.diagnostics["angle_estimate"])
+"""
+
+
+def mpi_case():
+    """The samples and options of the real two-rank run (the same arrays in every process)."""
+    T = rf.planted.deep_teacher(4, 4, threshold=2.0, pair=0.5, random_state=0)
+    X, y = T.sample(60_000, random_state=1)
+    return X, y, GP19_OPTIONS["stein"]
+
+
+def test_real_mpi_two_ranks_match_one_process(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
+    here = Path(sys.executable).parent / "mpiexec"
+    exe = str(here) if here.exists() else shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("mpiexec not found (pip install 'relufast[mpi]' provides it)")
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    out = str(tmp_path / "run")
+    proc = subprocess.run(
+        [exe, "-n", "2", sys.executable, "-c", _MPI_SCRIPT, out],
+        capture_output=True,
+        text=True,
+        timeout=MPI_TIMEOUT,
+        cwd=root,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    r0, r1 = (dict(np.load(f"{out}.rank{r}.npz")) for r in range(2))
+    for key in r0:
+        assert np.array_equal(r0[key], r1[key], equal_nan=True), key
+    X, y, kw = mpi_case()
+    one = gp19.lowest_layer(X, y, 4, **kw)
+    np.testing.assert_allclose(r0["V"], one.V, rtol=0, atol=SAME_TOL)
+    np.testing.assert_allclose(r0["U"], one.U, rtol=0, atol=SAME_TOL)
