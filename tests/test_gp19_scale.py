@@ -157,21 +157,21 @@ def test_halfspaces_two_ranks_and_dask():
 def test_support_and_even_two_ranks_and_dask():
     da = pytest.importorskip("dask.array")
     rng = np.random.default_rng(1)
-    X = rng.standard_normal((60_000, 5))
+    X = rng.standard_normal((40_000, 5))
     y = np.abs(X[:, 0]) + np.abs(X[:, 1]) + np.abs(X[:, 2])
-    kw = dict(restarts=2, tol=1e-9, random_state=0)
+    kw = dict(restarts=2, tol=1e-8, random_state=0)
     one = gp19.even_activation(X, y, 3, **kw)
-    (r0, r1), _ = run_ranks(lambda Xr, yr, c: gp19.even_activation(Xr, yr, 3, comm=c, **kw), _split(X, y, 25_000))
+    (r0, r1), _ = run_ranks(lambda Xr, yr, c: gp19.even_activation(Xr, yr, 3, comm=c, **kw), _split(X, y, 15_000))
     assert np.array_equal(r0.V, r1.V)
     assert_same_network(r0, one)
     assert_same_network(
-        gp19.even_activation(da.from_array(X, chunks=(20_000, 5)), da.from_array(y, chunks=20_000), 3, **kw), one
+        gp19.even_activation(da.from_array(X, chunks=(15_000, 5)), da.from_array(y, chunks=15_000), 3, **kw), one
     )
-    assert gp19.row_angles(one.V, np.eye(5)[:3], sign_invariant=True).max() < 0.2  # measured 0.087
+    assert gp19.row_angles(one.V, np.eye(5)[:3], sign_invariant=True).max() < 0.2  # measured 0.071
     # Algorithm 3 on exponential units with disjoint supports {0, 1}, {2, 3}.
     ys = np.exp(0.7 * (X[:, 0] + X[:, 1]) - 1.0) + np.exp(0.7 * (X[:, 2] + X[:, 3]) - 1.0)
     one = gp19.correlation_graph_supports(X, ys, 2)
-    (r0, _), _ = run_ranks(lambda Xr, yr, c: gp19.correlation_graph_supports(Xr, yr, 2, comm=c), _split(X, ys, 33_333))
+    (r0, _), _ = run_ranks(lambda Xr, yr, c: gp19.correlation_graph_supports(Xr, yr, 2, comm=c), _split(X, ys, 23_333))
     np.testing.assert_allclose(r0.diagnostics["alpha"], one.diagnostics["alpha"], rtol=0, atol=SAME_TOL)
     assert r0.diagnostics["supports"] == one.diagnostics["supports"] == [[0, 1], [2, 3]]
 
@@ -285,12 +285,12 @@ def _old_even_ascent(data, k, n, s4, eta, rng, restarts, max_iter, tol):
 
 def test_unified_power_method_reproduces_the_former_even_ascent():
     rng = np.random.default_rng(2)
-    X = rng.standard_normal((100_000, 5))
+    X = rng.standard_normal((30_000, 5))
     y = np.abs(X[:, :4]).sum(axis=1)
-    res = gp19.even_activation(X, y, 4, restarts=2, random_state=0)
+    res = gp19.even_activation(X, y, 4, restarts=2, tol=1e-9, random_state=0)
     data = gp19._Data(Samples.from_arrays(X, y), float(np.mean(y)))
     u4 = gp19.hermite_coeffs("abs", 0.0, 4)[4]
-    found, passes = _old_even_ascent(data, 4, 5, -1.0, 0.05 / abs(u4), np.random.default_rng(0), 2, 500, 1e-12)
+    found, passes = _old_even_ascent(data, 4, 5, -1.0, 0.05 / abs(u4), np.random.default_rng(0), 2, 500, 1e-9)
     # The step is taken as normalize(s4 g + z / eta) instead of normalize(z + eta s4 g): rounding.
     np.testing.assert_allclose(res.V, found, rtol=0, atol=EVEN_REPRO_TOL)
     assert res.counts["passes"] == passes
