@@ -348,14 +348,14 @@ def mpi_case():
 
 def test_real_mpi_two_ranks_match_one_process(tmp_path):
     import os
-    import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
-    here = Path(sys.executable).parent / "mpiexec"
-    exe = str(here) if here.exists() else shutil.which("mpiexec")
+    from .test_mpi import _mpiexec
+
+    exe = _mpiexec()
     if exe is None:
         pytest.skip("mpiexec not found (pip install 'relufast[mpi]' provides it)")
     root = Path(__file__).resolve().parent.parent

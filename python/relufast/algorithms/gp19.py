@@ -539,21 +539,35 @@ def _step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift):
     """
     k = U.shape[1]
     K = U / np.sqrt(ev)
-    passes = [0]
-    Q, found = power_iteration(
-        _tpm_operator(data, K, passes),
-        k,
+    Q, found, passes = _streamed_power(
+        lambda count: _tpm_operator(data, K, count), k, k, rng, restarts, max_iter, tol, s4, shift
+    )
+    W = (U * np.sqrt(ev)) @ found.T  # columns: sqrt(u2 c_i) w_i in population
+    return W.T, Q, passes
+
+
+def _streamed_power(make_operator, n_components, dim, rng, restarts, max_iter, tol, s4, shift):
+    """:func:`relufast.stages.tensor.power_iteration` on a streamed GP19 operator.
+
+    ``tol`` is GP19's convergence tolerance (largest ``1 - |cos|`` between iterates);
+    ``make_operator(counter)`` builds the operator, which counts its data passes. Returns
+    the weights, the unit components (rows) and the passes of the iterations (one more
+    pass per component scores its final starts).
+    """
+    counter = [0]
+    weights, found = power_iteration(
+        make_operator(counter),
+        n_components,
         rng,
         n_starts=restarts,
         n_iter=max_iter,
         tol=math.sqrt(2.0 * tol),  # |v' - v| = sqrt(2 (1 - cos))
-        n_features=k,
+        n_features=dim,
         order=4,
         sign=s4,
         shift=shift,
     )
-    W = (U * np.sqrt(ev)) @ found.T  # columns: sqrt(u2 c_i) w_i in population
-    return W.T, Q, passes[0] - k  # one pass per component scores the final starts
+    return weights, found, counter[0] - n_components
 
 
 def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, tol):
@@ -1300,23 +1314,12 @@ def even_activation(
     s4 = float(np.sign(u[4]))
     eta = 0.05 / abs(u[4]) if step is None else float(step)
     data = _Data(samples, _mean(samples), n_jobs=_jobs(n_jobs))
-    passes = [0]
     with single_threaded_blas(), run.stage("ascent"):
         # Projected ascent z <- normalize(z + eta s4 grad_tan) is the shifted power method
         # normalize(s4 grad_tan + z / eta): one routine with Step 1's TPM.
-        _, found = power_iteration(
-            _ascent_operator(data, passes),
-            k,
-            rng,
-            n_starts=restarts,
-            n_iter=max_iter,
-            tol=math.sqrt(2.0 * tol),  # |z' - z| = sqrt(2 (1 - cos))
-            n_features=n,
-            order=4,
-            sign=s4,
-            shift=1.0 / eta,
+        _, found, passes = _streamed_power(
+            lambda count: _ascent_operator(data, count), k, n, rng, restarts, max_iter, tol, s4, 1.0 / eta
         )
-    passes = passes[0] - k  # one pass per row scores the final starts
     run.counts.update(n_samples=samples.n, passes=passes)
     return run.result(
         Status.APPROXIMATE,
