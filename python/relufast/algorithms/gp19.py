@@ -36,8 +36,11 @@ Functions and the paper
 
 Statistics of order 4 are streamed by the C++ kernel of
 :class:`relufast.stages.moments.Hermite4Accumulator` (contractions with the current
-directions, active-row filtering); see ``docs/gp19.md`` for the paper's errata relufast
-corrects.
+directions, active-row filtering). Every pass over the samples goes through
+:class:`relufast.stages.reduce.Samples`, so the methods take ``comm=`` (MPI ranks), memmaps
+and dask arrays; Step 1 and Thm 10 use :func:`relufast.stages.tensor.power_iteration` with a
+streamed operator. See ``docs/gp19.md`` for the paper's errata relufast corrects and for
+the scale-out.
 """
 
 from __future__ import annotations
