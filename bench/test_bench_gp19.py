@@ -181,4 +181,10 @@ def test_containers(benchmark, machine, tmp_path_factory, container):
             "ThreadComm": ThreadComm.__name__,
         }
     )
-    assert np.max(np.abs(res.V - ref.V)) <= 1e-12
+    assert np.max(np.abs(res.V - ref.V)) <= CONTAINER_TOL
+
+
+#: Containers vs NumPy at d = 10: the top eigenvalues of M_2 are nearly equal (relative gap
+#: 1.3e-3), so rounding rotates the whitening basis and Step 1's random starts (drawn in it)
+#: follow slightly different paths: measured 1.6e-11 (dask), 3.4e-9 (two ranks, after Stein).
+CONTAINER_TOL = 1e-7
