@@ -137,6 +137,9 @@ def test_memmap_and_dask_match_numpy(teacher_data, tmp_path):
         da.from_array(X, chunks=(25_000, 4)), da.from_array(y, chunks=25_000), n_hidden=4, method="gp19", **kw
     )
     assert_same_network(got, ref)
+    # Only one of X, y lazy.
+    assert_same_network(gp19.lowest_layer(da.from_array(X, chunks=(25_000, 4)), y, 4, **kw), ref)
+    assert_same_network(gp19.lowest_layer(X, da.from_array(y, chunks=25_000), 4, **kw), ref)
 
 
 def test_halfspaces_two_ranks_and_dask():

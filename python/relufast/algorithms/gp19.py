@@ -249,7 +249,7 @@ def _order_statistics(samples, ranks):
     """The values of the outputs at 0-based ``ranks`` in the sorted concatenation of every
     rank's outputs, exactly: bisection on the float order, one small allgather per step."""
     Y = samples.Y
-    y = np.asarray(Y[:, 0].compute() if samples.lazy else Y[:, 0], dtype=np.float64)
+    y = np.asarray(Y[:, 0].compute() if is_dask(Y) else Y[:, 0], dtype=np.float64)  # X may be the lazy one
     keys = np.sort(_float_keys(y))
     ends = [e for e in samples.allgather((int(keys[0]), int(keys[-1])) if len(keys) else None) if e]
     bounds = [[min(e[0] for e in ends), max(e[1] for e in ends)] for _ in ranks]
@@ -320,7 +320,7 @@ class _BandData:
         hi = np.searchsorted(self.a, hi_s, side="right")
         idx = self.rows[lo:hi][self.active[lo:hi]]
         X = self.samples.X
-        rows = np.asarray(X[idx].compute()) if self.samples.lazy else X[idx]
+        rows = np.asarray(X[idx].compute()) if is_dask(X) else X[idx]  # y may be the lazy one
         parts = self.samples.allgather((int(hi - lo), rows.sum(axis=0)))
         count = sum(p[0] for p in parts)
         if count == 0:
