@@ -36,8 +36,11 @@ Functions and the paper
 
 Statistics of order 4 are streamed by the C++ kernel of
 :class:`relufast.stages.moments.Hermite4Accumulator` (contractions with the current
-directions, active-row filtering); see ``docs/gp19.md`` for the paper's errata relufast
-corrects.
+directions, active-row filtering). Every pass over the samples goes through
+:class:`relufast.stages.reduce.Samples`, so the methods take ``comm=`` (MPI ranks), memmaps
+and dask arrays; Step 1 and Thm 10 use :func:`relufast.stages.tensor.power_iteration` with a
+streamed operator. See ``docs/gp19.md`` for the paper's errata relufast corrects and for
+the scale-out.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ from scipy import integrate, optimize, special
 
 from .._blas import single_threaded_blas
 from .._result import Run, Status, warn
-from .._validation import as_float_matrix, check_positive_int, check_random_state, check_xy, resolve_n_jobs
-from ..stages.moments import hermite4_contraction, hermite4_statistics, hermite_moment
+from .._validation import as_float_matrix, check_positive_int, check_random_state, resolve_n_jobs
+from ..stages.moments import Hermite4Accumulator, SecondMomentAccumulator, hermite4_statistics
+from ..stages.reduce import Samples, is_dask
+from ..stages.tensor import power_iteration
 
 __all__ = [
     "CITATION",
@@ -204,56 +209,126 @@ def row_angles(V_est, W_true, *, sign_invariant=False):
 # ---- data access: samples or queries --------------------------------------------------------
 
 
-class _Samples:
-    """Dataset access: rows (X, f), the constant c0 and the total count N."""
+class _Data:
+    """A GP19 run's samples or drawn queries, with the constant c0 and the total count N.
 
-    def __init__(self, X, f, c0, n_total=None, n_jobs=None):
-        self.X, self.f, self.c0 = X, f, float(c0)
-        self.N = len(X) if n_total is None else int(n_total)
+    The rows are a :class:`relufast.stages.reduce.Samples` (NumPy, memmap, dask, and each
+    MPI rank's own rows); every statistic is one streamed pass of the C++ contraction
+    kernel whose sums are reduced over blocks and ranks, so every rank gets the same bits.
+    """
+
+    def __init__(self, samples, c0, n_total=None, n_jobs=None):
+        self.samples, self.c0 = samples, float(c0)
+        self.N = samples.n if n_total is None else int(n_total)
         self.n_jobs = n_jobs
-        self.n = X.shape[1]
+        self.n = samples.d
 
     def stats(self, Z, *, second=False, pairs=False, active_tol=0.0):
-        sums = hermite4_contraction(
-            self.X, self.f, Z, offset=self.c0, active_tol=active_tol, second=second, pairs=pairs, n_jobs=self.n_jobs
+        acc = Hermite4Accumulator(
+            Z, offset=self.c0, active_tol=active_tol, second=second, pairs=pairs, n_jobs=self.n_jobs
         )
+        sums = self.samples.accumulate(acc).sums()
         sums["count"] = float(self.N)  # rows dropped before the kernel (query mode) were inactive
         st = hermite4_statistics(sums, Z)
         st["sums"] = sums
         return st
 
 
-class _BandData:
-    """EstimateTanAlpha and the Stein direction from a data set (Sec. 2.2, dataset mode)."""
+def _float_keys(y):
+    """int64 keys ordered as the float64 values y (both zeros share key 0)."""
+    b = np.ascontiguousarray(y, dtype=np.float64).view(np.int64)
+    return np.where(b < 0, -(b & np.int64(0x7FFFFFFFFFFFFFFF)), b)
 
-    def __init__(self, X, active, eps, min_band, t):
-        self.X, self.active, self.eps, self.min_band = X, active, eps, min_band
+
+def _key_float(key):
+    bits = np.array([key if key >= 0 else (-key) | (1 << 63)], dtype=np.uint64)
+    return float(bits.view(np.float64)[0])
+
+
+def _order_statistics(samples, ranks):
+    """The values of the outputs at 0-based ``ranks`` in the sorted concatenation of every
+    rank's outputs, exactly: bisection on the float order, one small allgather per step."""
+    Y = samples.Y
+    y = np.asarray(Y[:, 0].compute() if is_dask(Y) else Y[:, 0], dtype=np.float64)  # X may be the lazy one
+    keys = np.sort(_float_keys(y))
+    ends = [e for e in samples.allgather((int(keys[0]), int(keys[-1])) if len(keys) else None) if e]
+    bounds = [[min(e[0] for e in ends), max(e[1] for e in ends)] for _ in ranks]
+    while any(lo < hi for lo, hi in bounds):
+        mids = [(lo + hi) // 2 for lo, hi in bounds]
+        local = [int(np.searchsorted(keys, m, side="right")) for m in mids]
+        total = np.sum(samples.allgather(local), axis=0)
+        for b, m, c, r in zip(bounds, mids, total, ranks):
+            if b[0] < b[1]:
+                b[0], b[1] = (b[0], m) if c >= r + 1 else (m + 1, b[1])
+    return [_key_float(lo) for lo, _ in bounds]
+
+
+def _median(samples):
+    """np.median of the outputs over every rank (GP19 P0: the constant c0)."""
+    if not (samples.distributed or samples.lazy):
+        return float(np.median(samples.Y[:, 0]))
+    n = samples.n
+    lo, hi = _order_statistics(samples, [(n - 1) // 2, n // 2])
+    return lo if n % 2 else (lo + hi) / 2
+
+
+def _mean(samples):
+    """The mean of the outputs over every rank (the same bits as np.mean on one process)."""
+    total = samples.map_reduce(lambda Xb, Yb: {"s": float(np.sum(Yb[:, 0]))}, bounded=False)["s"]
+    return float(total / samples.n)
+
+
+class _BandData:
+    """EstimateTanAlpha and the Stein direction from samples (Sec. 2.2, dataset mode).
+
+    For the current z each rank keeps the sorted projections ``z . x >= lo_cut`` of its own
+    rows, their labels ``f > c0 + tau`` and row numbers. A band's counts are integers summed
+    over the ranks, so every rank (and one process on all rows) sees the same ratios; the
+    Stein sums are added in rank order.
+    """
+
+    def __init__(self, samples, c0, tau, eps, min_band, t):
+        self.samples, self.c0, self.tau = samples, c0, tau
+        self.eps, self.min_band = eps, min_band
         self.lo_cut = t - _BACKGROUND_SHIFT - 0.5  # no band below this is ever probed
         self.counts = []
 
     def prepare(self, z, rng):
-        a = self.X @ z
-        rows = np.flatnonzero(a >= self.lo_cut)
-        order = rows[np.argsort(a[rows])]
-        self.a = a[order]
-        self.cum = np.concatenate([[0], np.cumsum(self.active[order])])
-        self.order = order
-        self.s_max = self.a[max(len(self.a) - self.min_band, 0)] if len(self.a) else -np.inf
+        parts, start = [], 0
+        for Xb, Yb in self.samples.blocks():
+            a = Xb @ z
+            rows = np.flatnonzero(a >= self.lo_cut)
+            parts.append((a[rows], np.asarray(Yb[rows, 0]) > self.c0 + self.tau, rows + start))
+            start += len(Xb)
+        a, active, rows = (np.concatenate([p[i] for p in parts]) for i in range(3))
+        order = np.argsort(a)
+        self.a, self.rows, self.active = a[order], rows[order], active[order]
+        self.cum = np.concatenate([[0], np.cumsum(self.active)])
+        tops = np.sort(np.concatenate(self.samples.allgather(self.a[-self.min_band :])))
+        self.s_max = tops[max(len(tops) - self.min_band, 0)] if len(tops) else -np.inf
 
     def p_hat(self, s):
         lo = np.searchsorted(self.a, s - self.eps, side="left")
         hi = np.searchsorted(self.a, s, side="right")
-        cnt = hi - lo
-        self.counts.append(int(cnt))
-        return np.nan if cnt == 0 else (self.cum[hi] - self.cum[lo]) / cnt
+        parts = self.samples.allgather((int(hi - lo), int(self.cum[hi] - self.cum[lo])))
+        cnt, act = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        self.counts.append(cnt)
+        return np.nan if cnt == 0 else act / cnt
 
     def _mean_perp(self, z, lo_s, hi_s):
         lo = np.searchsorted(self.a, lo_s, side="left")
         hi = np.searchsorted(self.a, hi_s, side="right")
-        idx = self.order[lo:hi]
-        if len(idx) == 0:
+        idx = self.rows[lo:hi][self.active[lo:hi]]
+        X = self.samples.X
+        rows = np.asarray(X[idx].compute()) if is_dask(X) else X[idx]  # y may be the lazy one
+        parts = self.samples.allgather((int(hi - lo), rows.sum(axis=0)))
+        count = sum(p[0] for p in parts)
+        if count == 0:
             return np.zeros_like(z)
-        g = self.X[idx[self.active[idx]]].sum(axis=0) / len(idx)
+        g = parts[0][1]
+        for p in parts[1:]:
+            g = g + p[1]
+        g = g / count
         return g - (g @ z) * z
 
     def stein(self, z, s, rng, width):
@@ -428,32 +503,74 @@ def _whiten(data, k, u2):
     return E[:, :k], np.abs(top), info
 
 
+def _tpm_operator(data, K, counter):
+    """GP19 Step 1's whitened fourth-order tensor as an operator for the power method.
+
+    ``V -> (grad4(K v) K, A4(K v))`` for whitened unit rows v: up to the factor
+    ``4 / sqrt(24)``, ``T(I, v, v, v)`` and ``T(v, v, v, v)`` of
+    ``T = E[ft H_4(x)](K, K, K, K)``, contracted from the samples in one streamed pass per
+    call (never a k^4 tensor). ``counter`` counts the passes.
+    """
+
+    def apply(V):
+        counter[0] += 1
+        st = data.stats(V @ K.T)
+        return st["grad4"] @ K, st["A4"]
+
+    return apply
+
+
+def _ascent_operator(data, counter):
+    """Thm 10's objective ``E[f h_4(z.x)]`` as an operator for the power method: its gradient
+    on the unit sphere (tangent part) and its value, every row of Z, one unfiltered pass."""
+
+    def apply(Z):
+        counter[0] += 1
+        st = data.stats(Z, active_tol=-1.0)
+        return st["grad4"] - np.sum(st["grad4"] * Z, axis=1, keepdims=True) * Z, st["A4"]
+
+    return apply
+
+
 def _step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift):
-    """Whitened tensor power method (SS-HOPM with deflation) on Q(v) = E[ft H_4(K v . x)]."""
+    """Whitened tensor power method (SS-HOPM with deflation) on Q(v) = E[ft H_4(K v . x)].
+
+    The change of variables of GP19's proof of Claim 1: with ``K = U diag(ev)^(-1/2)`` the
+    rows of W become orthogonal, so :func:`relufast.stages.tensor.power_iteration` (with the
+    streamed operator, projection deflation and the sign ``s4`` of u_4) finds them.
+    ``tol`` is the largest ``1 - |cos|`` between consecutive iterates.
+    """
     k = U.shape[1]
     K = U / np.sqrt(ev)
-    found = np.zeros((0, k))
-    Q, iters = np.zeros(k), 0
-    for j in range(k):
-        V = rng.standard_normal((restarts, k))
-        V -= (V @ found.T) @ found
-        V /= np.linalg.norm(V, axis=1, keepdims=True)
-        for _ in range(max_iter):
-            st = data.stats(V @ K.T)
-            iters += 1
-            G = s4 * (st["grad4"] @ K) + shift * V
-            G -= (G @ found.T) @ found
-            G /= np.linalg.norm(G, axis=1, keepdims=True)
-            change = float(np.max(1.0 - np.abs(np.sum(G * V, axis=1))))
-            V = G
-            if change < tol:
-                break
-        st = data.stats(V @ K.T)
-        best = int(np.argmax(s4 * st["A4"]))
-        Q[j] = st["A4"][best]
-        found = np.vstack([found, V[best]])
+    Q, found, passes = _streamed_power(
+        lambda count: _tpm_operator(data, K, count), k, k, rng, restarts, max_iter, tol, s4, shift
+    )
     W = (U * np.sqrt(ev)) @ found.T  # columns: sqrt(u2 c_i) w_i in population
-    return W.T, Q, iters
+    return W.T, Q, passes
+
+
+def _streamed_power(make_operator, n_components, dim, rng, restarts, max_iter, tol, s4, shift):
+    """:func:`relufast.stages.tensor.power_iteration` on a streamed GP19 operator.
+
+    ``tol`` is GP19's convergence tolerance (largest ``1 - |cos|`` between iterates);
+    ``make_operator(counter)`` builds the operator, which counts its data passes. Returns
+    the weights, the unit components (rows) and the passes of the iterations (one more
+    pass per component scores its final starts).
+    """
+    counter = [0]
+    weights, found = power_iteration(
+        make_operator(counter),
+        n_components,
+        rng,
+        n_starts=restarts,
+        n_iter=max_iter,
+        tol=math.sqrt(2.0 * tol),  # |v' - v| = sqrt(2 (1 - cos))
+        n_features=dim,
+        order=4,
+        sign=s4,
+        shift=shift,
+    )
+    return weights, found, counter[0] - n_components
 
 
 def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, tol):
@@ -612,24 +729,220 @@ def _check_common(n_hidden, threshold, activation, allowed):
     return t
 
 
-def _prepare_data(X, y, f, n_features, n_queries, rng, n_jobs):
-    """Samples (validated) or queries (drawn); returns (_Samples, input mode, n)."""
+def _prepare_data(X, y, f, n_features, n_queries, rng, n_jobs, comm):
+    """Samples (validated on every rank) or queries (drawn); returns (_Data, input mode, n)."""
     if f is not None:
         if X is not None or y is not None:
             raise ValueError("pass either samples (X, y) or a callable f (query mode), not both")
         if not callable(f):
             raise TypeError(f"f must be callable (a teacher f(X) -> y); got {type(f).__name__}")
+        if comm is not None:
+            raise ValueError(
+                "comm= splits samples over MPI ranks; query mode (f=) draws its own samples, so pass "
+                "comm only with samples X, y"
+            )
         n = check_positive_int(n_features, "n_features")
         nq = check_positive_int(n_queries, "n_queries")
         Xa, fa, c0 = _draw_queries(f, n, nq, rng)
-        return _Samples(Xa, fa, c0, n_total=nq, n_jobs=n_jobs), "queries", n
+        return _Data(Samples(Xa, fa[:, None]), c0, n_total=nq, n_jobs=n_jobs), "queries", n
     if X is None or y is None:
         raise TypeError("pass samples X and y, or X=None, y=None and a callable f (query mode)")
-    X, Y = check_xy(X, y)
-    if Y.shape[1] != 1:
-        raise ValueError(f"y must have one output (shape (n,) or (n, 1)); got shape {Y.shape}")
-    yv = np.ascontiguousarray(Y[:, 0])
-    return _Samples(X, yv, float(np.median(yv)), n_jobs=n_jobs), "samples", X.shape[1]
+    samples = _samples(X, y, comm, n_jobs)
+    return _Data(samples, _median(samples), n_jobs=n_jobs), "samples", samples.d
+
+
+def _samples(X, y, comm, n_jobs):
+    """X, y as :class:`relufast.stages.reduce.Samples` with one output (checked on every rank)."""
+    samples = Samples.from_arrays(X, y, comm=comm, n_jobs=resolve_n_jobs(n_jobs))
+    if samples.m != 1:
+        raise ValueError(f"y must have one output (shape (n,) or (n, 1)); got shape {tuple(samples.Y.shape)}")
+    return samples
+
+
+def _refusal(run, activation, t, u):
+    """The result ``unsupported`` when u_4 or u_2 vanishes (before any optimisation), else None."""
+    if abs(u[4]) <= _DEGENERATE_RATIO * abs(u[2]) or activation == "square":
+        return run.result(
+            Status.UNSUPPORTED,
+            (
+                f"the fourth Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
+                f"(u_4 = {u[4]:.3g}, u_2 = {u[2]:.3g}): GP19's Step 1 has no signal there "
+                "(DegenerateHermite4: ReLU at t = 1, step at t = sqrt(3), sigmoid near t = 3.03, "
+                "any u = a^2); use another threshold"
+            ),
+        )
+    if abs(u[2]) < 1e-12:
+        return run.result(
+            Status.UNSUPPORTED,
+            (
+                f"the second Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
+                "(DegenerateHermite2): the whitening of Step 1 is undefined"
+            ),
+        )
+    return None
+
+
+def _whitening_step(run, data, k, u2, check_median, notes):
+    """GP19 Step 1, preprocessing P2: M_2, its top-k eigenpairs and the warnings they raise.
+
+    Returns the eigenvectors U (n, k), |eigenvalues| (k,) and M_2; appends the causes of
+    concern (ThresholdTooLow, NonPositiveLinearTerms, IllConditioned, WrongHiddenWidth)
+    to ``notes``.
+    """
+    with run.stage("whitening"):
+        U, ev, info = _whiten(data, k, u2)
+    M2 = info.pop("M2")
+    run.diag.update(info)
+    run.counts["n_active"] = int(round(info["active_fraction"] * data.N))
+    if check_median and 1.0 - info["active_fraction"] < 0.5:
+        notes.append(
+            f"ThresholdTooLow: only {1 - info['active_fraction']:.2f} of the rows equal the median (needs >= 0.5)"
+        )
+    if not info["signs_ok"]:
+        notes.append(
+            "NonPositiveLinearTerms: the top eigenvalues of M_2 have mixed signs (or the hidden "
+            "width is wrong); GP19 needs positive linear coefficients"
+        )
+    if info["kappa"] >= _KAPPA_WARN:
+        notes.append(
+            f"IllConditioned: kappa(T W) ~ {info['kappa']:.1f} >= {_KAPPA_WARN:g} from the top "
+            "block of M_2; GP19 assumes kappa(W) = O(1) and Step 1 may fail"
+        )
+    if info["eigengap"] > 0.3:
+        notes.append(
+            f"WrongHiddenWidth or ThresholdTooLow: eigen-gap |ev_(k+1)| / |ev_k| = {info['eigengap']:.2f} > 0.3"
+        )
+    return U, ev, M2
+
+
+def _step1(run, data, landscape, U, ev, M2, u, rng, opts, notes):
+    """GP19 Step 1 (Sec. 2.1, App. B.1-B.4): unit rows of W up to sign, then their signs.
+
+    ``landscape`` picks the whitened TPM (:func:`_step1_tpm`), the one-by-one G(z)
+    (:func:`_landscape_one`) or the simultaneous G(B) of App. B.4
+    (:func:`_landscape_simultaneous`); ``opts`` holds restarts, max_iter, tol, shift,
+    kappa_lambda and gamma. The sign step is not in the paper (G is even in z):
+    ``E[f H_3(w.x)] = u_3 sum_j c_j (w.w_j)^3`` fixes it.
+    """
+    k = U.shape[1]
+    s4 = float(np.sign(u[4]))
+    if landscape == "tpm":
+        R, Q, iters = _step1_tpm(data, U, ev, s4, rng, opts["restarts"], opts["max_iter"], opts["tol"], opts["shift"])
+        run.diag["c_hat_alt"] = u[4] / (u[2] ** 2 * Q)
+    elif landscape == "one-by-one":
+        R, iters = _landscape_one(
+            data, U, M2, u[2], u[4], opts["kappa_lambda"], rng, opts["restarts"], opts["max_iter"], opts["tol"]
+        )
+    else:
+        R, iters = _landscape_simultaneous(
+            data, U, M2, u[2], u[4], opts["kappa_lambda"], opts["gamma"], rng, opts["max_iter"] * 10, opts["tol"]
+        )
+    run.counts["step1_passes"] = int(iters)
+    norms = np.linalg.norm(R, axis=1)
+    Vh = R / norms[:, None]
+    run.diag["c_hat"] = norms**2 / u[2] if landscape == "tpm" else norms**2
+    st = data.stats(Vh)
+    margin = st["A3"] / (u[3] * run.diag["c_hat"]) if u[3] != 0 else np.full(k, np.nan)
+    sign = np.where(np.sign(u[3] * st["A3"]) < 0, -1.0, 1.0)
+    run.diag["sign_margin"] = np.abs(margin)
+    ambiguous = np.abs(margin) < 0.25
+    if np.any(ambiguous):
+        notes.append(
+            f"SignAmbiguous: rows {np.flatnonzero(ambiguous).tolist()} have a third-order sign margin below 0.25"
+        )
+    return Vh * sign[:, None]
+
+
+def _band_oracle(run, data, mode, f, t, label_tol, band_queries, band_width, eps, notes):
+    """The band oracle of Algorithm 2 (queries or samples) and Step 2's target angle.
+
+    With samples the bands are wide enough for about 2000 rows each; band-averaged
+    estimates do not resolve angles below ~0.4 band widths, and steps driven by them below
+    that floor make rows worse, so Step 2 stops there (the returned eps).
+    """
+    if mode == "queries":
+        width = 1e-3 if band_width is None else float(band_width)
+        return _BandQueries(f, data.c0, label_tol, check_positive_int(band_queries, "band_queries"), width), eps
+    width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * _phi(t)), 1e-3, 0.25))
+    oracle = _BandData(data.samples, data.c0, label_tol, width, 200, t)
+    run.diag["band_width"] = width
+    if 0.5 * width > eps:
+        notes.append(
+            f"Step 2 stops at {0.5 * width:.3g} rad, not eps = {eps:g}: the bands of "
+            f"EstimateTanAlpha are {width:.3g} wide with {data.N} samples (more samples or "
+            "query mode resolve smaller angles)"
+        )
+        eps = 0.5 * width
+    return oracle, eps
+
+
+def _step2(run, oracle, Vh, t, rng, refine, eps, max_refine_iter, notes):
+    """GP19 Step 2 (Sec. 2.2): Algorithm 1 (RefineEstimate) or the Stein update per row.
+
+    Updates the rows of Vh in place and returns the angle estimates of Algorithm 2
+    (EstimateTanAlpha) per row (NaN where its bisection bracket failed).
+    """
+    k = len(Vh)
+    angle = np.full(k, np.nan)
+    history = []
+    with run.stage("step2"):
+        for i in range(k):
+            if refine is None:
+                ta = estimate_tan_alpha(oracle, Vh[i], t, rng)[0]
+                history.append({"iterations": 0, "accepted": 0})
+            else:
+                z, ta, h = refine_estimate(
+                    oracle,
+                    Vh[i],
+                    t,
+                    rng,
+                    eps=eps,
+                    max_iter=max_refine_iter,
+                    method=refine,
+                    stein_width=oracle.eps,
+                )
+                Vh[i] = z
+                history.append(h)
+            angle[i] = math.atan(ta) if np.isfinite(ta) else np.nan
+    run.diag["refine"] = history
+    run.counts["refine_iterations"] = int(sum(h["iterations"] for h in history))
+    run.diag["band_rows"] = int(np.median(oracle.counts)) if oracle.counts else 0
+    if np.any(~np.isfinite(angle)):
+        notes.append(
+            f"BisectionBracketFailed for rows {np.flatnonzero(~np.isfinite(angle)).tolist()}: "
+            "no angle estimate (a row is near no unit, or t is too low)"
+        )
+    return angle
+
+
+def _lowest_layer_result(run, data, mode, Vh, angle, t, activation, landscape, refine, eps, negate, notes):
+    """The network ``f_lin = c_0 + sum_i c_i u(w_i . x - t)`` and the message of GP19 Sec. 2."""
+    k = len(Vh)
+    c_hat = np.asarray(run.diag["c_hat"], dtype=np.float64).reshape(1, k)
+    if negate:
+        # g = 1 - f ~ 1 - c0 - sum_i c_i step(-(w_i . x + t)), with w_i = -v_i.
+        Vh = -Vh
+        net = dict(U=-c_hat, b=np.full(k, t), c=np.array([1.0 - data.c0]), activation=_Unit(activation, True))
+    else:
+        net = dict(
+            U=c_hat,
+            b=np.full(k, -t),
+            c=np.array([data.c0]),
+            activation=None if activation == "relu" else _Unit(activation),
+        )
+    steps = f"Step 1 ({landscape})"
+    if refine is not None and activation in ("relu", "step"):
+        steps += f" + Step 2 ({refine}, eps = {eps:g})"
+    finite = np.isfinite(angle)
+    msg = f"GP19 {steps} on {data.N} {mode}: " + (
+        f"estimated angle per row in diagnostics['angle_estimate'], max {np.max(angle[finite]):.3g} rad"
+        if finite.any()
+        else "no angle estimate (EstimateTanAlpha needs ReLU or step)"
+    )
+    if notes:
+        msg += "; " + "; ".join(notes)
+    run.diag["notes"] = notes
+    return run.result(Status.APPROXIMATE, msg, V=Vh, **net)
 
 
 def lowest_layer(
@@ -657,6 +970,7 @@ def lowest_layer(
     label_tol=0.0,
     random_state=None,
     n_jobs=None,
+    comm=None,
     _negate=False,
 ):
     """Recover W of ``f(x) = P(u(W x - t))`` from Gaussian samples or queries (GP19 Sec. 2).
@@ -715,6 +1029,12 @@ def lowest_layer(
     random_state : None, int or numpy Generator
     n_jobs : int or None
         Threads of the moment kernel.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; every pass over the data (the median c0, the
+        contractions of Step 1, the bands of Step 2) is reduced over the ranks, and every
+        rank returns the same result, that of one process on the concatenated samples (up
+        to rounding). X and y may also be NumPy memmaps or dask arrays (read block by
+        block). Not with ``f=`` (query mode draws its own samples).
 
     Returns
     -------
@@ -752,161 +1072,29 @@ def lowest_layer(
     run.diag["u_hat"] = u.copy()
     # Refusal before any optimisation (data validated first, so caller errors still raise).
     with run.stage("data"):
-        data, mode, n = _prepare_data(X, y, f, n_features, n_queries, rng, _jobs(n_jobs))
-    run.counts.update(n_samples=data.N, n_active=len(data.X) if mode == "queries" else -1)
+        data, mode, n = _prepare_data(X, y, f, n_features, n_queries, rng, _jobs(n_jobs), comm)
+    run.counts.update(n_samples=data.N, n_active=data.samples.n if mode == "queries" else -1)
     if k > n:
         raise ValueError(f"n_hidden must be <= n_features; got n_hidden={k}, n_features={n}")
-    if abs(u[4]) <= _DEGENERATE_RATIO * abs(u[2]) or activation == "square":
-        return run.result(
-            Status.UNSUPPORTED,
-            (
-                f"the fourth Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
-                f"(u_4 = {u[4]:.3g}, u_2 = {u[2]:.3g}): GP19's Step 1 has no signal there "
-                "(DegenerateHermite4: ReLU at t = 1, step at t = sqrt(3), sigmoid near t = 3.03, "
-                "any u = a^2); use another threshold"
-            ),
-        )
-    if abs(u[2]) < 1e-12:
-        return run.result(
-            Status.UNSUPPORTED,
-            (
-                f"the second Hermite coefficient of {activation}(a - t) vanishes at t = {t:g} "
-                "(DegenerateHermite2): the whitening of Step 1 is undefined"
-            ),
-        )
-    s4 = float(np.sign(u[4]))
+    refused = _refusal(run, activation, t, u)
+    if refused is not None:
+        return refused
     notes = []
+    opts = dict(restarts=restarts, max_iter=max_iter, tol=tol, shift=shift, kappa_lambda=kappa_lambda, gamma=gamma)
     with single_threaded_blas():
-        with run.stage("whitening"):
-            U, ev, info = _whiten(data, k, u[2])
-        M2 = info.pop("M2")
-        run.diag.update(info)
-        run.counts["n_active"] = int(round(info["active_fraction"] * data.N))
-        if mode == "samples" and activation in ("relu", "step") and 1.0 - info["active_fraction"] < 0.5:
-            notes.append(
-                f"ThresholdTooLow: only {1 - info['active_fraction']:.2f} of the rows equal the median (needs >= 0.5)"
-            )
-        if not info["signs_ok"]:
-            notes.append(
-                "NonPositiveLinearTerms: the top eigenvalues of M_2 have mixed signs (or the hidden "
-                "width is wrong); GP19 needs positive linear coefficients"
-            )
-        if info["kappa"] >= _KAPPA_WARN:
-            notes.append(
-                f"IllConditioned: kappa(T W) ~ {info['kappa']:.1f} >= {_KAPPA_WARN:g} from the top "
-                "block of M_2; GP19 assumes kappa(W) = O(1) and Step 1 may fail"
-            )
-        if info["eigengap"] > 0.3:
-            notes.append(
-                f"WrongHiddenWidth or ThresholdTooLow: eigen-gap |ev_(k+1)| / |ev_k| = {info['eigengap']:.2f} > 0.3"
-            )
+        check_median = mode == "samples" and activation in ("relu", "step")
+        U, ev, M2 = _whitening_step(run, data, k, u[2], check_median, notes)
         with run.stage("step1"):
-            if landscape == "tpm":
-                R, Q, iters = _step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift)
-                run.diag["c_hat_alt"] = u[4] / (u[2] ** 2 * Q)
-            elif landscape == "one-by-one":
-                R, iters = _landscape_one(data, U, M2, u[2], u[4], kappa_lambda, rng, restarts, max_iter, tol)
-            else:
-                R, iters = _landscape_simultaneous(
-                    data, U, M2, u[2], u[4], kappa_lambda, gamma, rng, max_iter * 10, tol
-                )
-            run.counts["step1_passes"] = int(iters)
-            norms = np.linalg.norm(R, axis=1)
-            Vh = R / norms[:, None]
-            run.diag["c_hat"] = norms**2 / u[2] if landscape == "tpm" else norms**2
-            # Sign (not in the paper: G is even in z): E[f H_3(w.x)] = u_3 sum_j c_j (w.w_j)^3.
-            st = data.stats(Vh)
-            margin = st["A3"] / (u[3] * run.diag["c_hat"]) if u[3] != 0 else np.full(k, np.nan)
-            sign = np.where(np.sign(u[3] * st["A3"]) < 0, -1.0, 1.0)
-            Vh = Vh * sign[:, None]
-            run.diag["sign_margin"] = np.abs(margin)
-            ambiguous = np.abs(margin) < 0.25
-            if np.any(ambiguous):
-                notes.append(
-                    f"SignAmbiguous: rows {np.flatnonzero(ambiguous).tolist()} have a third-order "
-                    "sign margin below 0.25"
-                )
+            Vh = _step1(run, data, landscape, U, ev, M2, u, rng, opts, notes)
         run.diag["V_step1"] = -Vh if _negate else Vh.copy()
         angle = np.full(k, np.nan)
         if activation in ("relu", "step"):
-            if mode == "queries":
-                oracle = _BandQueries(
-                    f,
-                    data.c0,
-                    label_tol,
-                    check_positive_int(band_queries, "band_queries"),
-                    1e-3 if band_width is None else float(band_width),
-                )
-            else:
-                pf = _phi(t)
-                width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * pf), 1e-3, 0.25))
-                oracle = _BandData(data.X, data.f > data.c0 + label_tol, width, 200, t)
-                run.diag["band_width"] = width
-                # Band-averaged estimates do not resolve angles below ~0.4 band widths; steps
-                # driven by them below that floor make rows worse, so Step 2 stops there.
-                if 0.5 * width > eps:
-                    notes.append(
-                        f"Step 2 stops at {0.5 * width:.3g} rad, not eps = {eps:g}: the bands of "
-                        f"EstimateTanAlpha are {width:.3g} wide with {data.N} samples (more samples or "
-                        "query mode resolve smaller angles)"
-                    )
-                    eps = 0.5 * width
-            history = []
-            with run.stage("step2"):
-                for i in range(k):
-                    if refine is None:
-                        ta = estimate_tan_alpha(oracle, Vh[i], t, rng)[0]
-                        history.append({"iterations": 0, "accepted": 0})
-                    else:
-                        z, ta, h = refine_estimate(
-                            oracle,
-                            Vh[i],
-                            t,
-                            rng,
-                            eps=eps,
-                            max_iter=max_refine_iter,
-                            method=refine,
-                            stein_width=oracle.eps,
-                        )
-                        Vh[i] = z
-                        history.append(h)
-                    angle[i] = math.atan(ta) if np.isfinite(ta) else np.nan
-            run.diag["refine"] = history
-            run.counts["refine_iterations"] = int(sum(h["iterations"] for h in history))
-            run.diag["band_rows"] = int(np.median(oracle.counts)) if oracle.counts else 0
-            if np.any(~np.isfinite(angle)):
-                notes.append(
-                    f"BisectionBracketFailed for rows {np.flatnonzero(~np.isfinite(angle)).tolist()}: "
-                    "no angle estimate (a row is near no unit, or t is too low)"
-                )
+            oracle, eps = _band_oracle(run, data, mode, f, t, label_tol, band_queries, band_width, eps, notes)
+            angle = _step2(run, oracle, Vh, t, rng, refine, eps, max_refine_iter, notes)
         elif refine is not None:
             notes.append(f"Step 2 skipped: RefineEstimate needs a ReLU or step activation, not {activation}")
         run.diag["angle_estimate"] = angle
-    c_hat = np.asarray(run.diag["c_hat"], dtype=np.float64).reshape(1, k)
-    if _negate:
-        # g = 1 - f ~ 1 - c0 - sum_i c_i step(-(w_i . x + t)), with w_i = -v_i.
-        Vh = -Vh
-        net = dict(U=-c_hat, b=np.full(k, t), c=np.array([1.0 - data.c0]), activation=_Unit(activation, True))
-    else:
-        net = dict(
-            U=c_hat,
-            b=np.full(k, -t),
-            c=np.array([data.c0]),
-            activation=None if activation == "relu" else _Unit(activation),
-        )
-    steps = f"Step 1 ({landscape})"
-    if refine is not None and activation in ("relu", "step"):
-        steps += f" + Step 2 ({refine}, eps = {eps:g})"
-    finite = np.isfinite(angle)
-    msg = f"GP19 {steps} on {data.N} {mode}: " + (
-        f"estimated angle per row in diagnostics['angle_estimate'], max {np.max(angle[finite]):.3g} rad"
-        if finite.any()
-        else "no angle estimate (EstimateTanAlpha needs ReLU or step)"
-    )
-    if notes:
-        msg += "; " + "; ".join(notes)
-    run.diag["notes"] = notes
-    return run.result(Status.APPROXIMATE, msg, V=Vh, **net)
+    return _lowest_layer_result(run, data, mode, Vh, angle, t, activation, landscape, refine, eps, _negate, notes)
 
 
 def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
@@ -951,7 +1139,7 @@ def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
             return 1.0 - np.asarray(g(Xq), dtype=np.float64)
 
     if y is not None:
-        y = 1.0 - as_float_matrix(y, "y", allow_1d=True)
+        y = 1.0 - (y if is_dask(y) else as_float_matrix(y, "y", allow_1d=True))
     return lowest_layer(X, y, n_hidden, threshold=threshold, activation="step", f=f, _negate=True, **options)
 
 
@@ -961,7 +1149,7 @@ def _rename(res, method):
     return dataclasses.replace(res, method=method)
 
 
-def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=None):
+def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=None, comm=None):
     """Algorithm 3 (ConstructCorrelationGraph) of GP19, Thm 8: disjoint binary supports.
 
     Parameters
@@ -976,6 +1164,11 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     threshold : float, optional
         Edge threshold tau on ``alpha_ij = E[f x_i x_j]`` (i != j); default the midpoint of
         the largest gap of the sorted off-diagonal alpha (the paper's "constant factor gap").
+    n_jobs : int or None
+        Threads of the moment kernel.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; the moment is reduced over the ranks (X and y may
+        also be memmaps or dask arrays).
 
     Returns
     -------
@@ -996,14 +1189,12 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     from scipy.sparse.csgraph import connected_components
 
     run = Run("gp19-support")
-    X, Y = check_xy(X, y)
-    if Y.shape[1] != 1:
-        raise ValueError(f"y must have one output (shape (n,) or (n, 1)); got shape {Y.shape}")
-    n = X.shape[1]
+    samples = _samples(X, y, comm, n_jobs)
+    n = samples.d
     if n < 2:
         raise ValueError(f"need at least 2 features for pair correlations; got {n}")
     with run.stage("moment"):
-        A = hermite_moment(X, Y, n_jobs=n_jobs)[0]
+        A = samples.accumulate(SecondMomentAccumulator(n, 1, n_jobs=n_jobs)).tensor()[0]
     iu = np.triu_indices(n, 1)
     vals = A[iu]
     if threshold is None:
@@ -1030,7 +1221,7 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
         clique_ok &= bool(sub.all())
         supports.append(T.tolist())
     run.diag.update(supports=supports, tau=float(tau), gap_ratio=gap_ratio, alpha=A, singletons=singletons)
-    run.counts["n_samples"] = len(X)
+    run.counts["n_samples"] = samples.n
     V = np.zeros((len(supports), n))
     for r, T in enumerate(supports):
         V[r, T] = 1.0 / math.sqrt(len(T))
@@ -1061,7 +1252,18 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
 
 
 def even_activation(
-    X, y, n_hidden, *, activation="abs", step=None, restarts=3, max_iter=500, tol=1e-12, random_state=None, n_jobs=None
+    X,
+    y,
+    n_hidden,
+    *,
+    activation="abs",
+    step=None,
+    restarts=3,
+    max_iter=500,
+    tol=1e-12,
+    random_state=None,
+    n_jobs=None,
+    comm=None,
 ):
     """GP19 Thm 10: even activation u(w.x), t = 0, orthonormal W, by deflated projected ascent.
 
@@ -1075,6 +1277,9 @@ def even_activation(
     step : float, optional
         Ascent step; default ``0.05 / |u_4|`` (plain power iteration oscillates on this
         mixed-sign quartic).
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; the mean of f and every ascent pass are reduced
+        over the ranks (X and y may also be memmaps or dask arrays).
 
     Returns
     -------
@@ -1094,10 +1299,8 @@ def even_activation(
     if activation not in _EVEN:
         raise ValueError(f"activation must be one of {_EVEN}; got {activation!r}")
     k = check_positive_int(n_hidden, "n_hidden")
-    X, Y = check_xy(X, y)
-    if Y.shape[1] != 1:
-        raise ValueError(f"y must have one output (shape (n,) or (n, 1)); got shape {Y.shape}")
-    n = X.shape[1]
+    samples = _samples(X, y, comm, n_jobs)
+    n = samples.d
     if k > n:
         raise ValueError(f"n_hidden must be <= n_features; got n_hidden={k}, n_features={n}")
     u = hermite_coeffs(activation, 0.0, 4)
@@ -1113,29 +1316,14 @@ def even_activation(
     rng = check_random_state(random_state)
     s4 = float(np.sign(u[4]))
     eta = 0.05 / abs(u[4]) if step is None else float(step)
-    yv = np.ascontiguousarray(Y[:, 0])
-    data = _Samples(X, yv, float(np.mean(yv)), n_jobs=_jobs(n_jobs))
-    found = np.zeros((0, n))
-    passes = 0
+    data = _Data(samples, _mean(samples), n_jobs=_jobs(n_jobs))
     with single_threaded_blas(), run.stage("ascent"):
-        for _ in range(k):
-            Z = rng.standard_normal((restarts, n))
-            Z -= (Z @ found.T) @ found
-            Z /= np.linalg.norm(Z, axis=1, keepdims=True)
-            for _ in range(max_iter):
-                st = data.stats(Z, active_tol=-1.0)
-                passes += 1
-                G = st["grad4"] - np.sum(st["grad4"] * Z, axis=1, keepdims=True) * Z
-                Zn = Z + eta * s4 * G
-                Zn -= (Zn @ found.T) @ found
-                Zn /= np.linalg.norm(Zn, axis=1, keepdims=True)
-                change = float(np.max(1.0 - np.abs(np.sum(Zn * Z, axis=1))))
-                Z = Zn
-                if change < tol:
-                    break
-            st = data.stats(Z, active_tol=-1.0)
-            found = np.vstack([found, Z[int(np.argmax(s4 * st["A4"]))]])
-    run.counts.update(n_samples=len(X), passes=passes)
+        # Projected ascent z <- normalize(z + eta s4 grad_tan) is the shifted power method
+        # normalize(s4 grad_tan + z / eta): one routine with Step 1's TPM.
+        _, found, passes = _streamed_power(
+            lambda count: _ascent_operator(data, count), k, n, rng, restarts, max_iter, tol, s4, 1.0 / eta
+        )
+    run.counts.update(n_samples=samples.n, passes=passes)
     return run.result(
         Status.APPROXIMATE,
         f"GP19 Thm 10: {k} rows by deflated projected ascent "

@@ -49,6 +49,7 @@ from .._blas import single_threaded_blas
 from .._result import _freeze, warn
 from .._validation import as_float_matrix, check_positive_int
 from ..stages import highs
+from ..stages.reduce import is_dask
 
 __all__ = [
     "RobustRecovery",
@@ -554,7 +555,9 @@ def _check_lam(lam, n_codes):
     return np.broadcast_to(arr, (n_codes,)).astype(np.float64)
 
 
-def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, delta=0.0, truth=None, max_iter=100):
+def robust_recover(
+    A, v, lam=None, *, solver="huber", debias=False, bias=0.0, delta=0.0, truth=None, max_iter=100, comm=None
+):
     """Recover the code c* from ``v = relu(A c* + b) + e* + w`` (MR19 Section 4, program (47)).
 
     Solves the generalized LASSO
@@ -596,6 +599,10 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
         Only for ``lam="theory"``.
     max_iter : int, default=100
         Newton steps per code (1-3 are typical).
+    comm : None
+        Refused with a ``ValueError`` (as are dask arrays, with a ``TypeError``): program
+        (47) is one small problem per code with the known A, not a pass over samples that
+        reduces over ranks or row blocks.
 
     Returns
     -------
@@ -613,6 +620,72 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
        Model", arXiv:1803.04304, Section 4, program (47), Theorem 4.
     """
     t0 = time.perf_counter()
+    _whole_data_only("robust_recover", comm, A=A, v=v)
+    A, V, single = _robust_inputs(A, v)
+    N, d = V.shape
+    if solver not in ("huber", "highs"):
+        raise ValueError(f"solver must be 'huber' or 'highs'; got {solver!r}")
+    law = None if bias is None else _check_law(bias)
+    mu = None if law is None else bias_moments(law)[0]
+    lam_arr = _resolve_lam(lam, A, N, law, delta, truth)
+    taus = lam_arr * d
+    with single_threaded_blas():
+        if solver == "huber":
+            C, E, iters, statuses = _solve_huber(A, V, taus, max_iter)
+        else:
+            C, E, iters, statuses = _solve_qp(A, V, taus)
+        if debias:
+            _debias(A, V, C, E)
+        kkt = np.full(N, np.nan) if debias else _kkt_rows(A, V, C, E, taus)
+    supports = tuple(np.flatnonzero(np.nan_to_num(E[j])) for j in range(N))
+    frac = np.array([s.size / d for s in supports])
+    status, message = _robust_outcome(statuses, supports, frac, mu)
+    C_scaled = None if mu is None or mu <= 0 else C / mu
+    pick = (lambda a: a[0]) if single else (lambda a: a)
+    return RobustRecovery(
+        c=pick(C),
+        c_scaled=None if C_scaled is None else pick(C_scaled),
+        outliers=pick(E),
+        support=supports[0] if single else supports,
+        lam=float(lam_arr[0]) if single else lam_arr.copy(),
+        mu=mu,
+        status=status,
+        message=message,
+        solver=solver,
+        iterations=int(iters[0]) if single else iters,
+        kkt_residual=float(kkt[0]) if single else kkt,
+        debiased=bool(debias),
+        seconds=time.perf_counter() - t0,
+        diagnostics={"statuses": tuple(statuses), "outlier_fraction": pick(frac)},
+    )
+
+
+def _whole_data_only(function, comm, **arrays):
+    """Refuse ``comm=`` and dask arrays: MR19's programs need their whole data in one process.
+
+    Problem D (program (47)) is one small problem per code with the known A, not a pass
+    over samples; Problem R's estimates are n x d matrices (M-hat of program (34), the
+    Tobit iterate), not sums that reduce over row blocks. NumPy memmaps are accepted and
+    read into memory.
+    """
+    if comm is not None:
+        raise ValueError(
+            f"mr19.{function} does not take comm=: MR19 is not a pass over samples that reduces "
+            "(program (47) solves each code with the known A; program (34) and the Tobit fit "
+            "estimate an n x d matrix), so it needs its whole data in one process; gather the "
+            "rows on one rank first"
+        )
+    for name, value in arrays.items():
+        if is_dask(value):
+            raise TypeError(
+                f"mr19.{function} needs {name} in memory (a NumPy array or memmap), not a dask "
+                "array: its programs work on the whole matrix, not on row blocks that reduce; "
+                f"call {name}.compute() first if it fits in memory"
+            )
+
+
+def _robust_inputs(A, v):
+    """A (d, k) with d > k and the codes' observations V (n_codes, d); single-code flag."""
     A = as_float_matrix(A, "A")
     d, k = A.shape
     if d <= k:
@@ -623,87 +696,94 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
             f"v must have shape ({d},) or (n_codes, {d}) to match A of shape ({d}, {k}); got shape {v_in.shape}"
         )
     single = v_in.ndim == 1
-    V = as_float_matrix(v_in.reshape(1, -1) if single else v_in, "v")
-    N = V.shape[0]
-    if solver not in ("huber", "highs"):
-        raise ValueError(f"solver must be 'huber' or 'highs'; got {solver!r}")
-    law = None if bias is None else _check_law(bias)
-    mu = None if law is None else bias_moments(law)[0]
+    return A, as_float_matrix(v_in.reshape(1, -1) if single else v_in, "v"), single
 
+
+def _resolve_lam(lam, A, N, law, delta, truth):
+    """lambda of program (47) per code: given, calibrated (not in the paper) or Thm 4's."""
     lam_arr = _check_lam(lam, N)
-    if lam_arr is None:
-        mode = "calibrated" if lam is None else lam
-        if mode == "calibrated":
-            if law is None:
-                raise ValueError("the calibrated lam needs the bias law (bias=...); pass bias or lam")
-            lam_arr = np.full(N, calibrated_lam(d, law, delta))
-        elif mode == "theory":
-            if truth is None or not all(hasattr(truth, a) for a in ("c", "b", "w")):
-                raise ValueError("lam='theory' needs truth= with attributes c, b and w (e.g. a PlantedCodes)")
-            lt = theory_lam(
-                A,
-                np.atleast_2d(truth.c),
-                np.atleast_2d(truth.b),
-                np.atleast_2d(truth.w),
-                bias=law if law is not None else None,
-            )
-            lam_arr = np.broadcast_to(lt, (N,)).astype(np.float64)
-        else:
-            raise ValueError(f"lam must be None, 'calibrated', 'theory' or a positive number; got {lam!r}")
-    taus = lam_arr * d
+    if lam_arr is not None:
+        return lam_arr
+    mode = "calibrated" if lam is None else lam
+    if mode == "calibrated":
+        if law is None:
+            raise ValueError("the calibrated lam needs the bias law (bias=...); pass bias or lam")
+        return np.full(N, calibrated_lam(A.shape[0], law, delta))
+    if mode == "theory":
+        if truth is None or not all(hasattr(truth, a) for a in ("c", "b", "w")):
+            raise ValueError("lam='theory' needs truth= with attributes c, b and w (e.g. a PlantedCodes)")
+        lt = theory_lam(A, np.atleast_2d(truth.c), np.atleast_2d(truth.b), np.atleast_2d(truth.w), bias=law)
+        return np.broadcast_to(lt, (N,)).astype(np.float64)
+    raise ValueError(f"lam must be None, 'calibrated', 'theory' or a positive number; got {lam!r}")
 
-    C = np.zeros((N, k))
-    E = np.zeros((N, d))
+
+def _solve_huber(A, V, taus, max_iter):
+    """Program (47) as Huber regression in k variables (relufast's exact reformulation).
+
+    Active-set Newton from the least-squares starts, one factorisation of ``A^T A`` for
+    every code; ``e = soft(v - A c, tau)``. Returns C, E, iterations and statuses.
+    """
+    G = A.T @ A
+    try:  # least-squares starts for every code: one factorisation of A^T A
+        C0 = sla.cho_solve(sla.cho_factor(G, check_finite=False), A.T @ V.T, check_finite=False).T
+    except np.linalg.LinAlgError:
+        C0 = np.linalg.lstsq(A, V.T, rcond=None)[0].T
+    C, iters, ok, nonu = _huber_newton_batch(A, G, V, C0, taus, max_iter)
+    U = V - C @ A.T
+    E = np.sign(U) * np.maximum(np.abs(U) - taus[:, None], 0.0)
+    statuses = ["non_unique" if nonu[j] else ("optimal" if ok[j] else "iteration_limit") for j in range(len(V))]
+    return C, E, iters, statuses
+
+
+def _solve_qp(A, V, taus):
+    """Program (47) as the convex QP in (c, r, p, q), e = p - q, through HiGHS (warm-started
+    from the previous code's basis). Returns C, E, iterations and statuses."""
+    (d, k), N = A.shape, len(V)
+    C, E = np.zeros((N, k)), np.zeros((N, d))
     iters = np.zeros(N, dtype=np.int64)
     statuses = []
-    with single_threaded_blas():
-        if solver == "huber":
-            G = A.T @ A
-            try:  # least-squares starts for every code: one factorisation of A^T A
-                C0 = sla.cho_solve(sla.cho_factor(G, check_finite=False), A.T @ V.T, check_finite=False).T
-            except np.linalg.LinAlgError:
-                C0 = np.linalg.lstsq(A, V.T, rcond=None)[0].T
-            C, iters, ok, nonu = _huber_newton_batch(A, G, V, C0, taus, max_iter)
-            U = V - C @ A.T
-            E = np.sign(U) * np.maximum(np.abs(U) - taus[:, None], 0.0)
-            statuses = ["non_unique" if nonu[j] else ("optimal" if ok[j] else "iteration_limit") for j in range(N)]
+    sess = _qp_session(A, taus[0])
+    r_cols = np.arange(k, k + d)
+    pq_cols = np.arange(k + d, k + 3 * d)
+    for j in range(N):
+        if j and taus[j] != taus[j - 1]:
+            sess.set_cost(pq_cols, taus[j])
+        sess.set_cost(r_cols, V[j])
+        res = sess.solve()  # warm from the previous code's basis
+        if res.status != highs.LPStatus.OPTIMAL:
+            # Without regularisation HiGHS can declare the problem non-convex when its
+            # starting null space has no curvature (tiny d, many outliers); a 1e-12
+            # regularisation moves the optimum by ~1e-12 only.
+            sess.set_regularization(QP_FALLBACK_REGULARIZATION)
+            res = sess.solve()
+            sess.set_regularization(0.0)
+        iters[j] = res.iterations
+        if res.status == highs.LPStatus.OPTIMAL:
+            C[j] = res.x[:k]
+            e = res.x[k + d : k + 2 * d] - res.x[k + 2 * d :]
+            # p - q can leave rounding (1e-16) where both are nonzero; that is e = 0
+            E[j] = np.where(np.abs(e) > QP_ZERO * max(1.0, float(np.abs(V[j]).max())), e, 0.0)
+            statuses.append("optimal")
         else:
-            sess = _qp_session(A, taus[0])
-            r_cols = np.arange(k, k + d)
-            pq_cols = np.arange(k + d, k + 3 * d)
-            for j in range(N):
-                if j and taus[j] != taus[j - 1]:
-                    sess.set_cost(pq_cols, taus[j])
-                sess.set_cost(r_cols, V[j])
-                res = sess.solve()  # warm from the previous code's basis
-                if res.status != highs.LPStatus.OPTIMAL:
-                    # Without regularisation HiGHS can declare the problem non-convex when its
-                    # starting null space has no curvature (tiny d, many outliers); a 1e-12
-                    # regularisation moves the optimum by ~1e-12 only.
-                    sess.set_regularization(QP_FALLBACK_REGULARIZATION)
-                    res = sess.solve()
-                    sess.set_regularization(0.0)
-                iters[j] = res.iterations
-                if res.status == highs.LPStatus.OPTIMAL:
-                    C[j] = res.x[:k]
-                    e = res.x[k + d : k + 2 * d] - res.x[k + 2 * d :]
-                    # p - q can leave rounding (1e-16) where both are nonzero; that is e = 0
-                    E[j] = np.where(np.abs(e) > QP_ZERO * max(1.0, float(np.abs(V[j]).max())), e, 0.0)
-                    statuses.append("optimal")
-                else:
-                    C[j], E[j] = np.nan, np.nan
-                    statuses.append(str(res.status))
+            C[j], E[j] = np.nan, np.nan
+            statuses.append(str(res.status))
+    return C, E, iters, statuses
 
-        if debias:
-            for j in range(N):
-                S = E[j] != 0
-                if S.any() and (~S).sum() >= k:
-                    C[j] = np.linalg.lstsq(A[~S], V[j, ~S], rcond=None)[0]
-                    E[j] = np.where(S, V[j] - A @ C[j], 0.0)
-        kkt = np.full(N, np.nan) if debias else _kkt_rows(A, V, C, E, taus)
 
-    supports = tuple(np.flatnonzero(np.nan_to_num(E[j])) for j in range(N))
-    frac = np.array([s.size / d for s in supports])
+def _debias(A, V, C, E):
+    """Least-squares refit of c off the support of e-hat, e-hat there the residual (in place;
+    an extension, not in the paper)."""
+    k = A.shape[1]
+    for j in range(len(V)):
+        S = E[j] != 0
+        if S.any() and (~S).sum() >= k:
+            C[j] = np.linalg.lstsq(A[~S], V[j, ~S], rcond=None)[0]
+            E[j] = np.where(S, V[j] - A @ C[j], 0.0)
+
+
+def _robust_outcome(statuses, supports, frac, mu):
+    """The overall status and message of program (47); warns when Theorem 4's premises fail."""
+    N = len(statuses)
     bad = [s for s in statuses if s != "optimal"]
     status = bad[0] if bad else "optimal"
     notes = []
@@ -727,28 +807,9 @@ def robust_recover(A, v, lam=None, *, solver="huber", debias=False, bias=0.0, de
     if notes:
         message = "; ".join(notes)
         warn(message)
-    else:
-        message = "optimal" + (
-            "; no outliers detected (the solution is least squares)" if all(s.size == 0 for s in supports) else ""
-        )
-
-    C_scaled = None if mu is None or mu <= 0 else C / mu
-    pick = (lambda a: a[0]) if single else (lambda a: a)
-    return RobustRecovery(
-        c=pick(C),
-        c_scaled=None if C_scaled is None else pick(C_scaled),
-        outliers=pick(E),
-        support=supports[0] if single else supports,
-        lam=float(lam_arr[0]) if single else lam_arr.copy(),
-        mu=mu,
-        status=status,
-        message=message,
-        solver=solver,
-        iterations=int(iters[0]) if single else iters,
-        kkt_residual=float(kkt[0]) if single else kkt,
-        debiased=bool(debias),
-        seconds=time.perf_counter() - t0,
-        diagnostics={"statuses": tuple(statuses), "outlier_fraction": pick(frac)},
+        return status, message
+    return status, "optimal" + (
+        "; no outliers detected (the solution is least squares)" if all(s.size == 0 for s in supports) else ""
     )
 
 
@@ -846,7 +907,7 @@ def _check_Y(Y):
     return Y
 
 
-def ml_estimate(Y, *, bias, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0):
+def ml_estimate(Y, *, bias, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0, comm=None):
     """The maximum-likelihood estimate of M, MR19 program (34), solved exactly row by row.
 
     (34) maximises the likelihood (33) over ``||X||_inf <= gamma`` and the constraint set
@@ -873,6 +934,9 @@ def ml_estimate(Y, *, bias, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0
         not fix it). "lower" is -gamma.
     pos_tol : float, default=0.0
         Entries ``<= pos_tol`` count as zero (for slightly noisy Y).
+    comm : None
+        Refused with a ``ValueError`` (as is a dask Y, with a ``TypeError``): the estimate
+        M-hat is an n x d matrix, not a sum over row blocks. A memmap Y is read into memory.
 
     Returns
     -------
@@ -884,6 +948,7 @@ def ml_estimate(Y, *, bias, gamma=None, margin=0.0, fill="midpoint", pos_tol=0.0
         Some row cannot satisfy (34) with this gamma and margin; the message names the rows
         and the smallest workable gamma.
     """
+    _whole_data_only("ml_estimate", comm, Y=Y)
     Y = _check_Y(Y)
     law = _check_law(bias, allow_point=False)
     n, d = Y.shape
@@ -1051,6 +1116,7 @@ def column_space(
     rho=None,
     max_iter=300,
     gap_warn=0.5,
+    comm=None,
 ):
     """Estimate the column space of A from ``Y = relu(C A^T + 1 b^T)`` (MR19 Section 3).
 
@@ -1081,6 +1147,11 @@ def column_space(
         "tobit" only: proximal-gradient iterations.
     gap_warn : float, default=0.5
         Warn when ``sigma_{k+1} / sigma_k`` exceeds this.
+    comm : None
+        Refused with a ``ValueError`` (as is a dask Y, with a ``TypeError``): "ml" and
+        "tobit" estimate an n x d matrix (the Tobit fit thresholds its singular values
+        every iteration), so MR19 needs the whole Y in one process. A memmap Y is read into
+        memory.
 
     Returns
     -------
@@ -1095,6 +1166,7 @@ def column_space(
        "tobit" adapts).
     """
     t0 = time.perf_counter()
+    _whole_data_only("column_space", comm, Y=Y)
     Y = _check_Y(Y)
     n, d = Y.shape
     k = check_positive_int(k, "k")

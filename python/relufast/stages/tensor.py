@@ -180,54 +180,139 @@ def contract(T, v, times=None):
     return T
 
 
-def power_iteration(T, n_components, rng, *, n_starts=10, n_iter=100, tol=1e-12):
+def _array_operator(T):
+    """The contraction ``U -> (T(I, u, ..., u), T(u, ..., u))`` row by row, for an array T."""
+
+    def apply(U):
+        G = np.array([contract(T, u) for u in U])
+        return G, np.einsum("ij,ij->i", G, U)
+
+    return apply
+
+
+def power_iteration(
+    T,
+    n_components,
+    rng,
+    *,
+    n_starts=10,
+    n_iter=100,
+    tol=1e-12,
+    n_features=None,
+    order=None,
+    sign=None,
+    shift=0.0,
+    deflation=None,
+):
     """Robust tensor power method with deflation for a symmetric tensor of order 3 or 4.
 
     For ``T = sum_j w_j v_j^(x)p`` with orthonormal v_j (after whitening), each component
     is a fixed point of ``u <- T(I, u, ..., u) / |T(I, u, ..., u)|``; of ``n_starts``
-    random starts the one with the largest |T(u, ..., u)| is kept, then deflated
-    (Anandkumar et al., JMLR 2014, Alg. 1). Order 4 keeps the sign of w_j (u and -u are the
-    same component); order 3 fixes the sign of v_j by that of w_j.
+    random starts (iterated together, one operator call per iteration for all of them)
+    the one with the largest |T(u, ..., u)| is kept, then deflated (Anandkumar et al.,
+    JMLR 2014, Alg. 1). Order 4 keeps the sign of w_j (u and -u are the same component);
+    order 3 fixes the sign of v_j by that of w_j.
+
+    Parameters
+    ----------
+    T : ndarray of shape (k,) * p (p = 3 or 4), or callable
+        The tensor, or an operator that applies it: ``T(U) -> (G, values)`` for unit rows
+        U (r, k), with G (r, k) the rows ``T(I, u, ..., u)`` and values (r,) the
+        ``T(u, ..., u)`` (both up to one common positive factor). A callable lets the
+        tensor stay implicit, e.g. contracted from the samples in one streamed pass per
+        call (GP19 Step 1: ``relufast.algorithms.gp19``).
+    n_components : int
+    rng : numpy Generator
+    n_starts, n_iter : int
+        Random starts per component and iterations per component.
+    tol : float
+        Stop a component's iterations once every start moved by less than ``tol`` (in
+        norm; for order 4 up to the sign of the step).
+    n_features : int, optional
+        k for a callable T (an array gives its own).
+    order : {3, 4}, optional
+        The order p for a callable T (default 4; an array gives its own).
+    sign : {None, 1, -1}
+        None: components of either sign (order 4: the iterate's sign is aligned with the
+        previous one; the start with the largest ``|T(u, ..., u)|`` wins). +-1: components
+        whose weights have this sign: iterate ``sign T(I, u, ..., u) + shift u`` and keep
+        the start with the largest ``sign T(u, ..., u)`` (the SS-HOPM form).
+    shift : float, default=0.0
+        SS-HOPM shift (with ``sign``).
+    deflation : {None, "subtract", "project"}
+        "subtract": ``T <- T - w u^(x)p`` (arrays only); "project": keep the starts and
+        iterates orthogonal to the components found (for an implicit T). None:
+        "subtract" for arrays, "project" for callables.
 
     Returns
     -------
     weights : ndarray of shape (n_components,)
-        ``T(v_j, ..., v_j)``.
+        ``T(v_j, ..., v_j)`` (in the callable's scale).
     vectors : ndarray of shape (n_components, k)
         Unit-norm components, one per row.
     """
-    T = np.array(T, dtype=np.float64)
-    p, k = T.ndim, T.shape[0]
-    if p not in (3, 4) or any(n != k for n in T.shape):
-        raise ValueError(f"expected a symmetric tensor of order 3 or 4; got shape {T.shape}")
-    weights, vectors = [], []
+    if callable(T):
+        if n_features is None:
+            raise TypeError("power_iteration needs n_features= with a callable T")
+        apply, k, p = T, int(n_features), 4 if order is None else int(order)
+        deflation = "project" if deflation is None else deflation
+        if deflation != "project":
+            raise ValueError(f"a callable T can only be deflated by 'project'; got deflation={deflation!r}")
+    else:
+        T = np.array(T, dtype=np.float64)
+        p, k = T.ndim, T.shape[0]
+        if p not in (3, 4) or any(n != k for n in T.shape):
+            raise ValueError(f"expected a symmetric tensor of order 3 or 4; got shape {T.shape}")
+        deflation = "subtract" if deflation is None else deflation
+        apply = _array_operator(T)
+    if p not in (3, 4) or deflation not in ("subtract", "project") or sign not in (None, 1, -1, 1.0, -1.0):
+        raise ValueError(
+            f"order must be 3 or 4, deflation 'subtract' or 'project', sign None or +-1; got {p}, "
+            f"{deflation!r}, {sign!r}"
+        )
+    weights, found = [], np.zeros((0, k))
     for _ in range(n_components):
-        best = None
-        for _ in range(n_starts):
-            u = rng.standard_normal(k)
-            u /= np.linalg.norm(u)
-            for _ in range(n_iter):
-                g = contract(T, u)
-                nrm = np.linalg.norm(g)
-                if nrm == 0:
-                    break
-                u_new = g / nrm
-                if p == 4 and u_new @ u < 0:  # order 4: T(I,u,u,u) keeps the sign of w
-                    u_new = -u_new
-                done = np.linalg.norm(u_new - u) < tol
-                u = u_new
-                if done:
-                    break
-            lam = float(contract(T, u, p))
-            if best is None or abs(lam) > abs(best[0]):
-                best = (lam, u)
-        lam, u = best
+        keep_out = found if deflation == "project" else found[:0]
+        U = _power_starts(rng, n_starts, k, keep_out)
+        for _ in range(n_iter):
+            G = apply(U)[0]
+            U, change = _power_step(U, G, keep_out, p, sign, shift)
+            if change < tol:
+                break
+        lam = apply(U)[1]
+        best = int(np.argmax(np.abs(lam) if sign is None else sign * lam))
+        lam, u = float(lam[best]), U[best]
         if p == 3 and lam < 0:
             lam, u = -lam, -u
         weights.append(lam)
-        vectors.append(u)
-        outer = u
-        for _ in range(p - 1):
-            outer = np.multiply.outer(outer, u)
-        T -= lam * outer
-    return np.array(weights), np.array(vectors)
+        found = np.vstack([found, u])
+        if deflation == "subtract":
+            outer = u
+            for _ in range(p - 1):
+                outer = np.multiply.outer(outer, u)
+            T -= lam * outer
+    return np.array(weights), found
+
+
+def _power_starts(rng, n_starts, k, found):
+    """Unit random starts, orthogonal to the rows of ``found`` (projection deflation)."""
+    U = rng.standard_normal((n_starts, k))
+    U -= (U @ found.T) @ found
+    return U / np.linalg.norm(U, axis=1, keepdims=True)
+
+
+def _power_step(U, G, found, p, sign, shift):
+    """One power step of every start; returns the new unit rows and the largest move."""
+    if sign is not None:
+        G = sign * G + shift * U
+    G = G - (G @ found.T) @ found
+    nrm = np.linalg.norm(G, axis=1, keepdims=True)
+    still = nrm[:, 0] == 0  # T(I, u, ..., u) = 0: the start stays where it is
+    Un = np.where(still[:, None], U, G / np.where(still, 1.0, nrm[:, 0])[:, None])
+    cos = np.einsum("ij,ij->i", Un, U)
+    if p == 4 and sign is None:  # order 4: T(I,u,u,u) keeps the sign of w
+        Un = np.where((cos < 0)[:, None], -Un, Un)
+        cos = np.abs(cos)
+    s = np.where(cos < 0, -1.0, 1.0) if p == 4 else 1.0
+    change = float(np.max(np.linalg.norm(Un - s[:, None] * U if p == 4 else Un - U, axis=1)))
+    return Un, change
