@@ -12,6 +12,7 @@ CASES = {
     "ica": ("bjw19-ica", {"random_state": 0}),
     "gklw19": ("gklw19", {"random_state": 0}),
     "fpt": ("bjw19-fpt", {"random_state": 0}),
+    "atv21": ("atv21", {"random_state": 0, "n_refine": 20000}),
 }
 
 
@@ -37,5 +38,9 @@ def case_data(name):
     if name == "fpt":
         net = rf.planted.two_layer(d=6, k=3, m=2, random_state=3, max_cos=0.7)
         X, Y = net.sample(40000, random_state=4)
+        return X, Y, 3
+    if name == "atv21":
+        net = rf.planted.two_layer(d=8, k=3, m=2, random_state=10, bias="random", offset="random", max_cos=0.7)
+        X, Y = net.sample(40000, random_state=11)
         return X, Y, 3
     raise KeyError(name)
