@@ -162,7 +162,7 @@ def test_general_through_ranks_memmap_and_dask(tmp_path):
         got += quiet(  # warning filters are process-wide: set them outside the threads
             run_ranks,
             2,
-            lambda r, comm: A.atv21_general(
+            lambda r, comm, fit=fit: A.atv21_general(
                 X[r * 20000 : 20000 + r * 30000],
                 Y[r * 20000 : 20000 + r * 30000],
                 3,

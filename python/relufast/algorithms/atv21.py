@@ -722,7 +722,7 @@ def atv21(
     tol=1e-10,
     max_rounds=10,
     margin=0.1,
-    n_restarts=4,
+    n_restarts=8,
     n_refine=200000,
     n_jobs=None,
     random_state=None,
@@ -752,7 +752,7 @@ def atv21(
     n_refine : int or None, default=200000
         Samples (a random subset) used by the rounds of the region refinement; the final
         fit of (U, c) and the certificate use all samples. None: all samples throughout.
-    n_restarts : int, default=4
+    n_restarts : int, default=8
         Tensor steps (new random contractions; CP-ALS polish on every other one) tried
         until the refinement certifies the network; the best is returned.
     n_jobs : int or None, default=None
