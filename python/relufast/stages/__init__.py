@@ -5,15 +5,28 @@ compiled core.
 ``moments``             streaming, mergeable Hermite moments over C++ kernels
 ``tensor``              span, projection, Jennrich, CP-ALS (small dense tensors)
 ``patterns``            candidate sign patterns (C++ enumeration, streaming with progress)
-``refine``              exact refinement of approximate rows (BJW19 Alg. 5, C++)
+``refine``              exact refinement of approximate rows (BJW19 Alg. 5, C++) and the
+                        activation-region refinement of networks with biases
 ``fit``                 output layer, residual certificate, Gauss-Newton polish
 ``diagnostics``         Gaussianity, numerical rank, whitening, refinement subset
 ``highs``               LP sessions on HiGHS (the only importer of highspy)
 ``robust_pca``          principal component pursuit (sparse + low-rank split)
-``reduce``              reductions of partial sums: local, MPI, dask
+``reduce``              where samples live (NumPy, memmap, dask, MPI) and their reductions
+``precision``           thresholds from the precision the outputs are known to
 ======================  ===================================================================
 """
 
-from . import diagnostics, fit, highs, moments, patterns, reduce, refine, robust_pca, tensor
+from . import diagnostics, fit, highs, moments, patterns, precision, reduce, refine, robust_pca, tensor
 
-__all__ = ["moments", "tensor", "patterns", "refine", "fit", "diagnostics", "highs", "robust_pca", "reduce"]
+__all__ = [
+    "moments",
+    "tensor",
+    "patterns",
+    "refine",
+    "fit",
+    "diagnostics",
+    "highs",
+    "robust_pca",
+    "reduce",
+    "precision",
+]
