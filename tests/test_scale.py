@@ -169,18 +169,215 @@ def test_dask_refused_where_not_supported():
         rf.recover(X, X[:, :3], n_hidden=2, method="bjw19-noisy", polish_steps=2)
 
 
-def test_auto_needs_a_named_method_with_comm_or_dask():
+class ThreadComm:
+    """A communicator of ``size`` ranks simulated by threads of one process: ``allgather``
+    waits for every rank's value and returns them in rank order (enough for the work split
+    of the enumeration, where each rank computes something different)."""
+
+    def __init__(self, rank, shared):
+        self.rank, self.shared = rank, shared
+
+    @classmethod
+    def world(cls, size):
+        shared = {"size": size, "slots": [None] * size, "barrier": threading.Barrier(size, timeout=120)}
+        return [cls(r, shared) for r in range(size)]
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.shared["size"]
+
+    def allgather(self, value):
+        self.shared["slots"][self.rank] = value
+        self.shared["barrier"].wait()
+        out = list(self.shared["slots"])
+        self.shared["barrier"].wait()  # nobody overwrites a slot before every rank has read it
+        return out
+
+
+def _on_threads(size, run):
+    """``run(comm, rank)`` on ``size`` simulated ranks; returns their results in rank order."""
+    comms = ThreadComm.world(size)
+    out, errors = [None] * size, []
+
+    def one(r):
+        try:
+            out[r] = run(comms[r], r)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+            comms[r].shared["barrier"].abort()
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _enumeration_case():
+    net = rf.planted.two_layer(d=4, k=3, m=3, random_state=4, max_cos=0.9)
+    X, Y = net.sample(400, random_state=5, input="laplace")
+    return net, X, Y
+
+
+def _unrealizable_case():
+    """Outputs of rank 3 that no ReLU network of these inputs gives: every candidate
+    pattern goes to the LPs of Algorithm 1 (bounded by max_patterns)."""
+    rng = np.random.default_rng(6)
+    X = rng.laplace(size=(60, 5))
+    return X, rng.standard_normal((60, 3)) @ rng.standard_normal((3, 4))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("case", ["planted", "lps"])
+def test_enumeration_splits_patterns_across_ranks(ranks, case):
+    from relufast.algorithms import bjw19
+
+    if case == "planted":
+        net, X, Y = _enumeration_case()
+        k, kw = 3, {}
+    else:
+        (X, Y), k, kw = _unrealizable_case(), 3, {"max_patterns": 40}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        one = bjw19.enumeration(X, Y, k, random_state=0, n_jobs=1, **kw)
+        parts = np.array_split(np.arange(len(X)), ranks)
+        got = _on_threads(
+            ranks,
+            lambda comm, r: bjw19.enumeration(X[parts[r]], Y[parts[r]], k, random_state=0, n_jobs=1, comm=comm, **kw),
+        )
+    if case == "planted":
+        assert one.status == "exact" and rf.metrics.parameter_error(one, net).V < EXACT_TOL
+    else:
+        assert one.status == "failed" and one.counts["lps_solved"] >= 40
+    for res in got:
+        assert res.status == one.status and res.message == got[0].message
+        if one.V is not None:
+            np.testing.assert_array_equal(res.V, got[0].V)  # the same bits on every rank
+            np.testing.assert_array_equal(res.U, got[0].U)
+            err = rf.metrics.parameter_error(res, one.network)
+            assert err.U < SAME_TOL and err.V < SAME_TOL
+        # The same patterns, LPs and systems as one process: the work is split, not repeated.
+        for key in ("patterns_tried", "lps_solved", "linear_systems", "rows_found"):
+            assert res.counts[key] == one.counts[key], key
+        assert res.counts["ranks"] == ranks
+
+
+def test_enumeration_ranks_agree_on_the_time_limit():
+    # Each rank's clock is its own: a rank past the deadline must stop every rank at the
+    # same pattern, or the others would wait in a collective (a deadlock).
+    from relufast.algorithms import bjw19
+
+    rng = np.random.default_rng(7)
+    X = rng.laplace(size=(400, 5))
+    Y = rng.standard_normal((400, 3)) @ rng.standard_normal((3, 4))
+    half = np.array_split(np.arange(len(X)), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        got = _on_threads(
+            2, lambda comm, r: bjw19.enumeration(X[half[r]], Y[half[r]], 3, time_limit=0.5, n_jobs=1, comm=comm)
+        )
+    assert got[0].status == got[1].status == "failed"
+    assert got[0].diagnostics["stopped_by"] == got[1].diagnostics["stopped_by"] == "time_limit"
+    assert got[0].counts == got[1].counts
+
+
+def test_enumeration_gathers_dask_inputs():
     da = pytest.importorskip("dask.array")
-    X = da.zeros((100, 3), chunks=50)
-    with pytest.raises(ValueError, match="name the method"):
-        rf.recover(X, X, n_hidden=2)
-    with pytest.raises(ValueError, match="name the method"):
-        rf.recover(np.zeros((100, 3)), np.zeros((100, 3)), n_hidden=2, comm=FakeComm(0, None))
+    from relufast.algorithms import bjw19
+
+    _, X, Y = _enumeration_case()
+    one = bjw19.enumeration(X, Y, 3, random_state=0)
+    res = bjw19.enumeration(da.from_array(X, chunks=(150, 4)), da.from_array(Y, chunks=(100, 3)), 3, random_state=0)
+    assert res.status == one.status == "exact"
+    err = rf.metrics.parameter_error(res, one.network)
+    assert err.U < SAME_TOL and err.V < SAME_TOL
+
+
+def test_enumeration_refuses_to_gather_too_much(monkeypatch):
+    import importlib
+
+    module = importlib.import_module("relufast.algorithms.bjw19.enumeration")
+    monkeypatch.setattr(module, "GATHER_LIMIT", 1000)
+    _, X, Y = _enumeration_case()
+    # FakeComm without values: two ranks of the same 400 rows, 800 samples in all.
+    with pytest.raises(ValueError, match=r"needs every sample on every rank.*got n = 800, d = 4, m = 3"):
+        module.enumeration(X, Y, 3, comm=FakeComm(0, None))
+
+
+def test_auto_with_comm_decides_like_one_process():
+    # Two ranks (threads), each with its half of the rows: auto must take the decisions and
+    # give the result of one process on all rows, the same on both ranks.
+    net = rf.planted.two_layer(d=8, k=3, m=5, random_state=1, max_cos=0.7)
+    X, Y = net.sample(30000, random_state=2)
+    one = _quiet(X, Y, 3, "auto", random_state=0)
+    half = np.array_split(np.arange(len(X)), 2)
+    with warnings.catch_warnings():  # restores the filters the ranks' own catch_warnings share
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        got = _on_threads(2, lambda comm, r: rf.recover(X[half[r]], Y[half[r]], n_hidden=3, random_state=0, comm=comm))
+    for res in got:
+        assert res.status == one.status == "exact"
+        assert res.diagnostics["auto"] == one.diagnostics["auto"]
+        facts = dict(res.diagnostics["auto_facts"])
+        assert facts.pop("ranks") == 2
+        assert facts == one.diagnostics["auto_facts"]
+        np.testing.assert_array_equal(res.V, got[0].V)
+        err = rf.metrics.parameter_error(res, one.network)
+        assert err.U < SAME_TOL and err.V < SAME_TOL
+
+
+def test_auto_with_dask_matches_numpy():
+    da = pytest.importorskip("dask.array")
+    net = rf.planted.two_layer(d=8, k=3, m=5, random_state=1, max_cos=0.7)
+    X, Y = net.sample(30000, random_state=2)
+    one = _quiet(X, Y, 3, "auto", random_state=0)
+    res = _quiet(da.from_array(X, chunks=(7000, 8)), da.from_array(Y, chunks=(5000, 5)), 3, "auto", random_state=0)
+    assert res.status == one.status == "exact"
+    assert res.diagnostics["auto"] == one.diagnostics["auto"]
+    assert res.diagnostics["auto_facts"] == one.diagnostics["auto_facts"]
+    err = rf.metrics.parameter_error(res, one.network)
+    assert err.U < SAME_TOL and err.V < SAME_TOL
+
+
+def test_auto_with_dask_reaches_the_enumeration():
+    # k = 5 > d = 3 with rank(Y) = k: only Thm 1 applies. auto runs the enumeration on a
+    # gathered subsample of 200 of the 300 samples and certifies its rows by a reduction.
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(3)
+    net = rf.network.Network(rng.standard_normal((5, 5)), rng.standard_normal((5, 3)))
+    X = rng.laplace(size=(300, 3))
+    Y = net.predict(X)
+    one = _quiet(X, Y, 5, "auto", random_state=0)
+    res = _quiet(da.from_array(X, chunks=(120, 3)), da.from_array(Y, chunks=(100, 5)), 5, "auto", random_state=0)
+    assert res.status == one.status == "exact"
+    assert [a["method"] for a in res.diagnostics["auto_attempts"]] == ["bjw19-enumeration"]
+    assert res.diagnostics["subsample"] == one.diagnostics["subsample"] == 200
+    assert rf.metrics.parameter_error(one, net).V < EXACT_TOL
+    err = rf.metrics.parameter_error(res, one.network)
+    assert err.U < SAME_TOL and err.V < SAME_TOL
+
+
+def test_auto_with_comm_plans_only_methods_that_take_comm():
+    from relufast._api import _auto_plan
+
+    facts = {
+        "n": 10**5, "d": 10, "m": 2, "k": 5, "rank_Y": 2, "standard_gaussian": True,
+        "biased": False, "symmetry_statistic": 1.0, "time_limit": 60.0,
+    }  # fmt: skip
+    names = [name for name, _ in _auto_plan(facts, "X looks standard Gaussian", distributed=True)]
+    assert "atv21" not in names and names  # atv21 reads the whole data in memory
 
 
 def test_comm_without_mpi4py_names_the_extra(monkeypatch):
     import sys
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import mpi4py now raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'relufast\[mpi\]'"):
+    # What was given is wrong whether or not mpi4py is installed: TypeError first, naming the extra.
+    with pytest.raises(TypeError, match=r"comm must be None or an mpi4py communicator.*pip install 'relufast\[mpi\]'"):
         check_comm("COMM_WORLD")
+    with pytest.raises(TypeError, match="comm must be None or an mpi4py communicator"):
+        check_comm(object())

@@ -257,8 +257,12 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
         warnings.simplefilter("always", RelufastWarning)
         res = call_method(name, function, Xs, Ys, n_hidden, opts)
     method_message, method_status = res.message, res.status
-    res = _identify(map_back(res, scale), X)
-    notes = _causes(res, X, Y, n_hidden, options)
+    comm = options.get("comm")
+    if comm is None:
+        res = _identify(map_back(res, scale), X)
+        notes = _causes(res, X, Y, n_hidden, options)
+    else:  # each rank holds other samples: only what the ranks agree on
+        res, notes = _identify_over_ranks(map_back(res, scale), X, comm), []
     if notes:
         res = dataclasses.replace(res, message=res.message.rstrip(". ") + ". " + ". ".join(notes))
     texts = tuple(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, RelufastWarning)))
@@ -278,6 +282,32 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
         if method_message in texts or res.status != method_status:
             warn(res.message)
     return res
+
+
+#: An eigenvalue of the sum of the ranks' null-space projectors this close to the number
+#: of ranks belongs to a direction in every rank's null space (the projectors are exact
+#: orthonormal bases, so rounding is the only slack).
+NULL_INTERSECTION_TOL = 1e-8
+
+
+def _identify_over_ranks(res, X, comm):
+    """:func:`_identify` for samples spread over MPI ranks: the inputs of all ranks miss a
+    direction only if every rank's inputs do, so the null space of the concatenated X is
+    the intersection of the ranks' null spaces (gathered, and intersected alike on every
+    rank)."""
+    from .stages.diagnostics import input_null_space
+
+    if res.status != Status.EXACT or res.V is None or res.activation is not None:
+        return res
+    d = res.V.shape[1]
+    Xa = plain_array(X)
+    local = np.eye(d) if Xa is None or Xa.ndim != 2 or len(Xa) == 0 else input_null_space(np.asarray(Xa, float))
+    parts = comm.allgather(local)
+    if any(N.shape[0] == 0 for N in parts):
+        return res
+    w, E = np.linalg.eigh(sum(N.T @ N for N in parts))
+    N = np.ascontiguousarray(E[:, w > len(parts) - NULL_INTERSECTION_TOL].T)
+    return non_identifiable_from_null_space(res, N) if N.shape[0] else res
 
 
 def _rank_key(res):
@@ -300,12 +330,32 @@ def _choose(X, Y, n_hidden):
 
 
 def _auto(X, Y, n_hidden, options, *, plan_only=False):
-    """``method="auto"``: the certified methods in order of cost, best status wins."""
-    from ._validation import check_positive_int, check_xy
-    from .stages.diagnostics import gaussianity, numerical_rank, whitener
-    from .stages.fit import fit_and_certify
+    """``method="auto"``: the certified methods in order of cost, best status wins.
 
+    Five steps: check the options (:func:`_auto_options`), look at the data
+    (:func:`_auto_facts`), plan the methods (:func:`_auto_plan`), try them in order
+    (:func:`_auto_try`) and return the best result (:func:`_auto_best`). With ``comm=`` or
+    dask arrays the facts come from the same first rows one process would look at,
+    gathered on every rank, so every rank plans and chooses the same methods; each method
+    then runs on the caller's samples with the same ``comm``.
+    """
     t0 = time.perf_counter()
+    options, budget = _auto_options(options)
+    k, facts, law, data = _auto_facts(X, Y, n_hidden, options.get("comm"), budget)
+    plan = _auto_plan(facts, law, distributed=data.distributed or data.lazy)
+    if plan_only:
+        return plan
+    if not (data.distributed or data.lazy):
+        X, Y = data.X, data.Y  # validated float64 arrays
+    attempts, results, errors = _auto_try(plan, X, Y, k, options, budget, t0, data)
+    return _auto_best(attempts, results, errors, facts)
+
+
+def _auto_options(options):
+    """The options of ``auto``: its budget ``time_limit`` and the options of its methods,
+    with the shared ones (n_jobs, random_state, tol) checked before any method runs."""
+    from ._validation import check_random_state, resolve_n_jobs
+
     options = dict(options)
     budget = options.pop("time_limit", None)
     budget = AUTO_TIME_LIMIT if budget is None else budget
@@ -324,23 +374,42 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
             f"method 'auto' got unknown option(s) {', '.join(hints)}; the options of its methods "
             "are " + ", ".join(sorted(known | {"time_limit"}))
         )
-    k = check_positive_int(n_hidden, "n_hidden")
-    Xc, Yc = check_xy(X, Y)
-    # Caller errors in the shared options raise here, before any method runs.
-    from ._validation import check_n_hidden, check_random_state, resolve_n_jobs
-
     resolve_n_jobs(options.get("n_jobs"))
     check_random_state(options.get("random_state"))
     tol = options.get("tol", 1e-10)
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
-    n, d = Xc.shape
-    m = Yc.shape[1]
-    Xh = Xc[:AUTO_CHECK_ROWS]
-    Xh_s, Yh_s, _, _ = rescale(Xh, Yc[: len(Xh)], {})
-    Xh_s = np.asarray(Xh_s, dtype=np.float64)
-    sub = np.asarray(Yh_s, dtype=np.float64)[:2000]
-    rank = numerical_rank(np.linalg.svd(sub, compute_uv=False))
+    return options, budget
+
+
+def _auto_probe(X, Y, comm):
+    """The samples (a :class:`relufast.stages.reduce.Samples`) and the probe ``auto`` looks
+    at: the first :data:`AUTO_CHECK_ROWS` rows of the concatenated data, in memory and
+    identical on every rank (gathered for MPI ranks and dask arrays), so every rank takes
+    the decisions one process would take on the concatenated data."""
+    from ._validation import check_xy
+    from .stages.reduce import Samples, is_dask
+
+    if comm is None and not (is_dask(X) or is_dask(Y)):
+        Xc, Yc = check_xy(X, Y)
+        return Samples(Xc, Yc), Xc[:AUTO_CHECK_ROWS], Yc[:AUTO_CHECK_ROWS]
+    data = Samples.from_arrays(X, Y, comm=comm)
+    Xh, Yh = data.take(np.arange(min(data.n, AUTO_CHECK_ROWS)))
+    return data, Xh, Yh
+
+
+def _auto_facts(X, Y, n_hidden, comm, budget):
+    """The cheap facts ``auto`` decides on (rank of Y, Gaussianity, centring, symmetry,
+    biases), from the probe of :func:`_auto_probe`. Returns (k, facts, law, samples)."""
+    from ._validation import check_positive_int
+    from .stages.diagnostics import gaussianity, numerical_rank, whitener
+
+    k = check_positive_int(n_hidden, "n_hidden")
+    data, Xh, Yh = _auto_probe(X, Y, comm)
+    n, d, m = data.n, data.d, data.m
+    Xh_s, Yh_s, _, _ = rescale(Xh, Yh, {})
+    Xh_s, Yh_s = np.asarray(Xh_s, dtype=np.float64), np.asarray(Yh_s, dtype=np.float64)
+    rank = numerical_rank(np.linalg.svd(Yh_s[:2000], compute_uv=False))
     mean_z, mean_rel = _mean_statistic(Xh_s) if len(Xh_s) > 2 else (0.0, 0.0)
     centred = not (mean_z > MEAN_Z_LIMIT and mean_rel > 0.05)
     g = gaussianity(Xh_s)
@@ -349,7 +418,6 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
     if not g["gaussian_ok"] and centred:
         W, _ = whitener(Xh_s)
         gaussian_sigma = W is not None and gaussianity(Xh_s, W)["gaussian_ok"]
-    sym = gklw19.symmetry_statistic(Xh_s)
     facts = {
         "n": n,
         "d": d,
@@ -360,9 +428,18 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
         "gaussian_other_covariance": gaussian_sigma,
         "centred": centred,
         "largest_mean_over_sd": mean_rel,
-        "symmetry_statistic": sym,
+        "symmetry_statistic": gklw19.symmetry_statistic(Xh_s),
         "time_limit": float(budget),
+        "biased": False,
     }
+    if data.distributed:
+        facts["ranks"] = int(comm.Get_size())
+    if gaussian and k <= d and "atv21" in METHODS:
+        from .stages.diagnostics import bias_evidence
+
+        bias = bias_evidence(Xh_s, Yh_s)
+        facts["biased"] = bool(bias["biased"])
+        facts["bias_statistic"] = float(np.max(np.abs(bias["z"])))
     if gaussian:
         law = "X looks standard Gaussian"
     elif gaussian_sigma:
@@ -371,24 +448,24 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
         law = f"X is not centred (largest |mean| / sd = {mean_rel:.2f}; the methods assume centred inputs)"
     else:
         law = "X does not look Gaussian"
+    return k, facts, law, data
 
-    biased = False
-    if gaussian and k <= d and "atv21" in METHODS:
-        from .stages.diagnostics import bias_evidence
 
-        bias = bias_evidence(Xh_s, np.asarray(Yh_s, dtype=np.float64))
-        biased = bias["biased"]
-        facts["bias_statistic"] = float(np.max(np.abs(bias["z"])))
-    facts["biased"] = biased
+def _auto_plan(facts, law, *, distributed=False):
+    """The methods to try, in order of cost, each with the reason (see :func:`recover`).
 
+    ``distributed`` (MPI ranks or dask arrays): only the methods that take ``comm`` (and
+    therefore read their samples through :class:`relufast.stages.reduce.Samples`)."""
+    from ._validation import check_n_hidden
+
+    n, d, m, k, rank = facts["n"], facts["d"], facts["m"], facts["k"], facts["rank_Y"]
+    gaussian, biased, sym = facts["standard_gaussian"], facts["biased"], facts["symmetry_statistic"]
+    budget = facts["time_limit"]
     plan = []
     if biased:
+        why = f"|z| = {facts['bias_statistic']:.1f} > 6"
         plan.append(
-            (
-                "atv21",
-                f"{law}, and the outputs have an offset or hidden biases (bias statistic "
-                f"|z| = {facts['bias_statistic']:.1f} > 6): ATV21's model",
-            )
+            ("atv21", f"{law}, and the outputs have an offset or hidden biases (bias statistic {why}): ATV21's model")
         )
     if k <= d and m >= k and not biased:
         plan.append(
@@ -408,9 +485,8 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
             )
         )
     n_feat = d * (d + 1) // 2
-    if (
-        k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat and n_feat <= GKLW19_MAX_FEATURES
-    ):  # GKLW19 needs A of full column rank
+    # GKLW19 needs A of full column rank.
+    if k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat and n_feat <= GKLW19_MAX_FEATURES:
         plan.append(("gklw19", f"X looks symmetric (statistic {sym:.1f} <= {SYMMETRY_LIMIT})"))
     if rank == k and n >= k:
         plan.append(
@@ -419,50 +495,51 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
                 f"rank(Y) = k = {k}: Thm 1 holds for any X (time budget {budget:g} s, on a subsample first)",
             )
         )
-
+    if distributed:
+        plan = [(name, why) for name, why in plan if "comm" in (_accepted_options(METHODS[name].function) or ())]
     if not any(name == "bjw19-enumeration" for name, _ in plan):
         check_n_hidden(k, d)  # only Thm 1 (rank(Y) = k) allows k > d
+    return plan
 
-    if plan_only:
-        return plan
 
+def _auto_try(plan, X, Y, k, options, budget, t0, data):
+    """Run the planned methods in order until one is exact; returns (attempts, results,
+    errors). A method that refuses the data (ValueError, TypeError) is recorded and skipped."""
     attempts, results, errors = [], [], []
-
-    def record(name, res=None, error=None, seconds=0.0, note=""):
-        entry = {"method": name, "seconds": seconds, "note": note}
-        if res is not None:
-            entry.update(status=res.status.value, residual=float(res.residual), message=res.message)
-            results.append((name, res))
-        else:
-            entry.update(status="refused", residual=float("nan"), message=error)
-        attempts.append(entry)
-
     for name, reason in plan:
         accepted = _accepted_options(METHODS[name].function)
         opts = {o: v for o, v in options.items() if accepted is None or o in accepted}
         t = time.perf_counter()
-        remaining = budget - (t - t0)
+        entry = {"method": name, "note": reason}
         try:
             if name == "bjw19-enumeration":
-                res = _auto_enumeration(Xc, Yc, k, opts, remaining, fit_and_certify)
+                res = _auto_enumeration(X, Y, k, opts, budget - (t - t0), data)
             else:
-                res = _run(name, Xc, Yc, k, opts, quiet=True)
+                res = _run(name, X, Y, k, opts, quiet=True)
         except (ValueError, TypeError) as exc:  # the method refuses these data: recorded, next one
-            record(name, error=str(exc), seconds=time.perf_counter() - t, note=reason)
+            entry.update(seconds=time.perf_counter() - t, status="refused", residual=float("nan"), message=str(exc))
+            attempts.append(entry)
             errors.append(exc)
             continue
-        record(name, res, seconds=time.perf_counter() - t, note=reason)
+        entry.update(seconds=time.perf_counter() - t, status=res.status.value, residual=float(res.residual))
+        entry["message"] = res.message
+        attempts.append(entry)
+        results.append((name, res))
         if res.status == Status.EXACT:
             break
+    return attempts, results, errors
 
+
+def _auto_best(attempts, results, errors, facts):
+    """The best result (status preference, then residual), with every attempt and the facts
+    in its diagnostics; raises the first refusal when every method refused the data."""
     if not results and errors:
-        # Every applicable method refused these data: the first refusal says why.
-        raise errors[0]
+        raise errors[0]  # every applicable method refused these data: the first refusal says why
     if not results:
         run = Run("auto")
         run.diag.update(auto_attempts=tuple(attempts), auto_facts=facts, auto="no method could run on these data")
         why = "; ".join(f"{a['method']}: {a['message']}" for a in attempts) or (
-            f"no method applies (k = {k}, d = {d}, m = {m}, rank(Y) = {rank})"
+            f"no method applies (k = {facts['k']}, d = {facts['d']}, m = {facts['m']}, rank(Y) = {facts['rank_Y']})"
         )
         return run.result(Status.UNSUPPORTED, f"auto: no method could run: {why}")
     name, best = min(results, key=lambda nr: _rank_key(nr[1]))
@@ -479,47 +556,78 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
     return best
 
 
-def _auto_enumeration(X, Y, k, opts, budget, fit_and_certify):
+def _auto_enumeration(X, Y, k, opts, budget, data):
     """Enumeration on a subsample first (cheap, C(n, k-1) grows fast), certified on all samples;
-    then, if time is left and the subsample did not settle it, on all samples."""
+    then, if time is left and the subsample did not settle it, on all samples.
+
+    The subsample (the same rows on every rank) is gathered from MPI ranks or dask blocks;
+    with ``comm`` each rank passes its share of it, so the enumeration splits its patterns
+    across the ranks, and the certificate is a reduction over every rank's samples."""
     if budget <= 0:
         raise ValueError("no time left in auto's budget for bjw19-enumeration")
-    n, d = X.shape
+    n, d = data.n, data.d
     n_sub = min(n, max(4 * d, 20 * k, 200))
     opts = dict(opts)
     opts.setdefault("progress", False)
     t = time.perf_counter()
     if n_sub < n:
         idx = np.sort(np.random.default_rng(0).choice(n, size=n_sub, replace=False))
-        small = _run("bjw19-enumeration", X[idx], Y[idx], k, dict(opts, time_limit=budget / 2), quiet=True)
+        Xsub, Ysub = _auto_subsample(X, Y, idx, data)
+        small = _run("bjw19-enumeration", Xsub, Ysub, k, dict(opts, time_limit=budget / 2), quiet=True)
         if (
             small.V is not None
             and small.has_finite_parameters
             and small.status in (Status.EXACT, Status.NON_IDENTIFIABLE)
         ):
-            # Certify the subsample's rows on all samples (rescaled like every method's input).
-            Xs, Ys, _, (ex, ey, _p) = rescale(X, Y, {})
-            U, residual, _ = fit_and_certify(np.asarray(Xs), np.asarray(Ys), small.V)
-            run = Run("bjw19-enumeration")
-            run.diag.update(small.diagnostics)
-            run.diag["subsample"] = n_sub
-            tol = opts.get("tol", 1e-10)
-            if np.isfinite(residual) and residual <= tol:
-                res = run.result(
-                    Status.EXACT,
-                    f"rows found by Thm 1 on {n_sub} of {n} samples; the fit over "
-                    f"all {n} samples has relative residual {residual:.2e}",
-                    U=U * 2.0 ** (ey - ex),
-                    V=small.V,
-                    exact=True,
-                    residual=residual,
-                    warn_user=False,
-                )
-                return _identify(res, X)
-        remaining = budget - (time.perf_counter() - t)
-        if remaining <= 0:
+            res = _auto_certify_subsample(X, Y, small, idx, data, opts.get("tol", 1e-10))
+            if res is not None:
+                return res
+        if budget - (time.perf_counter() - t) <= 0:
             return small
     return _run("bjw19-enumeration", X, Y, k, dict(opts, time_limit=budget - (time.perf_counter() - t)), quiet=True)
+
+
+def _auto_subsample(X, Y, idx, data):
+    """Rows ``idx`` of the concatenated samples: this rank's share of them with ``comm``
+    (rank order, so the enumeration gathers them back in the same order), all of them
+    otherwise."""
+    if not (data.distributed or data.lazy):
+        return X[idx], Y[idx]
+    Xs, Ys = data.take(idx)
+    if not data.distributed:
+        return Xs, Ys
+    share = np.array_split(np.arange(len(idx)), int(data.comm.Get_size()))[data.rank]
+    return Xs[share], Ys[share]
+
+
+def _auto_certify_subsample(X, Y, small, idx, data, tol):
+    """The subsample's rows (found on rows ``idx``) certified on all samples: an exact
+    result, or None."""
+    from .stages.fit import fit_and_certify, fit_network
+
+    n_sub = len(idx)
+    if data.distributed or data.lazy:  # U on the gathered subsample, residual as a reduction
+        fit = fit_network(data, None, small.V, subset=data.take(idx))
+        U, residual, ex, ey = fit.U, fit.residual, 0, 0
+    else:  # rescaled like every method's input
+        Xs, Ys, _, (ex, ey, _p) = rescale(X, Y, {})
+        U, residual, _ = fit_and_certify(np.asarray(Xs), np.asarray(Ys), small.V)
+    if not (np.isfinite(residual) and residual <= tol):
+        return None
+    run = Run("bjw19-enumeration")
+    run.diag.update(small.diagnostics)
+    run.diag["subsample"] = n_sub
+    res = run.result(
+        Status.EXACT,
+        f"rows found by Thm 1 on {n_sub} of {data.n} samples; the fit over "
+        f"all {data.n} samples has relative residual {residual:.2e}",
+        U=U * 2.0 ** (ey - ex),
+        V=small.V,
+        exact=True,
+        residual=residual,
+        warn_user=False,
+    )
+    return res if data.distributed or data.lazy else _identify(res, X)
 
 
 def _explain(res, X, Y, n_hidden, options):
@@ -565,7 +673,10 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         ``time_limit`` seconds (default :data:`AUTO_TIME_LIMIT`). It returns the best
         status (exact, non_identifiable, approximate, failed, ...; ties to the smaller
         residual) with every attempt in ``diagnostics["auto_attempts"]`` and the checks of
-        the data in ``diagnostics["auto_facts"]``.
+        the data in ``diagnostics["auto_facts"]``. With ``comm=`` (MPI ranks) or dask
+        arrays, ``auto`` decides from the same first 20,000 rows of the concatenated
+        samples, gathered on every rank, so every rank chooses the same method, and plans
+        only the methods that take ``comm`` (docs/results.md, docs/scale.md).
     **options
         Passed to the method's function (see its docstring); an unknown option is a
         TypeError listing the valid ones. With ``auto``, each method gets the options it
@@ -577,17 +688,15 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         Parameters in the caller's units (the data are rescaled internally by powers of two,
         ``diagnostics["units"]``).
     """
+    distributed = options.get("comm") is not None
     if method == "auto":
-        from .stages.reduce import is_dask
-
-        if options.get("comm") is not None or is_dask(X) or is_dask(Y):
-            raise ValueError(
-                "method='auto' looks at the data in memory on one process; with comm= or "
-                "dask arrays name the method (e.g. method='bjw19-gaussian')"
-            )
-        return _explain(_auto(X, Y, n_hidden, options), X, Y, n_hidden, options)
-    if not isinstance(method, str) or method not in METHODS:
+        res = _auto(X, Y, n_hidden, options)
+    elif not isinstance(method, str) or method not in METHODS:
         raise ValueError(
             f"unknown method {method!r}; valid methods are 'auto', " + ", ".join(repr(k) for k in sorted(METHODS))
         )
-    return _explain(_run(method, X, Y, n_hidden, options), X, Y, n_hidden, options)
+    else:
+        res = _run(method, X, Y, n_hidden, options)
+    # With comm= each rank holds other samples: notes drawn from the local rows could differ
+    # between ranks, and every rank must return the same result.
+    return res if distributed else _explain(res, X, Y, n_hidden, options)

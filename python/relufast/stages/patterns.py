@@ -117,6 +117,12 @@ class PatternStream:
     ``coeff @ B`` a vector with that positive set, and ``source`` "rays" or "vertices".
     Enumeration runs in chunks of ``chunk`` subsets; ``max_patterns`` and ``time_limit``
     end the stream early (see :attr:`exhausted` and :attr:`stopped_by`).
+
+    With ``comm`` (an mpi4py communicator; every rank holds the same B and ``random_state``)
+    each chunk's subsets are split into contiguous shares, one per rank; the shares'
+    patterns are gathered in rank order, which is subset order, so every rank streams the
+    same patterns as one process (the kernel keeps first occurrences in subset order, and so
+    does the deduplication here). Time limits are agreed: a rank out of time stops them all.
     """
 
     def __init__(
@@ -132,7 +138,9 @@ class PatternStream:
         phases=("random", "rays", "vertices"),
         n_random=None,
         random_state=None,
+        comm=None,
     ):
+        self.comm = comm
         self.B = np.ascontiguousarray(B, dtype=np.float64)
         self.k, self.n = self.B.shape
         self.tol, self.n_jobs, self.chunk = tol, n_jobs, chunk
@@ -173,20 +181,8 @@ class PatternStream:
                 begin = 0
                 while begin < self.totals[phase]:
                     end = min(begin + size, self.totals[phase])
-                    try:
-                        if phase == "random":
-                            pats, coeffs, systems = self._random_batch(end - begin)
-                        else:
-                            pats, coeffs, systems = sign_patterns(
-                                self.B,
-                                mode=phase,
-                                tol=self.tol,
-                                begin=begin,
-                                end=end,
-                                n_jobs=self.n_jobs,
-                                time_limit=self._remaining(),
-                            )
-                    except TimeoutError:  # the deadline passed inside the C++ enumeration
+                    pats, coeffs, systems, timed_out = self._enumerate(phase, begin, end)
+                    if timed_out:  # the deadline passed inside the C++ enumeration (on some rank)
                         self.stopped_by = "time_limit"
                         return
                     self.systems += systems
@@ -209,7 +205,7 @@ class PatternStream:
                         yield new
                     if self.stopped_by:
                         return
-                    if self._deadline is not None and time.monotonic() > self._deadline:
+                    if self._agree(self._deadline is not None and time.monotonic() > self._deadline):
                         self.stopped_by = "time_limit"
                         return
             self.exhausted = True
@@ -220,23 +216,56 @@ class PatternStream:
         """Seconds left before the stream's deadline (None without a time limit)."""
         return None if self._deadline is None else self._deadline - time.monotonic()
 
-    def _random_batch(self, count):
+    def _agree(self, flag):
+        """True on every rank when ``flag`` is true on any rank (the flag itself without comm)."""
+        return bool(flag) if self.comm is None else any(self.comm.allgather(bool(flag)))
+
+    def _enumerate(self, phase, begin, end):
+        """Subsets [begin, end) of a phase: (patterns, coeffs, systems, timed_out), this rank's
+        share enumerated here and the shares gathered in rank order."""
+        if phase == "random":
+            subsets = self._random_subsets(end - begin)  # drawn on every rank alike
+        size = 1 if self.comm is None else int(self.comm.Get_size())
+        rank = 0 if self.comm is None else int(self.comm.Get_rank())
+        count = len(subsets) if phase == "random" else end - begin
+        lo, hi = count * rank // size, count * (rank + 1) // size
+        n_words = (self.n + 63) // 64
+        words, coeffs, systems, timed_out = np.zeros((0, n_words), np.uint64), np.zeros((0, self.k)), 0, False
+        if hi > lo:
+            try:
+                if phase == "random":
+                    out = core.enumerate_patterns_for(
+                        self.B, "rays", subsets[lo:hi], self.tol, self.n_jobs, _seconds(self._remaining())
+                    )
+                else:
+                    out = core.enumerate_patterns(
+                        self.B,
+                        phase,
+                        int(begin + lo),
+                        int(begin + hi),
+                        float(self.tol),
+                        int(self.n_jobs),
+                        _seconds(self._remaining()),
+                    )
+                words, coeffs, systems = out["words"], out["coeffs"], int(out["systems"])
+            except TimeoutError:
+                timed_out = True
+        if self.comm is not None:
+            parts = self.comm.allgather((words, coeffs, systems, timed_out))
+            words = np.concatenate([np.asarray(w, dtype=np.uint64).reshape(-1, n_words) for w, _, _, _ in parts])
+            coeffs = np.concatenate([np.asarray(c, dtype=np.float64).reshape(-1, self.k) for _, c, _, _ in parts])
+            systems = sum(sy for _, _, sy, _ in parts)
+            timed_out = any(t for _, _, _, t in parts)
+        return unpack_patterns(words, self.n), coeffs, systems, timed_out
+
+    def _random_subsets(self, count):
+        """``count`` random (k-1)-subsets of the samples (sorted rows, distinct entries)."""
         r = self.k - 1
         if r == 0:
-            subsets = np.zeros((count, 0), dtype=np.int64)
-        else:
-            subsets = np.sort(self.rng.integers(0, self.n, size=(2 * count + 16, r)), axis=1)
-            distinct = np.all(np.diff(subsets, axis=1) > 0, axis=1) if r > 1 else np.ones(len(subsets), bool)
-            subsets = subsets[distinct][:count]
-        out = core.enumerate_patterns_for(
-            self.B,
-            "rays",
-            np.ascontiguousarray(subsets, dtype=np.int64),
-            self.tol,
-            self.n_jobs,
-            _seconds(self._remaining()),
-        )
-        return unpack_patterns(out["words"], self.n), out["coeffs"], int(out["systems"])
+            return np.zeros((count, 0), dtype=np.int64)
+        subsets = np.sort(self.rng.integers(0, self.n, size=(2 * count + 16, r)), axis=1)
+        distinct = np.all(np.diff(subsets, axis=1) > 0, axis=1) if r > 1 else np.ones(len(subsets), bool)
+        return np.ascontiguousarray(subsets[distinct][:count], dtype=np.int64)
 
     def __iter__(self):
         for chunk in self.chunks():

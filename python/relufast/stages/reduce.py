@@ -61,20 +61,18 @@ def row_blocks(X, Y):
 
 def check_comm(comm):
     """None or an mpi4py communicator (or an object with its ``allgather``, ``Get_rank`` and
-    ``Get_size``); raises a clear error otherwise (naming the ``mpi`` extra when mpi4py is
-    missing)."""
+    ``Get_size``); anything else is a ``TypeError`` naming what was expected and what was
+    got (and the ``mpi`` extra when mpi4py is missing: the object is wrong either way)."""
     if comm is None:
         return None
     if all(hasattr(comm, name) for name in ("allgather", "Get_rank", "Get_size")):
         return comm
+    message = f"comm must be None or an mpi4py communicator (e.g. MPI.COMM_WORLD); got {type(comm).__name__}"
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        raise ImportError(
-            f"comm= needs an mpi4py communicator, and mpi4py is not installed (got a "
-            f"{type(comm).__name__}); install it with pip install 'relufast[mpi]'"
-        ) from None
-    raise TypeError(f"comm must be None or an mpi4py communicator (e.g. MPI.COMM_WORLD); got {type(comm).__name__}")
+        message += "; mpi4py is not installed either: install it with pip install 'relufast[mpi]'"
+    raise TypeError(message)
 
 
 def _sum_in_order(parts):
@@ -278,8 +276,8 @@ class Samples:
         lo, hi = np.searchsorted(sidx, [self.offset, self.offset + self.n_local])
         local = sidx[lo:hi] - self.offset
         Xl, Yl = self.X[local], self.Y[local]
-        if self.lazy:
-            Xl, Yl = np.asarray(Xl.compute()), np.asarray(Yl.compute())
+        Xl = np.asarray(Xl.compute()) if is_dask(Xl) else Xl  # one of X, Y may be in memory
+        Yl = np.asarray(Yl.compute()) if is_dask(Yl) else Yl
         Xl = np.ascontiguousarray(Xl, dtype=np.float64)
         Yl = np.ascontiguousarray(Yl, dtype=np.float64).reshape(len(local), self.m)
         if self.comm is not None:
