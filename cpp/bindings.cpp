@@ -229,27 +229,38 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def_property_readonly("d", &DetectorMoment::d)
       .def_property_readonly("k", &DetectorMoment::k);
 
-  // ---- Certificate (relufast issue 12): one fused pass ending every exact method ----
+  // ---- The network pass (relufast issue 12): certify and relu_stats share one kernel ----
+  auto stats_dict = [](const NetworkStats& s, bool with_nonfinite) {
+    py::dict out;
+    out["count"] = s.count;
+    out["gram"] = s.gram;
+    out["cross"] = s.cross;
+    out["sq_residual"] = s.sq_residual;
+    out["sq_norm"] = s.sq_norm;
+    if (with_nonfinite) out["nonfinite"] = s.nonfinite;
+    return out;
+  };
   m.def(
       "certify",
-      [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
-         int n_jobs, Index block, double power, bool normal_equations) {
-        Certificate c = interruptible(
-            [&] { return certify(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, normal_equations); });
-        py::dict out;
-        out["count"] = c.count;
-        out["gram"] = c.gram;
-        out["cross"] = c.cross;
-        out["sq_residual"] = c.sq_residual;
-        out["sq_norm"] = c.sq_norm;
-        out["nonfinite"] = c.nonfinite;
-        return out;
+      [stats_dict](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
+                   std::optional<RowMatrixXd> U, int n_jobs, Index block, double power, bool normal_equations,
+                   std::optional<Eigen::VectorXd> b, bool intercept) {
+        PassOptions opt;
+        opt.power = power;
+        opt.normal_equations = normal_equations;
+        opt.count_nonfinite = true;
+        opt.b = b ? &*b : nullptr;
+        opt.intercept = intercept;
+        NetworkStats s =
+            interruptible([&] { return network_pass(X, Y, V, U ? &*U : nullptr, n_jobs, block, opt, "certify"); });
+        return stats_dict(s, true);
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
       py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0,
-      py::arg("normal_equations") = true,
-      "One pass: F = relu(X V^T)^power; F^T F, F^T Y (skipped when U is given and normal_equations "
-      "is false), non-finite entries of X and Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+      py::arg("normal_equations") = true, py::arg("b") = py::none(), py::arg("intercept") = false,
+      "One pass: F = relu(X V^T + b)^power (and a constant column with intercept); F^T F, F^T Y "
+      "(skipped when U is given and normal_equations is false), non-finite entries of X and Y and, "
+      "given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
   m.def(
       "count_nonfinite",
       [](const ConstRowRef& A, int n_jobs, Index block) {
@@ -260,24 +271,19 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
 
   m.def(
       "relu_stats",
-      [](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V, std::optional<RowMatrixXd> U,
-         int n_jobs, Index block, double power, std::optional<Eigen::VectorXd> b, bool intercept) {
+      [stats_dict](const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
+                   std::optional<RowMatrixXd> U, int n_jobs, Index block, double power,
+                   std::optional<Eigen::VectorXd> b, bool intercept) {
         ReluStats s = interruptible([&] {
           return relu_stats(X, Y, V, U ? &*U : nullptr, n_jobs, block, power, b ? &*b : nullptr, intercept);
         });
-        py::dict out;
-        out["gram"] = s.gram;
-        out["cross"] = s.cross;
-        out["sq_residual"] = s.sq_residual;
-        out["sq_norm"] = s.sq_norm;
-        out["count"] = s.count;
-        return out;
+        return stats_dict(s, false);
       },
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("U") = py::none(),
       py::arg("n_jobs") = 0, py::arg("block") = 4096, py::arg("power") = 1.0, py::arg("b") = py::none(),
       py::arg("intercept") = false,
-      "F = relu(X V^T + b)^power (and a constant column with intercept): returns F^T F, F^T Y and, "
-      "given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
+      "The pass of certify without the finiteness count: F = relu(X V^T + b)^power (and a constant "
+      "column with intercept); F^T F, F^T Y and, given U, ||Y - F U^T||_F^2 and ||Y||_F^2.");
 
   m.def(
       "pattern_subset_count",

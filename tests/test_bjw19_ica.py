@@ -49,3 +49,36 @@ def test_ica_reports_failure_for_non_orthonormal_V():
         assert rf.metrics.parameter_error(res, net).V < EXACT_TOL
     else:
         assert res.status == "failed"
+
+
+#: Weight error from float32 outputs: their rounding (6e-8) limits it; 1e-6 leaves 20x margin.
+F32_WEIGHT_TOL = 1e-6
+
+
+@pytest.mark.parametrize("as_keyword", [False, True])
+def test_float32_outputs_exact_at_float32(as_keyword):
+    """Issue 13: float32 outputs (or precision="float32") are certified at float32, never failed."""
+    from relufast.stages.precision import FLOOR_FACTOR, UNIT_ROUNDOFF
+
+    d, k, m = 8, 5, 10
+    net = rf.planted.two_layer(d=d, k=k, m=m, random_state=1, orthonormal_V=True)
+    X, Y = net.sample(50000, random_state=2)
+    Y32 = Y.astype(np.float32)
+    kw = {"precision": "float32"} if as_keyword else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rf.RelufastWarning)
+        res = rf.recover(
+            X, Y32.astype(np.float64) if as_keyword else Y32, n_hidden=k, method="bjw19-ica", random_state=0, **kw
+        )
+    assert res.status == "exact" and res.exact and res.precision == "float32", res.message
+    assert res.residual <= FLOOR_FACTOR * UNIT_ROUNDOFF["float32"] * np.sqrt(d + k)
+    assert "float32 precision" in res.message
+    err = rf.metrics.parameter_error(res, net)
+    assert err.V < F32_WEIGHT_TOL and err.U < F32_WEIGHT_TOL
+
+
+def test_float64_outputs_keep_float64_thresholds():
+    net = rf.planted.two_layer(d=5, k=3, m=6, random_state=0, orthonormal_V=True)
+    X, Y = net.sample(20000, random_state=1)
+    res = rf.recover(X, Y, n_hidden=3, method="bjw19-ica", random_state=0)
+    assert res.exact and res.precision == "float64" and res.residual <= EXACT_TOL

@@ -87,3 +87,103 @@ def test_noisy_refuses_fewer_outputs_than_units():
     with pytest.warns(rf.RelufastWarning, match="m = 2 < k = 3"):
         res = rf.recover(X, Y, n_hidden=3, method="bjw19-noisy")
     assert res.status == "unsupported"
+
+
+# ---- noiseless data through bjw19-noisy: the exact activation-region refinement (issue 9) ----
+
+#: Relative residual an exact float64 result reaches after the refinement (measured ~1e-15).
+NOISELESS_RESIDUAL = 1e-12
+#: Weight error of an exact float64 result: rounding level, with margin.
+NOISELESS_WEIGHT_TOL = 1e-10
+
+
+def _quiet(X, Y, k, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", rf.RelufastWarning)
+        return rf.recover(X, Y, n_hidden=k, method="bjw19-noisy", random_state=0, **kw)
+
+
+@pytest.mark.parametrize("m", [6, 3])  # m > k: the spectrum says noiseless; m = k: the certificate decides
+def test_noiseless_data_end_exact(m):
+    net = planted(8, 3, m, 4, max_condition=3.0, max_cos=0.7, max_output_condition=10.0)
+    X, Y = net.sample(20_000, random_state=5)
+    res = _quiet(X, Y, 3)
+    assert res.status == "exact" and res.exact, res.message
+    assert res.residual <= NOISELESS_RESIDUAL
+    err = rf.metrics.parameter_error(res, net)
+    assert err.V < NOISELESS_WEIGHT_TOL and err.U < NOISELESS_WEIGHT_TOL
+    assert res.diagnostics["exact_refinement"].startswith("certified")
+    assert res.counts["refine_rounds"] >= 1
+    assert res.precision == "float64"
+
+
+def test_noiseless_data_without_refinement_say_so():
+    net = _instance(2)
+    X, Y = net.sample(20_000, random_state=6)
+    res = _quiet(X, Y, 3, exact_refine=False)
+    assert res.status == "approximate" and not res.exact
+    assert "exact_refine=True" in res.message
+    assert res.diagnostics["exact_refinement"] == "not run: disabled"
+
+
+def test_noisy_data_with_m_equal_k_stay_approximate():
+    net = planted(8, 3, 3, 4, max_condition=3.0, max_cos=0.7, max_output_condition=10.0)
+    X, Y = net.sample(20_000, random_state=7, noise=0.1)
+    res = _quiet(X, Y, 3)
+    assert res.status == "approximate" and not res.exact
+    assert "noisy" in res.diagnostics["exact_refinement"]
+
+
+def test_noisy_data_with_m_above_k_skip_the_refinement():
+    res, _, _ = _run(_instance(3), 20_000, 0.1, 3)
+    assert res.diagnostics["exact_refinement"] == "not run: the outputs look noisy"
+    assert "refine_rounds" not in res.counts
+
+
+def test_biased_noiseless_data_are_not_called_exact():
+    net = planted(8, 3, 6, 4, max_condition=3.0, max_cos=0.7, max_output_condition=10.0, bias=0.3, offset=0.5)
+    X, Y = net.sample(20_000, random_state=8)
+    res = _quiet(X, Y, 3, exact_refine=True)
+    assert not res.exact and res.status == "approximate"
+    assert "atv21" in res.diagnostics["exact_refinement"] or "noisy" in res.diagnostics["exact_refinement"]
+
+
+def test_float32_noiseless_outputs_are_exact_at_float32():
+    """Issue 13: rounding of float32 outputs is not noise (the noise test and tol use the floor)."""
+    from relufast.stages.precision import FLOOR_FACTOR, UNIT_ROUNDOFF
+
+    d, k = 8, 3
+    net = _instance(5)
+    X, Y = net.sample(20_000, random_state=9)
+    res = _quiet(X, Y.astype(np.float32), k)
+    assert res.status == "exact" and res.precision == "float32", res.message
+    assert res.residual <= FLOOR_FACTOR * UNIT_ROUNDOFF["float32"] * np.sqrt(d + k)
+    assert "float32 precision" in res.message
+    err = rf.metrics.parameter_error(res, net)
+    assert err.V < F32_WEIGHT_TOL and err.U < F32_WEIGHT_TOL
+
+
+#: Weight error from float32 outputs: their rounding (6e-8) limits it; 1e-6 leaves 20x margin.
+F32_WEIGHT_TOL = 1e-6
+
+
+def test_exact_refine_is_validated():
+    X, Y = _instance(0).sample(200, random_state=1)
+    with pytest.raises(ValueError, match="exact_refine must be 'auto', True or False; got 'yes'"):
+        rf.recover(X, Y, n_hidden=3, method="bjw19-noisy", exact_refine="yes")
+    with pytest.raises(ValueError, match="tol must be a positive number"):
+        rf.recover(X, Y, n_hidden=3, method="bjw19-noisy", tol=-1.0)
+
+
+def test_a_refinement_that_stops_leaves_the_approximate_result(monkeypatch):
+    import sys
+
+    noisy_module = sys.modules["relufast.algorithms.bjw19.noisy"]  # the package exports the function
+
+    def stop(*args, **kwargs):
+        raise ValueError("the activation patterns populate more than max_regions regions")
+
+    monkeypatch.setattr(noisy_module, "refine_to_exact", stop)
+    X, Y = _instance(2).sample(5_000, random_state=6)
+    res = _quiet(X, Y, 3)
+    assert res.status == "approximate" and "max_regions" in res.diagnostics["exact_refinement"]

@@ -183,3 +183,19 @@ def test_warnings_are_printed_once_and_readably(tmp_path, capsys):
     starts = [line for line in err.splitlines() if line.startswith("warning:")]
     assert starts and len(starts) == len(set(starts))
     assert "RelufastWarning" not in err and ".py:" not in err
+
+
+def test_recover_gklw19_on_noiseless_samples_is_exact_and_written(tmp_path, capsys):
+    import json
+
+    net = rf.planted.gklw19_network(5, random_state=2)
+    X, Y = net.sample(10000, random_state=3)  # not symmetrised: exact via region refinement
+    data, out, diag = tmp_path / "data.npz", tmp_path / "net.npz", tmp_path / "diag.json"
+    np.savez(data, X=X, Y=Y)
+    args = ["recover", str(data), "--n-hidden", "5", "--method", "gklw19", "--quiet"]
+    assert main(args + ["--out", str(out), "--diagnostics", str(diag)]) == 0
+    got = np.load(out)
+    assert str(got["status"]) == "exact" and rf.metrics.parameter_error((got["U"], got["V"]), net).V < 1e-10
+    report = json.loads(diag.read_text())
+    assert report["counts"]["region_rounds"] >= 1 and report["diagnostics"]["region_refine_residual"] < 1e-9
+    assert "activation-region refinement" in capsys.readouterr().out

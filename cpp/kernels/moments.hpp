@@ -54,20 +54,4 @@ class SecondMoment {
   mutable std::mutex mu_;  // guards count_, sum_y_, sum_yxx_
 };
 
-// Accumulates over all samples, for the fit of the output layer and the
-// certificate: F = relu(X V^T + b)^power (n x k), with a constant column 1
-// appended when `intercept` (the output offset c is then the last column of U),
-//   gram = F^T F (k x k), cross = F^T Y (k x m), and, when U is given (m x k),
-//   sq_residual = ||Y - F U^T||_F^2 and sq_norm = ||Y||_F^2.
-struct ReluStats {
-  Eigen::MatrixXd gram;
-  Eigen::MatrixXd cross;
-  double sq_residual = 0.0;
-  double sq_norm = 0.0;
-  double count = 0.0;
-};
-ReluStats relu_stats(const ConstRowRef& X, const ConstRowRef& Y, const ConstRowRef& V,
-                     const RowMatrixXd* U, int n_jobs, Index block, double power = 1.0,
-                     const Eigen::VectorXd* b = nullptr, bool intercept = false);
-
 }  // namespace relufast

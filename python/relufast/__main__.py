@@ -1,4 +1,4 @@
-"""Command line: ``relufast demo``, ``relufast recover``, ``relufast info``."""
+"""Command line: ``relufast demo``, ``relufast recover``, ``relufast reproduce``, ``relufast info``."""
 
 from __future__ import annotations
 
@@ -147,30 +147,22 @@ def _load_inputs(args, rank, size):
     return X[part], Y[part], len(X)
 
 
-def _recover(args):
-    import json
-    import time
+def _connect_mpi(args):
+    """(comm, rank, size) of the MPI run (``--mpi``), or (None, 0, 1)."""
+    if not args.mpi:
+        return None, 0, 1
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise _CommandError(
+            "--mpi needs mpi4py: pip install 'relufast[mpi]', then run under mpiexec -n R relufast recover ... --mpi"
+        ) from None
+    comm = MPI.COMM_WORLD
+    return comm, comm.Get_rank(), comm.Get_size()
 
-    import numpy as np
 
-    import relufast as rf
-
-    comm, rank, size = None, 0, 1
-    if args.mpi:
-        try:
-            from mpi4py import MPI
-        except ImportError:
-            raise _CommandError(
-                "--mpi needs mpi4py: pip install 'relufast[mpi]', then run under "
-                "mpiexec -n R relufast recover ... --mpi"
-            ) from None
-        comm = MPI.COMM_WORLD
-        rank, size = comm.Get_rank(), comm.Get_size()
-
-    def say(msg):
-        if rank == 0 and not args.quiet:
-            print(msg, file=sys.stderr, flush=True)
-
+def _check_paths(args):
+    """Input files that do not exist and output folders that do not exist are user errors."""
     for path in (args.out, args.diagnostics):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -179,22 +171,19 @@ def _recover(args):
     for path in (args.data, args.x, args.y):
         if path and not os.path.exists(path):
             raise _CommandError(f"no such input file: {path}")
-    t0 = time.perf_counter()
-    try:
-        X, Y, n = _load_inputs(args, rank, size)
-    except (OSError, ValueError) as exc:
-        raise _CommandError(f"cannot read the inputs: {exc}") from None
-    kind = (
-        "dask arrays"
-        if hasattr(X, "chunks") and not isinstance(X, np.ndarray)
-        else "memory-mapped"
-        if isinstance(X, np.memmap)
-        else "in memory"
-    )
-    say(
-        f"relufast: {n} samples, d = {X.shape[1]}, m = {1 if Y.ndim == 1 else Y.shape[1]} ({kind}"
-        f"{f', {size} MPI ranks' if size > 1 else ''}); recovering with {args.method}, k = {args.n_hidden} ..."
-    )
+
+
+def _storage(X):
+    """How the inputs are held: "dask arrays", "memory-mapped" or "in memory"."""
+    import numpy as np
+
+    if hasattr(X, "chunks") and not isinstance(X, np.ndarray):
+        return "dask arrays"
+    return "memory-mapped" if isinstance(X, np.memmap) else "in memory"
+
+
+def _recover_options(args, comm, kind):
+    """Keyword options of :func:`relufast.recover` from the command line."""
     options = {"random_state": args.seed}
     if args.n_jobs is not None:
         options["n_jobs"] = args.n_jobs
@@ -202,49 +191,84 @@ def _recover(args):
         options["n_estimate"] = args.n_estimate if args.n_estimate == "all" else int(args.n_estimate)
     if comm is not None:
         options["comm"] = comm
-    method = args.method
-    if method == "auto" and (comm is not None or kind != "in memory"):
+    if args.method == "auto" and (comm is not None or kind != "in memory"):
         raise _CommandError(
             "--method auto looks at the data in memory on one process; name the method "
             "(e.g. --method bjw19-gaussian) for memory-mapped, zarr or MPI inputs"
         )
+    return options
+
+
+def _recover(args):
+    """``relufast recover``: read the inputs (this rank's share), recover, print and write."""
+    import time
+
+    import relufast as rf
+
+    comm, rank, size = _connect_mpi(args)
+
+    def say(msg):
+        if rank == 0 and not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    _check_paths(args)
+    t0 = time.perf_counter()
+    try:
+        X, Y, n = _load_inputs(args, rank, size)
+    except (OSError, ValueError) as exc:
+        raise _CommandError(f"cannot read the inputs: {exc}") from None
+    kind = _storage(X)
+    say(
+        f"relufast: {n} samples, d = {X.shape[1]}, m = {1 if Y.ndim == 1 else Y.shape[1]} ({kind}"
+        f"{f', {size} MPI ranks' if size > 1 else ''}); recovering with {args.method}, k = {args.n_hidden} ..."
+    )
+    options = _recover_options(args, comm, kind)
     with _Warnings() as caught:
-        res = rf.recover(X, Y, n_hidden=args.n_hidden, method=method, **options)
+        res = rf.recover(X, Y, n_hidden=args.n_hidden, method=args.method, **options)
     say(f"relufast: done in {time.perf_counter() - t0:.2f} s")
     if rank == 0:
         print(res)
         print(res.message)
         caught.print()
-        if args.out:
-            # Only the arrays the result has (never None saved as an object array).
-            arrays = {name: getattr(res, name) for name in ("U", "V", "b", "c") if getattr(res, name) is not None}
-            np.savez(
-                args.out,
-                status=res.status.value,
-                message=res.message,
-                exact=res.exact,
-                residual=res.residual,
-                method=res.method,
-                **arrays,
-            )
-            print(f"wrote {args.out}" + ("" if arrays else " (status and message only: no network returned)"))
-        if args.diagnostics:
-            report = {
-                "method": res.method,
-                "status": res.status.value,
-                "exact": res.exact,
-                "residual": res.residual,
-                "message": res.message,
-                "n_samples": n,
-                "mpi_ranks": size,
-                "seconds": res.seconds,
-                "counts": res.counts,
-                "diagnostics": res.diagnostics,
-            }
-            with open(args.diagnostics, "w") as f:
-                json.dump(_jsonable(report), f, indent=2)
-            print(f"wrote {args.diagnostics}")
+        _write_outputs(args, res, n, size)
     return 0 if res.success else 1
+
+
+def _write_outputs(args, res, n, size):
+    """``--out`` (.npz of the network, status and message) and ``--diagnostics`` (JSON)."""
+    import json
+
+    import numpy as np
+
+    if args.out:
+        # Only the arrays the result has (never None saved as an object array).
+        arrays = {name: getattr(res, name) for name in ("U", "V", "b", "c") if getattr(res, name) is not None}
+        np.savez(
+            args.out,
+            status=res.status.value,
+            message=res.message,
+            exact=res.exact,
+            residual=res.residual,
+            method=res.method,
+            **arrays,
+        )
+        print(f"wrote {args.out}" + ("" if arrays else " (status and message only: no network returned)"))
+    if args.diagnostics:
+        report = {
+            "method": res.method,
+            "status": res.status.value,
+            "exact": res.exact,
+            "residual": res.residual,
+            "message": res.message,
+            "n_samples": n,
+            "mpi_ranks": size,
+            "seconds": res.seconds,
+            "counts": res.counts,
+            "diagnostics": res.diagnostics,
+        }
+        with open(args.diagnostics, "w") as f:
+            json.dump(_jsonable(report), f, indent=2)
+        print(f"wrote {args.diagnostics}")
 
 
 def _reproduce(args):
@@ -275,21 +299,7 @@ def _info(args):
     return 0
 
 
-def main(argv=None):
-    import relufast as rf
-
-    methods = ["auto"] + sorted(rf.METHODS)
-    method_help = (
-        "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
-        "order of cost; docs/results.md)"
-    )
-    parser = argparse.ArgumentParser(
-        prog="relufast",
-        description="Provable weight recovery of two-layer ReLU networks y = U relu(V x) from inputs X and outputs Y.",
-    )
-    parser.add_argument("--version", action="version", version=f"relufast {rf.__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_demo(sub, methods, method_help):
     p = sub.add_parser(
         "demo",
         help="plant a network, recover it, print errors and timings",
@@ -299,7 +309,7 @@ def main(argv=None):
     p.add_argument("--d", type=_positive_int, default=20, help="input dimension d (default 20)")
     p.add_argument("--k", type=_positive_int, default=5, help="hidden units k (default 5)")
     p.add_argument(
-        "--m", type=_positive_int, default=8, help="outputs m (default 8; m < k is handled by bjw19-fpt under auto)"
+        "--m", type=_positive_int, default=8, help="outputs m (default 8; auto handles m < k by bjw19-fpt or atv21)"
     )
     p.add_argument("--n", type=_positive_int, default=20000, help="samples n (default 20000)")
     p.add_argument(
@@ -315,6 +325,8 @@ def main(argv=None):
     )
     p.set_defaults(func=_demo)
 
+
+def _add_recover(sub, methods, method_help):
     p = sub.add_parser(
         "recover",
         help="recover a network from .npz/.npy files or a zarr store",
@@ -347,6 +359,8 @@ def main(argv=None):
     )
     p.set_defaults(func=_recover)
 
+
+def _add_reproduce(sub):
     from relufast.reproduce import EXPERIMENTS
 
     p = sub.add_parser(
@@ -362,9 +376,35 @@ def main(argv=None):
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=_reproduce)
 
+
+def _parser():
+    """The argument parser of every subcommand."""
+    import relufast as rf
+
+    methods = ["auto"] + sorted(rf.METHODS)
+    method_help = (
+        "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
+        "order of cost; docs/results.md)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="relufast",
+        description="Provable weight recovery of two-layer ReLU networks y = U relu(V x + b) + c from inputs X and "
+        "outputs Y.",
+    )
+    parser.add_argument("--version", action="version", version=f"relufast {rf.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_demo(sub, methods, method_help)
+    _add_recover(sub, methods, method_help)
+    _add_reproduce(sub)
     p = sub.add_parser("info", help="version, kernel build and methods with their citations")
     p.set_defaults(func=_info)
+    return parser
 
+
+def main(argv=None):
+    """Run the command line; returns the exit code (0 success, 1 no network, 2 user error,
+    130 interrupted)."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "recover" and not (args.data or (args.x and args.y)):
         parser.error("recover needs an .npz file with X and Y, or both --x and --y")

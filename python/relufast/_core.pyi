@@ -179,12 +179,7 @@ class Hermite4Contraction:
     @property
     def GP(self) -> NDArray[np.float64]: ...
 
-class _Certificate(TypedDict):
-    count: float
-    gram: NDArray[np.float64]
-    cross: NDArray[np.float64]
-    sq_residual: float
-    sq_norm: float
+class _Certificate(_ReluStats):
     nonfinite: float
 
 def certify(
@@ -196,6 +191,8 @@ def certify(
     block: int = 4096,
     power: float = 1.0,
     normal_equations: bool = True,
+    b: NDArray[np.float64] | None = None,
+    intercept: bool = False,
 ) -> _Certificate: ...
 def count_nonfinite(A: NDArray[np.float64], n_jobs: int = 0, block: int = 8192) -> float: ...
 

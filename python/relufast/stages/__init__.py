@@ -6,7 +6,7 @@ compiled core.
 ``tensor``              span, projection, Jennrich, CP-ALS (small dense tensors)
 ``patterns``            candidate sign patterns (C++ enumeration, streaming with progress)
 ``refine``              exact refinement of approximate rows (BJW19 Alg. 5, C++) and the
-                        activation-region refinement of networks with biases
+                        activation-region refinement (with or without biases)
 ``fit``                 output layer, residual certificate, Gauss-Newton polish
 ``diagnostics``         Gaussianity, numerical rank, whitening, refinement subset
 ``highs``               LP sessions on HiGHS (the only importer of highspy)

@@ -29,6 +29,9 @@ __all__ = [
     "fit_network",
     "Fit",
     "certify",
+    "check_finite_once",
+    "refine_to_exact",
+    "ExactRefinement",
     "polish",
     "gauss_newton_system",
     "local_rank_deficiency",
@@ -120,8 +123,10 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
     all samples), ``count`` and, with U given, ``sq_residual`` = ||Y - F U^T - c||_F^2 and
     ``sq_norm`` = ||Y||_F^2, reduced over the blocks and ranks of ``samples`` (a
     :class:`relufast.stages.reduce.Samples`). Non-finite entries of X and Y are counted as
-    the samples are read (in the fused C++ kernel for relu^p without biases): any raises
+    the samples are read (in the C++ pass for relu^p): any raises
     ValueError on every rank, so a deferred finiteness check costs no extra pass.
+    For relu^p (with or without biases and offset) this is the C++ pass that
+    :func:`relu_stats` also runs.
     ``normal_equations`` (default: only when U is None) keeps ``gram`` and ``cross``; the
     fused kernel skips them otherwise, so a certificate costs what a plain check costs.
     """
@@ -130,34 +135,21 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
     intercept = c is not None
     Uc = None if U is None else np.ascontiguousarray(U if c is None else np.column_stack([U, c]), dtype=np.float64)
     bc = None if b is None else np.ascontiguousarray(b, dtype=np.float64)
-    fused = activation.homogeneous and bc is None and not intercept
-
-    def nonfinite(Xb, Yb):
-        return float(
-            core.count_nonfinite(np.ascontiguousarray(Xb), samples.n_jobs)
-            + core.count_nonfinite(np.ascontiguousarray(Yb), samples.n_jobs)
-        )
+    # relu^p: the one C++ pass (the kernel behind relu_stats too); other activations: NumPy.
+    fused = activation.homogeneous
 
     def one_block(Xb, Yb):
         if fused:
-            return core.certify(Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree), normal_equations)
-        out = dict(
-            relu_stats(
-                Xb,
-                Yb,
-                Vc,
-                Uc,
-                n_jobs=samples.n_jobs,
-                block_size=block_size,
-                activation=activation,
-                b=bc,
-                intercept=intercept,
+            return core.certify(
+                Xb, Yb, Vc, Uc, samples.n_jobs, block_size, float(activation.degree), normal_equations, bc, intercept
             )
-        )
+        out = dict(relu_stats(Xb, Yb, Vc, Uc, activation=activation, b=bc, intercept=intercept))
         out.setdefault("sq_residual", 0.0)
         out.setdefault("sq_norm", 0.0)
-        out["count"] = float(Xb.shape[0])
-        out["nonfinite"] = nonfinite(Xb, Yb)
+        out["nonfinite"] = float(
+            core.count_nonfinite(np.ascontiguousarray(Xb), samples.n_jobs)
+            + core.count_nonfinite(np.ascontiguousarray(Yb), samples.n_jobs)
+        )
         return out
 
     st = samples.map_reduce(one_block, bounded=not fused)
@@ -166,6 +158,13 @@ def certify(samples, V, U=None, *, activation=RELU, b=None, c=None, block_size=4
             f"X and Y must contain only finite values; found {int(st['nonfinite'])} NaN or infinite entries"
         )
     return st
+
+
+def check_finite_once(samples):
+    """Run the deferred finiteness check of ``samples`` (one :func:`certify` pass) unless it
+    has run: a status returned on data holding NaN would hide the caller's error."""
+    if not samples.finite_checked:
+        certify(samples, np.zeros((1, samples.d)))
 
 
 def _as_samples(X, Y, threads):
@@ -445,3 +444,78 @@ def minimum_norm_rows(X, V, U, directions, input_null=None):
         flags.append(ok)
     s = np.linalg.norm(V, axis=1)
     return np.asarray(U) * s[None, :], V / s[:, None], tuple(flags)
+
+
+#: Largest |b| (rows of unit norm) and |c| / rms(Y) of a refined network still read as
+#: bias-free: rounding of an exact bias-free fit leaves them near 1e-15.
+BIAS_FREE_TOL = 1e-8
+
+
+class ExactRefinement(NamedTuple):
+    """Outcome of :func:`refine_to_exact`."""
+
+    exact: bool  #: the certificate holds: residual <= tol over all samples (and bias-free if asked)
+    U: np.ndarray  #: (m, k)
+    V: np.ndarray  #: (k, d), unit rows
+    b: Optional[np.ndarray]  #: (k,), None for a bias-free result
+    c: Optional[np.ndarray]  #: (m,), None for a bias-free result
+    residual: float  #: relative residual over all samples of the returned network
+    rounds: int  #: activation-region rounds run (0: the refinement did not reach tol, not kept)
+    biased: bool  #: the refined network needs hidden biases or an offset (bias-free asked)
+
+
+def refine_to_exact(X, Y, U, V, b=None, c=None, *, tol, bias_free, subset=None, threads=0, max_rounds=10):
+    """Try to make an approximate network exact on noiseless data (beyond the papers).
+
+    Runs the activation-region refinement from ``(U, V, b, c)`` on ``subset`` (default all
+    samples) through :func:`relufast.stages.refine.refine_if_noiseless` (kept only when it
+    reaches ``tol`` there with every unit determined), refits the output layer on it
+    (:func:`fit_network`; without biases for ``bias_free``, with the offset otherwise) and
+    certifies that network over all samples in one pass. With ``bias_free`` (methods whose
+    model has no biases) the refined b and c must vanish first (at most
+    :data:`BIAS_FREE_TOL`, or ``tol`` when larger, e.g. at float32 precision). Shared by
+    the methods that estimate an approximate network and may meet noiseless data
+    (bjw19-noisy; any method can call it).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d) or Samples
+        All samples (a :class:`relufast.stages.reduce.Samples` for memmaps, dask or MPI;
+        Y is then ignored and ``subset`` required).
+    Y : ndarray of shape (n, m)
+    U, V : ndarray of shape (m, k) and (k, d)
+        The approximate network (rows within a few tenths of a radian of the truth).
+    b, c : ndarray of shape (k,) and (m,), optional
+        Approximate biases (default zero).
+    tol : float
+        Largest relative residual accepted as exact (already at the outputs' precision).
+    bias_free : bool
+    subset : pair of ndarray, optional
+        In-memory samples (X_s, Y_s) the refinement and the fit of the output layer use.
+    threads : int, default=0
+    max_rounds : int, default=10
+
+    Returns
+    -------
+    ExactRefinement
+        ``exact`` is True only when the certificate over all samples holds; noisy data end
+        with ``exact`` False after a round or two (the residual stops falling).
+    """
+    from .refine import refine_if_noiseless
+
+    Xs, Ys = (X, Y) if subset is None else subset
+    k = V.shape[0]
+    rr, probe_residual = refine_if_noiseless(
+        Xs, Ys, U, V, np.zeros(k) if b is None else b, c, tol=tol, max_rounds=max_rounds, n_jobs=threads or None
+    )
+    if rr is None:  # noisy data (or units the regions leave undetermined): nothing to certify
+        return ExactRefinement(False, U, V, b, c, probe_residual, 0, False)
+    if bias_free:
+        bias_tol = max(BIAS_FREE_TOL, tol)
+        scale = max(float(np.sqrt(np.mean(Ys * Ys))), 1e-300)
+        if np.max(np.abs(rr.b)) > bias_tol or np.max(np.abs(rr.c)) > bias_tol * scale:
+            return ExactRefinement(False, rr.U, rr.V, rr.b, rr.c, rr.residual, rr.rounds, True)
+        fit = fit_network(X, Y, rr.V, subset=(Xs, Ys), threads=threads)
+        return ExactRefinement(bool(fit.residual <= tol), fit.U, rr.V, None, None, fit.residual, rr.rounds, False)
+    fit = fit_network(X, Y, rr.V, rr.b, intercept=True, subset=(Xs, Ys), threads=threads)
+    return ExactRefinement(bool(fit.residual <= tol), fit.U, rr.V, rr.b, fit.c, fit.residual, rr.rounds, False)

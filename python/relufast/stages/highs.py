@@ -64,7 +64,144 @@ class LPResult:
         return self.status == LPStatus.OPTIMAL
 
 
-class LPSession:
+def _check(status, call):
+    """Raise when a HiGHS call returned an error (every call's status is checked)."""
+    if status == highspy.HighsStatus.kError:
+        raise RuntimeError(f"HiGHS {call} returned an error")
+
+
+class _HighsSession:
+    """What the LP and QP sessions share: one HiGHS model with bounded columns, a linear
+    cost and rows that are added, re-bounded and deleted between warm solves (HiGHS keeps
+    its basis), plus a copy of the rows for the double-precision re-check of every point.
+
+    Subclasses choose how that copy is held (:meth:`_as_rows`, :meth:`_stack_rows`): dense
+    for :class:`LPSession`, sparse CSR for :class:`QPSession`.
+    """
+
+    _check = staticmethod(_check)
+
+    def __init__(
+        self,
+        n_vars,
+        *,
+        lower=None,
+        upper=None,
+        cost=None,
+        time_limit=None,
+        feasibility_tol=1e-9,
+        check_tol=1e-7,
+        options=(),
+    ):
+        self.n_vars = n = int(n_vars)
+        self._h = highspy.Highs()
+        settings = [
+            ("output_flag", False),
+            ("primal_feasibility_tolerance", feasibility_tol),
+            ("dual_feasibility_tolerance", feasibility_tol),
+            *options,
+        ]
+        if time_limit is not None:
+            settings.append(("time_limit", float(time_limit)))
+        for name, value in settings:
+            _check(self._h.setOptionValue(name, value), "setOptionValue")
+        self._lo = np.full(n, -INF) if lower is None else np.array(lower, dtype=np.float64)
+        self._up = np.full(n, INF) if upper is None else np.array(upper, dtype=np.float64)
+        _check(self._h.addVars(n, self._lo, self._up), "addVars")
+        self._cost = np.zeros(n) if cost is None else np.array(cost, dtype=np.float64)
+        if cost is not None:
+            _check(self._h.changeColsCost(n, np.arange(n, dtype=np.int32), self._cost), "changeColsCost")
+        self._rows = self._as_rows(np.zeros((0, n)))
+        self._rlo = np.zeros(0)
+        self._rup = np.zeros(0)
+        self.check_tol = check_tol
+        self.n_solves = 0
+
+    # How the copy of the rows is held (dense here; sparse in QPSession).
+    @staticmethod
+    def _as_rows(A):
+        return np.atleast_2d(np.asarray(A, dtype=np.float64))
+
+    @staticmethod
+    def _stack_rows(R, A):
+        return np.vstack([R, A])
+
+    @property
+    def n_rows(self):
+        return self._rows.shape[0]
+
+    def add_rows(self, A, lower, upper):
+        """Add rows ``lower <= A x <= upper`` (A of shape (r, n_vars)); returns their indices."""
+        import scipy.sparse as sp
+
+        A = self._as_rows(A)
+        if A.shape[1] != self.n_vars:
+            raise ValueError(f"rows must have {self.n_vars} columns; got shape {A.shape}")
+        S = sp.csr_matrix(A)
+        S.sort_indices()
+        r = A.shape[0]
+        lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (r,)).copy()
+        upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (r,)).copy()
+        _check(
+            self._h.addRows(r, lower, upper, S.nnz, S.indptr[:-1].astype(np.int32), S.indices.astype(np.int32), S.data),
+            "addRows",
+        )
+        first = self.n_rows
+        self._rows = self._stack_rows(self._rows, A)
+        self._rlo = np.concatenate([self._rlo, lower])
+        self._rup = np.concatenate([self._rup, upper])
+        return np.arange(first, first + r)
+
+    def set_row_bounds(self, rows, lower, upper):
+        """Change the bounds of one row or several rows at once (re-solved warm)."""
+        rows = np.atleast_1d(np.asarray(rows, dtype=np.int32))
+        lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), rows.shape).copy()
+        upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), rows.shape).copy()
+        _check(self._h.changeRowsBounds(len(rows), rows, lower, upper), "changeRowsBounds")
+        self._rlo[rows], self._rup[rows] = lower, upper
+
+    def delete_rows(self, rows):
+        """Delete rows by index (later rows move up, as in HiGHS)."""
+        rows = np.atleast_1d(np.asarray(rows, dtype=np.int32))
+        _check(self._h.deleteRows(len(rows), rows), "deleteRows")
+        keep = np.ones(self.n_rows, dtype=bool)
+        keep[rows] = False
+        self._rows, self._rlo, self._rup = self._rows[keep], self._rlo[keep], self._rup[keep]
+
+    def violation(self, x):
+        """Largest constraint violation of x, each row relative to max(1, |row| |x|)."""
+        row_v = 0.0
+        if self.n_rows:
+            Ax = self._rows @ x
+            scale = np.maximum(1.0, abs(self._rows) @ np.abs(x))
+            row_v = float(np.max(np.maximum(np.maximum(self._rlo - Ax, Ax - self._rup), 0.0) / scale))
+        col_v = float(np.max(np.maximum(np.maximum(self._lo - x, x - self._up), 0.0) / np.maximum(1.0, np.abs(x))))
+        return max(row_v, col_v)
+
+    def objective(self, x):
+        return float(self._cost @ x)
+
+    def _run(self):
+        """One warm solve: (status, solution or None, violation, objective, seconds, HiGHS
+        model status as text); an optimum that violates a row is INACCURATE."""
+        t = time.perf_counter()
+        run = self._h.run()
+        self.n_solves += 1
+        ms = self._h.getModelStatus()
+        status = STATUS_TABLE.get(ms, LPStatus.ERROR)
+        if run == highspy.HighsStatus.kError and status == LPStatus.OPTIMAL:
+            status = LPStatus.ERROR
+        sol, viol, obj = None, float("nan"), float("nan")
+        if status == LPStatus.OPTIMAL:
+            sol = self._h.getSolution()
+            x = np.array(sol.col_value, dtype=np.float64)
+            viol, obj = self.violation(x), self.objective(x)
+            if not viol <= self.check_tol:
+                status = LPStatus.INACCURATE
+        return status, sol, viol, obj, time.perf_counter() - t, self._h.modelStatusToString(ms)
+
+
+class LPSession(_HighsSession):
     """A HiGHS LP built once and re-solved warm.
 
     Parameters
@@ -80,109 +217,21 @@ class LPSession:
         HiGHS primal feasibility tolerance.
     check_tol : float, default=1e-7
         Largest violation accepted by the re-check, relative to the row's scale.
+    options : sequence of (str, value), optional
+        Further HiGHS options, set once.
     """
-
-    def __init__(
-        self, n_vars, *, lower=None, upper=None, cost=None, time_limit=None, feasibility_tol=1e-9, check_tol=1e-7
-    ):
-        self.n_vars = int(n_vars)
-        self._h = highspy.Highs()
-        self._check(self._h.setOptionValue("output_flag", False), "setOptionValue")
-        self._check(self._h.setOptionValue("primal_feasibility_tolerance", feasibility_tol), "setOptionValue")
-        self._check(self._h.setOptionValue("dual_feasibility_tolerance", feasibility_tol), "setOptionValue")
-        if time_limit is not None:
-            self._check(self._h.setOptionValue("time_limit", float(time_limit)), "setOptionValue")
-        lo = np.full(self.n_vars, -INF) if lower is None else np.asarray(lower, dtype=np.float64)
-        up = np.full(self.n_vars, INF) if upper is None else np.asarray(upper, dtype=np.float64)
-        self._lo, self._up = lo.copy(), up.copy()
-        self._check(self._h.addVars(self.n_vars, lo, up), "addVars")
-        if cost is not None:
-            c = np.asarray(cost, dtype=np.float64)
-            self._check(
-                self._h.changeColsCost(self.n_vars, np.arange(self.n_vars, dtype=np.int32), c), "changeColsCost"
-            )
-        self._rows = np.zeros((0, self.n_vars))
-        self._rlo = np.zeros(0)
-        self._rup = np.zeros(0)
-        self._cost = np.zeros(self.n_vars) if cost is None else np.asarray(cost, dtype=np.float64)
-        self.check_tol = check_tol
-        self.n_solves = 0
-
-    @staticmethod
-    def _check(status, call):
-        if status == highspy.HighsStatus.kError:
-            raise RuntimeError(f"HiGHS {call} returned an error")
-
-    @property
-    def n_rows(self):
-        return self._rows.shape[0]
-
-    def add_rows(self, A, lower, upper):
-        """Add rows ``lower <= A x <= upper`` (A dense, shape (r, n_vars)); returns their indices."""
-        A = np.atleast_2d(np.asarray(A, dtype=np.float64))
-        if A.shape[1] != self.n_vars:
-            raise ValueError(f"rows must have {self.n_vars} columns; got shape {A.shape}")
-        r = A.shape[0]
-        lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (r,)).copy()
-        upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (r,)).copy()
-        rows, cols = np.nonzero(A)
-        starts = np.searchsorted(rows, np.arange(r)).astype(np.int32)
-        self._check(
-            self._h.addRows(r, lower, upper, len(rows), starts, cols.astype(np.int32), A[rows, cols]), "addRows"
-        )
-        first = self.n_rows
-        self._rows = np.vstack([self._rows, A])
-        self._rlo = np.concatenate([self._rlo, lower])
-        self._rup = np.concatenate([self._rup, upper])
-        return np.arange(first, first + r)
-
-    def set_row_bounds(self, row, lower, upper):
-        self._check(self._h.changeRowBounds(int(row), float(lower), float(upper)), "changeRowBounds")
-        self._rlo[row], self._rup[row] = lower, upper
-
-    def delete_rows(self, rows):
-        rows = np.atleast_1d(np.asarray(rows, dtype=np.int32))
-        self._check(self._h.deleteRows(len(rows), rows), "deleteRows")
-        keep = np.ones(self.n_rows, dtype=bool)
-        keep[rows] = False
-        self._rows, self._rlo, self._rup = self._rows[keep], self._rlo[keep], self._rup[keep]
-
-    def violation(self, x):
-        """Largest constraint violation of x, each row relative to max(1, |row| |x|)."""
-        if self.n_rows == 0:
-            row_v = 0.0
-        else:
-            Ax = self._rows @ x
-            scale = np.maximum(1.0, np.abs(self._rows) @ np.abs(x))
-            row_v = float(np.max(np.maximum(np.maximum(self._rlo - Ax, Ax - self._rup), 0.0) / scale))
-        col_v = float(np.max(np.maximum(np.maximum(self._lo - x, x - self._up), 0.0) / np.maximum(1.0, np.abs(x))))
-        return max(row_v, col_v)
 
     def solve(self):
         """Solve (warm from the previous basis) and re-check the point."""
-        t = time.perf_counter()
-        run = self._h.run()
-        self.n_solves += 1
-        ms = self._h.getModelStatus()
-        status = STATUS_TABLE.get(ms, LPStatus.ERROR)
-        if run == highspy.HighsStatus.kError and status == LPStatus.OPTIMAL:
-            status = LPStatus.ERROR
-        x, viol, obj = None, float("nan"), float("nan")
-        if status == LPStatus.OPTIMAL:
-            x = np.array(self._h.getSolution().col_value, dtype=np.float64)
-            viol = self.violation(x)
-            obj = float(self._cost @ x)
-            if not viol <= self.check_tol:
-                status = LPStatus.INACCURATE
-        info = self._h.getInfo()
+        status, sol, viol, obj, seconds, highs_status = self._run()
         return LPResult(
             status=status,
-            x=x,
+            x=None if sol is None else np.array(sol.col_value, dtype=np.float64),
             objective=obj,
             max_violation=viol,
-            iterations=int(info.simplex_iteration_count),
-            seconds=time.perf_counter() - t,
-            highs_status=self._h.modelStatusToString(ms),
+            iterations=int(self._h.getInfo().simplex_iteration_count),
+            seconds=seconds,
+            highs_status=highs_status,
         )
 
 
@@ -235,7 +284,7 @@ def _lower_triangle_csc(hessian, n):
     return L
 
 
-class QPSession:
+class QPSession(_HighsSession):
     """A HiGHS convex QP, ``min cost^T x + 1/2 x^T Q x`` s.t. ``row_lo <= A x <= row_up`` and
     ``lower <= x <= upper``, built once and re-solved warm after bound changes.
 
@@ -277,24 +326,20 @@ class QPSession:
     ):
         import scipy.sparse as sp
 
-        self.n_vars = int(n_vars)
-        self._h = highspy.Highs()
-        chk = LPSession._check
-        chk(self._h.setOptionValue("output_flag", False), "setOptionValue")
-        chk(self._h.setOptionValue("primal_feasibility_tolerance", feasibility_tol), "setOptionValue")
-        chk(self._h.setOptionValue("dual_feasibility_tolerance", feasibility_tol), "setOptionValue")
-        chk(self._h.setOptionValue("qp_regularization_value", float(regularization)), "setOptionValue")
-        if time_limit is not None:
-            chk(self._h.setOptionValue("time_limit", float(time_limit)), "setOptionValue")
+        super().__init__(
+            n_vars,
+            lower=lower,
+            upper=upper,
+            cost=cost,
+            time_limit=time_limit,
+            feasibility_tol=feasibility_tol,
+            check_tol=check_tol,
+            options=[("qp_regularization_value", float(regularization))],
+        )
         n = self.n_vars
-        self._lo = np.full(n, -INF) if lower is None else np.array(lower, dtype=np.float64)
-        self._up = np.full(n, INF) if upper is None else np.array(upper, dtype=np.float64)
-        self._cost = np.zeros(n) if cost is None else np.array(cost, dtype=np.float64)
-        chk(self._h.addVars(n, self._lo, self._up), "addVars")
-        chk(self._h.changeColsCost(n, np.arange(n, dtype=np.int32), self._cost), "changeColsCost")
         L = _lower_triangle_csc(hessian, n)
         self._Q = (L + sp.tril(L, k=-1, format="csc").T).tocsr()
-        chk(
+        _check(
             self._h.passHessian(
                 n,
                 L.nnz,
@@ -305,97 +350,44 @@ class QPSession:
             ),
             "passHessian",
         )
-        self._rows = sp.csr_matrix((0, n))
-        self._rlo = np.zeros(0)
-        self._rup = np.zeros(0)
-        self.check_tol = check_tol
-        self.n_solves = 0
 
-    @property
-    def n_rows(self):
-        return self._rows.shape[0]
-
-    def add_rows(self, A, lower, upper):
-        """Add rows ``lower <= A x <= upper`` (A dense or scipy sparse, shape (r, n_vars))."""
+    @staticmethod
+    def _as_rows(A):
         import scipy.sparse as sp
 
-        A = sp.csr_matrix(A, dtype=np.float64)
-        if A.shape[1] != self.n_vars:
-            raise ValueError(f"rows must have {self.n_vars} columns; got shape {A.shape}")
-        A.sort_indices()
-        r = A.shape[0]
-        lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (r,)).copy()
-        upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (r,)).copy()
-        LPSession._check(
-            self._h.addRows(r, lower, upper, A.nnz, A.indptr[:-1].astype(np.int32), A.indices.astype(np.int32), A.data),
-            "addRows",
-        )
-        first = self.n_rows
-        self._rows = sp.vstack([self._rows, A], format="csr")
-        self._rlo = np.concatenate([self._rlo, lower])
-        self._rup = np.concatenate([self._rup, upper])
-        return np.arange(first, first + r)
+        return sp.csr_matrix(A, dtype=np.float64)
 
-    def set_row_bounds(self, rows, lower, upper):
-        """Change the bounds of several rows at once (the model is re-solved warm)."""
-        rows = np.atleast_1d(np.asarray(rows, dtype=np.int32))
-        lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), rows.shape).copy()
-        upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), rows.shape).copy()
-        LPSession._check(self._h.changeRowsBounds(len(rows), rows, lower, upper), "changeRowsBounds")
-        self._rlo[rows], self._rup[rows] = lower, upper
+    @staticmethod
+    def _stack_rows(R, A):
+        import scipy.sparse as sp
+
+        return sp.vstack([R, A], format="csr")
 
     def set_regularization(self, value):
         """Change HiGHS's ``qp_regularization_value`` (see the class parameters)."""
-        LPSession._check(self._h.setOptionValue("qp_regularization_value", float(value)), "setOptionValue")
+        _check(self._h.setOptionValue("qp_regularization_value", float(value)), "setOptionValue")
 
     def set_cost(self, cols, values):
         """Change the linear cost of some columns."""
         cols = np.atleast_1d(np.asarray(cols, dtype=np.int32))
         values = np.broadcast_to(np.asarray(values, dtype=np.float64), cols.shape).copy()
-        LPSession._check(self._h.changeColsCost(len(cols), cols, values), "changeColsCost")
+        _check(self._h.changeColsCost(len(cols), cols, values), "changeColsCost")
         self._cost[cols] = values
 
     def objective(self, x):
         return float(self._cost @ x + 0.5 * x @ (self._Q @ x))
 
-    def violation(self, x):
-        """Largest constraint violation of x, each row relative to max(1, |row| |x|)."""
-        row_v = 0.0
-        if self.n_rows:
-            Ax = self._rows @ x
-            scale = np.maximum(1.0, abs(self._rows) @ np.abs(x))
-            row_v = float(np.max(np.maximum(np.maximum(self._rlo - Ax, Ax - self._rup), 0.0) / scale))
-        col_v = float(np.max(np.maximum(np.maximum(self._lo - x, x - self._up), 0.0) / np.maximum(1.0, np.abs(x))))
-        return max(row_v, col_v)
-
     def solve(self):
         """Solve (warm after the first solve) and re-check the point."""
-        t = time.perf_counter()
-        run = self._h.run()
-        self.n_solves += 1
-        ms = self._h.getModelStatus()
-        status = STATUS_TABLE.get(ms, LPStatus.ERROR)
-        if run == highspy.HighsStatus.kError and status == LPStatus.OPTIMAL:
-            status = LPStatus.ERROR
-        x = dual = None
-        viol = obj = float("nan")
-        if status == LPStatus.OPTIMAL:
-            sol = self._h.getSolution()
-            x = np.array(sol.col_value, dtype=np.float64)
-            dual = np.array(sol.row_dual, dtype=np.float64)
-            viol = self.violation(x)
-            obj = self.objective(x)
-            if not viol <= self.check_tol:
-                status = LPStatus.INACCURATE
+        status, sol, viol, obj, seconds, highs_status = self._run()
         info = self._h.getInfo()
-        iters = int(info.qp_iteration_count) + max(int(info.simplex_iteration_count), 0)
         return QPResult(
             status=status,
-            x=x,
-            row_dual=dual,
+            x=None if sol is None else np.array(sol.col_value, dtype=np.float64),
+            row_dual=None if sol is None else np.array(sol.row_dual, dtype=np.float64),
             objective=obj,
             max_violation=viol,
-            iterations=iters,
-            seconds=time.perf_counter() - t,
-            highs_status=self._h.modelStatusToString(ms),
+            iterations=int(info.qp_iteration_count) + max(int(info.simplex_iteration_count), 0),
+            seconds=seconds,
+            highs_status=highs_status,
         )

@@ -1,11 +1,17 @@
-"""Exact refinement stage (BJW19 Algorithm 5, margin-based form) and output-layer fit.
+"""Exact refinement stages: BJW19 Algorithm 5 (margin-based form) and activation-region
+refinement.
 
-From approximate, sign-ambiguous rows of V this stage recovers V exactly: coordinates
-where the approximate row is confidently negative must be zero in the true rectified row;
-the row-span vectors of the outputs vanishing there form a one-dimensional null space
-only for the right sign (BJW19 Lemma 10); the row follows from a linear system on its
-support. The C++ kernel does this for many candidates in parallel; a NumPy reference
-implementation is kept here for the tests.
+From approximate, sign-ambiguous rows of V, :func:`refine_rows` recovers V exactly:
+coordinates where the approximate row is confidently negative must be zero in the true
+rectified row; the row-span vectors of the outputs vanishing there form a one-dimensional
+null space only for the right sign (BJW19 Lemma 10); the row follows from a linear system
+on its support (needs m >= k). The C++ kernel does this for many candidates in parallel;
+a NumPy reference implementation is kept here for the tests.
+
+:func:`region_refine` (relufast's own step, in none of the papers) makes an approximate
+network, with or without biases, exact for any m from the affine maps on its activation
+regions; :func:`refine_if_noiseless` runs it after an approximate method and keeps it only
+when the data prove noiseless.
 
 References
 ----------
@@ -29,6 +35,7 @@ __all__ = [
     "refine_rows_reference",
     "RegionRefinement",
     "region_refine",
+    "refine_if_noiseless",
     "region_systems_reference",
     "RowPool",
     "DUPLICATE_COS",
@@ -282,15 +289,15 @@ def _pattern_bits(keys, k):
     return S
 
 
-def _joint_solve(sys, k, d, m):
-    """The one least-squares solve across regions.
+def _joint_normal_equations(sys, k, d, m):
+    """Normal matrix and right-hand side of the joint region system.
 
     Unknowns: per unit the (d+1, m) update ``dC_i`` of ``U_i (v_i, b_i)`` and the offset
     update ``dc``; each certain sample's residual is ``sum_{i active} dC_i^T [x; 1] + dc``.
     The normal matrix is assembled from the per-region Gram matrices,
-    ``J_ij = sum_R S_Ri S_Rj G_R``; its rank tells which units the regions determine.
+    ``J_ij = sum_R S_Ri S_Rj G_R``.
 
-    Returns (dC (k, d+1, m), dc (m,), undetermined unit indices, smallest relative eigenvalue).
+    Returns (J (N, N), rhs (N, m), S (R, k) pattern matrix) with N = k (d+1) + 1.
     """
     D = d + 1
     S = _pattern_bits(sys["keys"], k)
@@ -308,16 +315,58 @@ def _joint_solve(sys, k, d, m):
     rhs = np.zeros((N, m))
     rhs[: k * D] = (S.T @ H.reshape(R, D * m)).reshape(k * D, m)
     rhs[-1] = H[:, d, :].sum(axis=0)
+    return J, rhs, S
+
+
+def _free_unknowns(k, d, bias, offset):
+    """Mask of the unknowns of the joint system that are solved for (None: all of them).
+
+    Without hidden biases the bias entry of every ``dC_i`` is held at zero; without an
+    output offset ``dc`` is.
+    """
+    if bias and offset:
+        return None
+    free = np.ones(k * (d + 1) + 1, dtype=bool)
+    if not bias:
+        free[d : k * (d + 1) : d + 1] = False
+    if not offset:
+        free[-1] = False
+    return free
+
+
+def _joint_solve(sys, k, d, m, free=None):
+    """The one least-squares solve across regions (rank test and solve in one).
+
+    Parameters
+    ----------
+    sys : dict
+        A region pass of ``core.region_systems``.
+    k, d, m : int
+        Units, inputs, outputs.
+    free : ndarray of bool or None
+        The unknowns solved for (:func:`_free_unknowns`); the others stay zero.
+
+    Returns (dC (k, d+1, m), dc (m,), undetermined unit indices, smallest relative eigenvalue).
+    """
+    D = d + 1
+    J, rhs, S = _joint_normal_equations(sys, k, d, m)
+    N = J.shape[0]
+    idx = np.arange(N) if free is None else np.flatnonzero(free)
+    if free is not None:
+        J, rhs = J[np.ix_(idx, idx)], rhs[idx]
     # Jacobi scaling, then an eigen-decomposition: the rank test and the solve in one.
     scale = np.sqrt(np.maximum(np.diag(J), 1e-300))
     Js = J / scale[:, None] / scale[None, :]
     w, Q = np.linalg.eigh(0.5 * (Js + Js.T))
     top = max(w[-1], 1e-300)
     keep = w > REGION_RANK_TOL * top
-    sol = (Q[:, keep] / w[keep]) @ (Q[:, keep].T @ (rhs / scale[:, None]))
-    sol /= scale[:, None]
+    part = (Q[:, keep] / w[keep]) @ (Q[:, keep].T @ (rhs / scale[:, None]))
+    part /= scale[:, None]
+    sol = part if free is None else np.zeros((N, m))
+    sol[idx] = part
     undetermined = set()
-    null = Q[:, ~keep]
+    null = np.zeros((N, int(np.sum(~keep))))
+    null[idx] = Q[:, ~keep]
     if null.size:
         weight = np.sqrt(np.sum(null[: k * D] ** 2, axis=1)).reshape(k, D).max(axis=1)
         undetermined = {int(i) for i in np.flatnonzero(weight > 1e-3)}
@@ -372,8 +421,10 @@ def region_refine(
     n_jobs=None,
     block_size=4096,
     max_regions=1 << 16,
+    bias=True,
+    offset=True,
 ):
-    """Make an approximate biased network exact by activation-region refinement.
+    """Make an approximate network exact by activation-region refinement.
 
     Given ``(V, b)`` within a few tenths of a radian of the truth, the network is affine
     on every activation region. On the samples whose pattern is certain (every
@@ -393,8 +444,8 @@ def region_refine(
     Y : ndarray of shape (n, m)
     V : ndarray of shape (k, d)
         Approximate hidden rows (any norm; normalised here with b).
-    b : ndarray of shape (k,)
-        Approximate hidden biases.
+    b : ndarray of shape (k,) or None
+        Approximate hidden biases (None: zeros).
     U, c : ndarray of shape (m, k) and (m,), optional
         Approximate output layer; by default fitted by least squares for (V, b).
     margin : float, default=0.1
@@ -411,6 +462,9 @@ def region_refine(
     max_regions : int, default=65536
         Refuse (ValueError) more populated regions than this (memory: one (d+1)^2 system
         per region and thread).
+    bias, offset : bool, default=True
+        Fit the hidden biases b and the output offset c. ``False`` holds them at zero
+        (the bias-free models of BJW19 and GKLW19); ``b``/``c`` must then be None or zero.
 
     Returns
     -------
@@ -418,21 +472,25 @@ def region_refine(
     """
     from .._blas import single_threaded_blas
 
+    X, Y, U, V, b, c, opts = _check_region_inputs(
+        X, Y, V, b, U, c, margin, max_rounds, trim, n_jobs, block_size, max_regions, bias, offset
+    )
     with single_threaded_blas():
-        return _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size, max_regions)
+        return _region_refine(_RegionPass(X, Y, **opts), U, V, b, c, margin, max_rounds, trim, tol)
 
 
-def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, block_size, max_regions):
-    from .._validation import check_xy
+def _check_region_inputs(X, Y, V, b, U, c, margin, max_rounds, trim, n_jobs, block_size, max_regions, bias, offset):
+    """Validate the arguments of :func:`region_refine`; returns (X, Y, U, V, b, c, options of
+    :class:`_RegionPass`) with float64 arrays, ``U`` None when not given or zero."""
+    from .._validation import check_positive_int, check_xy, resolve_n_jobs
 
     X, Y = check_xy(X, Y)
-    n, d = X.shape
-    m = Y.shape[1]
+    d, m = X.shape[1], Y.shape[1]
     V = np.array(np.atleast_2d(V), dtype=np.float64)
     k = V.shape[0]
     if V.shape[1] != d:
         raise ValueError(f"V must have shape (k, d) with d = {d}; got {V.shape}")
-    b = np.array(b, dtype=np.float64).reshape(-1)
+    b = np.zeros(k) if b is None else np.array(b, dtype=np.float64).reshape(-1)
     if b.shape != (k,):
         raise ValueError(f"b must have shape ({k},); got {b.shape}")
     if not (np.all(np.isfinite(V)) and np.all(np.isfinite(b))):
@@ -441,83 +499,139 @@ def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, bloc
         raise ValueError(f"margin must be a number >= 0; got {margin!r}")
     if trim is not None and not (np.isfinite(trim) and trim > 1):
         raise ValueError(f"trim must be None or a number > 1; got {trim!r}")
-    from .._validation import check_positive_int, resolve_n_jobs
-
-    max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
-    threads = resolve_n_jobs(n_jobs)
-    block = check_positive_int(block_size, "block_size")
-    max_regions = check_positive_int(max_regions, "max_regions")
+    check_positive_int(max_rounds, "max_rounds", minimum=0)
     Uin = np.zeros((m, k)) if U is None else np.array(U, dtype=np.float64).reshape(m, k)
     U, V, b = _canonical_biased(Uin, V, b)
     c = np.zeros(m) if c is None else np.array(c, dtype=np.float64).reshape(m)
+    if not bias and np.any(b != 0):
+        raise ValueError(f"bias=False holds the hidden biases at zero; got b with {np.count_nonzero(b)} nonzero")
+    if not offset and np.any(c != 0):
+        raise ValueError(f"offset=False holds the output offset at zero; got c with {np.count_nonzero(c)} nonzero")
+    opts = {
+        "threads": resolve_n_jobs(n_jobs),
+        "block": check_positive_int(block_size, "block_size"),
+        "max_regions": check_positive_int(max_regions, "max_regions"),
+        "bias": bool(bias),
+        "offset": bool(offset),
+    }
+    return X, Y, (None if not np.any(Uin) else U), V, b, c, opts
 
-    def systems(U, V, b, c, marg, mask=None):
+
+class _RegionPass:
+    """The C++ region passes over fixed samples (X, Y) with fixed threads and block size."""
+
+    def __init__(self, X, Y, *, threads, block, max_regions, bias, offset):
+        self.X, self.Y = X, Y
+        self.threads, self.block, self.max_regions = threads, block, max_regions
+        self.bias, self.offset = bias, offset
+
+    def systems(self, U, V, b, c, marg, mask=None):
+        """Per-region normal equations of the certain samples, and the residual over all."""
         return core.region_systems(
-            X, Y, np.ascontiguousarray(V), b, np.ascontiguousarray(U), c, marg, mask, max_regions, threads, block
+            self.X,
+            self.Y,
+            np.ascontiguousarray(V),
+            b,
+            np.ascontiguousarray(U),
+            c,
+            marg,
+            mask,
+            self.max_regions,
+            self.threads,
+            self.block,
         )
 
-    def fit_output(U, V, b, c):
+    def residuals(self, U, V, b, c, marg, dC, dc):
+        """Per-sample residual after the update ``(dC, dc)`` (inf for uncertain samples)."""
+        return core.region_residuals(
+            self.X,
+            self.Y,
+            np.ascontiguousarray(V),
+            b,
+            np.ascontiguousarray(U),
+            c,
+            marg,
+            np.ascontiguousarray(dC.reshape(dC.shape[0], -1)),
+            dc,
+            self.threads,
+            self.block,
+        )
+
+    def fit_output(self, U, V, b, c):
+        """Least-squares (U, c) for fixed (V, b) (c held at zero without an offset)."""
+        k = V.shape[0]
         # Iterative refinement of the normal equations of [relu(X V^T + b), 1]: the pass
         # gives F1^T r for the current residual, so the correction is accurate to rounding.
         for _ in range(2):
-            st = systems(U, V, b, c, np.full(k, np.inf))
-            delta = np.linalg.lstsq(st["fgram"], st["fcross"], rcond=1e-14)[0]
-            U, c = U + delta[:k].T, c + delta[k]
+            st = self.systems(U, V, b, c, np.full(k, np.inf))
+            if self.offset:
+                delta = np.linalg.lstsq(st["fgram"], st["fcross"], rcond=1e-14)[0]
+                U, c = U + delta[:k].T, c + delta[k]
+            else:
+                delta = np.linalg.lstsq(st["fgram"][:k, :k], st["fcross"][:k], rcond=1e-14)[0]
+                U = U + delta.T
         return U, c
 
-    if U is None or not np.any(Uin):
-        U, c = fit_output(U, V, b, c)
+
+def _relative(sys):
+    """Relative residual of a region pass (NaN for all-zero outputs)."""
+    return float(np.sqrt(sys["sq_residual"] / sys["sq_norm"])) if sys["sq_norm"] > 0 else float("nan")
+
+
+def _region_round(rp, U, V, b, c, marg, sys, trim):
+    """One round's update: the joint solve, then again without the samples it fits worst.
+
+    Returns (dC, dc, undetermined, n_regions, n_certain, n_trimmed).
+    """
+    n, d = rp.X.shape
+    k, m = V.shape[0], rp.Y.shape[1]
+    free = _free_unknowns(k, d, rp.bias, rp.offset)
+    dC, dc, undetermined, _ = _joint_solve(sys, k, d, m, free)
+    n_regions, n_certain, n_trimmed = len(sys["counts"]), int(sys["n_certain"]), 0
+    if trim is not None and n_certain:
+        r = rp.residuals(U, V, b, c, marg, dC, dc)
+        fin = np.isfinite(r)
+        thr = trim * float(np.median(r[fin]))
+        floor = 1e-14 * float(np.sqrt(sys["sq_norm"] / max(n, 1)))
+        mask = ~(fin & (r > max(thr, floor)))
+        n_trimmed = int(np.sum(~mask))
+        if n_trimmed:
+            sys2 = rp.systems(U, V, b, c, marg, mask)
+            dC, dc, undetermined, _ = _joint_solve(sys2, k, d, m, free)
+            n_regions, n_certain = len(sys2["counts"]), int(sys2["n_certain"])
+    return dC, dc, undetermined, n_regions, n_certain, n_trimmed
+
+
+def _region_refine(rp, U, V, b, c, margin, max_rounds, trim, tol):
+    """The rounds of :func:`region_refine` on validated inputs (``U`` None: fit it first)."""
+    k, d = V.shape
+    if U is None:
+        U, c = rp.fit_output(np.zeros((rp.Y.shape[1], k)), V, b, c)
     marg = np.full(k, float(margin))
     history, best = [], None
     undetermined, n_regions, n_certain, n_trimmed, rounds = (), 0, 0, 0, 0
     for rounds in range(1, max_rounds + 1):
-        sys = systems(U, V, b, c, marg)
-        res = float(np.sqrt(sys["sq_residual"] / sys["sq_norm"])) if sys["sq_norm"] > 0 else float("nan")
+        sys = rp.systems(U, V, b, c, marg)
+        res = _relative(sys)
         history.append(res)
         if best is None or res < best[0]:
             best = (res, U, V, b, c)
         if not np.isfinite(res) or res <= tol or (len(history) > 1 and res > 0.5 * history[-2]):
             rounds -= 1
             break
-        dC, dc, undetermined, _ = _joint_solve(sys, k, d, m)
-        n_regions, n_certain, n_trimmed = len(sys["counts"]), int(sys["n_certain"]), 0
-        if trim is not None and n_certain:
-            r = core.region_residuals(
-                X,
-                Y,
-                np.ascontiguousarray(V),
-                b,
-                np.ascontiguousarray(U),
-                c,
-                marg,
-                np.ascontiguousarray(dC.reshape(k, -1)),
-                dc,
-                threads,
-                block,
-            )
-            fin = np.isfinite(r)
-            thr = trim * float(np.median(r[fin]))
-            floor = 1e-14 * float(np.sqrt(sys["sq_norm"] / max(n, 1)))
-            mask = ~(fin & (r > max(thr, floor)))
-            n_trimmed = int(np.sum(~mask))
-            if n_trimmed:
-                sys2 = systems(U, V, b, c, marg, mask)
-                dC, dc, undetermined, _ = _joint_solve(sys2, k, d, m)
-                n_regions, n_certain = len(sys2["counts"]), int(sys2["n_certain"])
+        dC, dc, undetermined, n_regions, n_certain, n_trimmed = _region_round(rp, U, V, b, c, marg, sys, trim)
         U_new, V_new, b_new = _rank_one_update(U, V, b, dC)
         step = np.sqrt(np.sum((V_new - V) ** 2, axis=1) + (b_new - b) ** 2)
         marg = np.minimum(marg, 3.0 * np.sqrt(d + 1.0) * step)
         U, V, b, c = U_new, V_new, b_new, c + dc
     else:
-        sys = systems(U, V, b, c, marg)
-        res = float(np.sqrt(sys["sq_residual"] / sys["sq_norm"])) if sys["sq_norm"] > 0 else float("nan")
+        res = _relative(rp.systems(U, V, b, c, marg))
         history.append(res)
         if best is None or res < best[0]:
             best = (res, U, V, b, c)
     _, U, V, b, c = best
-    U, c = fit_output(U, V, b, c)
-    st = systems(U, V, b, c, np.full(k, np.inf))
-    residual = float(np.sqrt(st["sq_residual"] / st["sq_norm"])) if st["sq_norm"] > 0 else float("nan")
+    U, c = rp.fit_output(U, V, b, c)
+    residual = _relative(rp.systems(U, V, b, c, np.full(k, np.inf)))
     history.append(residual)
     return RegionRefinement(
         U=U,
@@ -532,6 +646,51 @@ def _region_refine(X, Y, V, b, U, c, margin, max_rounds, trim, tol, n_jobs, bloc
         n_certain=n_certain,
         n_trimmed=n_trimmed,
     )
+
+
+def refine_if_noiseless(X, Y, U, V, b=None, c=None, *, tol, bias=True, offset=True, max_rounds=10, n_jobs=None):
+    """Activation-region refinement, kept only when it shows the data noiseless.
+
+    Runs :func:`region_refine` from an approximate network. When the refined network
+    reproduces ``(X, Y)`` to the relative residual ``tol`` with every unit determined by
+    the populated regions, the data are noiseless and the refinement is returned;
+    otherwise (noisy data, an estimate outside the basin, too few certain samples) the
+    caller keeps its own estimate. This step is relufast's own, not in any of the papers.
+    Pass a probe sample to keep it cheap, and certify the returned network over all
+    samples afterwards: the residual here is over ``(X, Y)`` only.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, d)
+    Y : ndarray of shape (n, m)
+    U : ndarray of shape (m, k)
+    V : ndarray of shape (k, d)
+    b : ndarray of shape (k,) or None
+        None: zeros.
+    c : ndarray of shape (m,) or None
+        None: zeros.
+    tol : float
+        Largest relative residual taken as noiseless (a method's ``tol``, raised to the
+        rounding floor of the outputs by :meth:`relufast.stages.precision.Precision.tol`).
+    bias, offset : bool, default=True
+        Whether the model has hidden biases / an output offset (False holds them at zero).
+    max_rounds : int, default=10
+    n_jobs : int or None
+
+    Returns
+    -------
+    refined : RegionRefinement or None
+        The refinement when the data proved noiseless, else None.
+    residual : float
+        The relative residual the refinement reached on ``(X, Y)`` (NaN if it could not run).
+    """
+    try:
+        rr = region_refine(X, Y, V, b, U, c, max_rounds=max_rounds, n_jobs=n_jobs, bias=bias, offset=offset)
+    except np.linalg.LinAlgError:
+        return None, float("nan")
+    if not (rr.residual <= tol) or rr.undetermined:
+        return None, rr.residual
+    return rr, rr.residual
 
 
 def region_systems_reference(X, Y, V, b, U, c, margin, mask=None):

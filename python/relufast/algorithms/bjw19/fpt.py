@@ -9,7 +9,7 @@ import numpy as np
 
 from ..._result import Run, Status, recovery_method
 from ..._validation import check_n_hidden, check_positive_int, check_random_state
-from ...stages.fit import certify, fit_and_certify
+from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, resolve_precision
 from ...stages.reduce import Samples, SampleStream
 from .gaussian import check_n_estimate
@@ -96,53 +96,37 @@ def fpt(
     Requires the columns of U pairwise linearly independent and m >= 2. Time
     O(n m log n + k n d^2).
     """
+    prec = resolve_precision(Y, precision)
+    return _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimate, comm, prec)
+
+
+def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimate, comm, prec):
+    """The body of :func:`fpt`: validation, then Alg. 7 steps 1-2 (:func:`_group`), 3-4
+    (:func:`_rows_from_classes`) and 5 (:func:`_certify`), stopping with the status the
+    data call for (m = 1, a wrong number of classes, a polluted class)."""
     run = Run("bjw19-fpt")
     data = Samples.from_arrays(X, Y, comm=comm, check_finite=isinstance(n_estimate, str) and n_estimate == "all")
     n, d, m = data.n, data.d, data.m
     k = check_n_hidden(n_hidden, d)
-    prec = resolve_precision(Y, precision)
     run.precision = prec.name
     tol, class_tol = prec.tol(tol, d, k), prec.tol(class_tol, d, k)
     rng = check_random_state(random_state)
     min_size = d if min_class_size is None else check_positive_int(min_class_size, "min_class_size")
     n_estimate = check_n_estimate(n_estimate, 1)
-    counts, diag = run.counts, run.diag
-    counts.update(n_samples=n, n_hidden=k)
+    run.counts.update(n_samples=n, n_hidden=k)
     if m == 1 and k >= 2:
-        if not data.finite_checked:
-            certify(data, np.zeros((1, d)))
+        check_finite_once(data)
         return run.result(
             Status.UNSUPPORTED,
             f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
             f"parallel to the single column of U and the units cannot be told apart "
             f"(docs/bjw19.md, erratum 7); got m = 1, k = {k}",
         )
-    # Adaptive: classes from a growing random sample (about k 2^-k of the samples have a
-    # single active unit); only the certificate reads every sample.
-    if n_estimate == "all":
-        n_est = n
-    else:
-        n_est = min(n, n_estimate or max(2000, 4 * min_size * 2 ** min(k, 20)))
-    stream = SampleStream(n, rng)
-    whole = n_est >= n and not (data.distributed or data.lazy)
-    Xe, Ye = (data.X, data.Y) if whole else data.extend(stream, n_est)
-    if not whole and not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
-        raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
-    doublings = 0
-    while True:
-        classes = _classes(Ye, m, min_size, class_tol, rng)
-        if len(classes) >= k or len(Xe) >= n:
-            break
-        n_est, doublings = min(n, 2 * n_est), doublings + 1
-        Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
-    counts.update(classes=len(classes), n_estimate=len(Xe), doublings=doublings, n_certify=n)
-    diag["class_sizes"] = tuple(len(c) for c in classes)
+    Xe, Ye, classes = _group(run, data, k, min_size, class_tol, rng, n_estimate)
     if len(classes) != k:
-        if not data.finite_checked:
-            certify(data, np.zeros((1, d)))
-        status = Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE
+        check_finite_once(data)
         return run.result(
-            status,
+            Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE,
             f"found {len(classes)} classes of at least {min_size} samples with parallel "
             f"outputs, expected k = {k}: "
             + (
@@ -154,37 +138,74 @@ def fpt(
                 else "the columns of U are not pairwise independent or k is too small"
             ),
         )
-    V = np.empty((k, d))
-    class_res = []
-    for i, S in enumerate(classes):
-        u = Ye[S[0]]
-        c = Ye[S] @ u / (u @ u)
-        w = np.linalg.lstsq(Xe[S], c, rcond=None)[0]
-        res = float(np.linalg.norm(Xe[S] @ w - c) / np.linalg.norm(c))
-        class_res.append(res)
-        V[i] = w / np.linalg.norm(w)
-    diag["class_residuals"] = tuple(class_res)
+    V, class_res = _rows_from_classes(Xe, Ye, classes)
+    run.diag["class_residuals"] = class_res
     if max(class_res) > prec.tol(1e-9, d, k):
-        if not data.finite_checked:
-            certify(data, np.zeros((1, d)))
+        check_finite_once(data)
         return run.result(
             Status.NON_IDENTIFIABLE,
             f"a class of parallel outputs is not produced by one unit (least-squares "
             f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
             "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)",
         )
+    return _certify(run, data, Xe, Ye, V, len(classes), tol, prec)
+
+
+def _group(run, data, k, min_size, class_tol, rng, n_estimate):
+    """Alg. 7 steps 1-2 on a growing random sample (relufast: about k 2^-k of the samples
+    have a single active unit, so the sample doubles until k classes are found; only the
+    certificate reads every sample). Returns (X_e, Y_e, classes of sample indices)."""
+    n = data.n
+    if n_estimate == "all":
+        n_est = n
+    else:
+        n_est = min(n, n_estimate or max(2000, 4 * min_size * 2 ** min(k, 20)))
+    stream = SampleStream(n, rng)
+    whole = n_est >= n and not (data.distributed or data.lazy)
+    Xe, Ye = (data.X, data.Y) if whole else data.extend(stream, n_est)
+    if not whole and not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
+        raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
+    doublings = 0
+    while True:
+        classes = _classes(Ye, data.m, min_size, class_tol, rng)
+        if len(classes) >= k or len(Xe) >= n:
+            break
+        n_est, doublings = min(n, 2 * n_est), doublings + 1
+        Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
+    run.counts.update(classes=len(classes), n_estimate=len(Xe), doublings=doublings, n_certify=n)
+    run.diag["class_sizes"] = tuple(len(c) for c in classes)
+    return Xe, Ye, classes
+
+
+def _rows_from_classes(Xe, Ye, classes):
+    """Alg. 7 steps 3-4: per class, U_i = a representative output, c_j = relu(V_i x_j) from
+    the projections on it, and V_i from ``X_S w = c`` by least squares. Returns V (unit
+    rows) and the relative residual of each class (nonzero: the class is polluted)."""
+    V = np.empty((len(classes), Xe.shape[1]))
+    class_res = []
+    for i, S in enumerate(classes):
+        u = Ye[S[0]]
+        c = Ye[S] @ u / (u @ u)
+        w = np.linalg.lstsq(Xe[S], c, rcond=None)[0]
+        class_res.append(float(np.linalg.norm(Xe[S] @ w - c) / np.linalg.norm(c)))
+        V[i] = w / np.linalg.norm(w)
+    return V, tuple(class_res)
+
+
+def _certify(run, data, Xe, Ye, V, n_classes, tol, prec):
+    """Alg. 7 step 5: U by least squares on the grouped samples and the residual certificate
+    over all samples; an exact result below float64 is polished in float64."""
+    d, k = data.d, V.shape[0]
     U, residual, _ = fit_and_certify(data, None, V, subset=(Xe, Ye))
-    counts["certify_passes"] = 1
-    exact = residual <= tol
-    if exact:
+    run.counts["certify_passes"] = 1
+    if residual <= tol:
         note = ""
         if not prec.is_double and not (data.distributed or data.lazy):
             U, V, _, _, residual = polish_at_precision(data.X, data.Y, U, V)
             note = f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
         return run.result(
             Status.EXACT,
-            f"recovered {k} hidden units from {len(classes)} single-unit classes; relative "
-            f"residual {residual:.2e}{note}",
+            f"recovered {k} hidden units from {n_classes} single-unit classes; relative residual {residual:.2e}{note}",
             U=U,
             V=V,
             exact=True,

@@ -8,6 +8,8 @@ margin form on an orthonormal basis of the output span.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,7 +27,7 @@ from ...stages.diagnostics import (
     outputs_below_hidden_message,
     warn_if_not_gaussian,
 )
-from ...stages.fit import certify, fit_and_certify, fit_from_stats, relative_residual
+from ...stages.fit import BIAS_FREE_TOL, certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
 from ...stages.moments import SecondMomentAccumulator, moment_span
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import Samples, SampleStream
@@ -180,14 +182,20 @@ def gaussian(
 
     Cost: one pass over the data, O(n (d k + m k)) flops, plus 2 n_e k d^2 for the moment
     on n_e estimation samples (n_e = n with ``n_estimate="all"``).
+
+    This entry point is long only by its documentation: the body is :func:`_gaussian` with
+    one function per step (:func:`_prepare`, :func:`_moment`, :func:`_candidates`,
+    :func:`_fit`, :func:`_finish`).
     """
     prec = resolve_precision(Y, precision)
     with single_threaded_blas():
-        return _gaussian(
+        run = Run("bjw19-gaussian")
+        run.precision = prec.name
+        s = _validate(
+            run,
             X,
             Y,
             n_hidden,
-            n_refine=n_refine,
             n_restarts=n_restarts,
             tol=tol,
             n_jobs=n_jobs,
@@ -197,29 +205,33 @@ def gaussian(
             whiten=whiten,
             n_estimate=n_estimate,
             comm=comm,
-            prec=prec,
         )
+        return _gaussian(run, s, n_refine, whiten, tol, n_jobs, prec)
 
 
-def _gaussian(
-    X,
-    Y,
-    n_hidden,
-    *,
-    n_refine,
-    n_restarts,
-    tol,
-    n_jobs,
-    random_state,
-    block_size,
-    activation,
-    whiten,
-    n_estimate,
-    comm,
-    prec,
+class _Setup(NamedTuple):
+    """Validated inputs of one :func:`gaussian` run."""
+
+    data: Samples
+    n: int
+    d: int
+    m: int
+    k: int
+    threads: int
+    n_restarts: int
+    block_size: int
+    n_estimate: object
+    rng: np.random.Generator
+    act: object
+    act_out: object
+
+
+def _validate(
+    run, X, Y, n_hidden, *, n_restarts, tol, n_jobs, random_state, block_size, activation, whiten, n_estimate, comm
 ):
-    run = Run("bjw19-gaussian")
-    run.precision = prec.name
+    """Check the options of :func:`gaussian` and wrap the samples (finiteness is checked by
+    the moment when it reads every sample, else by the certificate pass: one read of the
+    data instead of two)."""
     threads = resolve_n_jobs(n_jobs)
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     block_size = check_positive_int(block_size, "block_size")
@@ -229,8 +241,6 @@ def _gaussian(
         raise ValueError(f"whiten must be 'auto', True or False; got {whiten!r}")
     if not (n_estimate is None or isinstance(n_estimate, str) or np.ndim(n_estimate) == 0):
         raise TypeError(f"n_estimate must be None, 'all' or an integer; got {type(n_estimate).__name__}")
-    # Finiteness: checked now when every sample is read anyway by the moment, else by the
-    # certificate pass (one read of the data instead of two).
     data = Samples.from_arrays(
         X, Y, comm=comm, n_jobs=threads, check_finite=isinstance(n_estimate, str) and n_estimate == "all"
     )
@@ -242,24 +252,31 @@ def _gaussian(
     n_estimate = check_n_estimate(n_estimate, n_min)
     rng = check_random_state(random_state)
     act = get_activation(activation)
-    act_out = None if act is RELU else act
     run.seconds["validation"] = time.perf_counter() - run.t_start
     run.counts.update(n_samples=n, n_hidden=k)
     run.diag.update(backend=BACKEND, activation=act.name)
-    diag = run.diag
+    return _Setup(data, n, d, m, k, threads, n_restarts, block_size, n_estimate, rng, act, None if act is RELU else act)
 
-    def early(status, message):
-        if not data.finite_checked:  # a status on data that holds NaN would hide the error
-            certify(data, np.zeros((1, d)))
-        return run.result(status, message, activation=act_out)
 
+def _early(run, s, status, message):
+    """A result before any estimate (a status on data holding NaN would hide the error, so
+    the finiteness check runs first when it has not yet)."""
+    check_finite_once(s.data)
+    return run.result(status, message, activation=s.act_out)
+
+
+def _gaussian(run, s, n_refine, whiten, tol, n_jobs, prec):
+    """The body of :func:`gaussian` (BJW19 Thm 7) after validation: the shapes outside
+    Alg. 4 + 5, step 1, steps 2-5 with adaptive escalation, and the outcome."""
+    data, d, m, k = s.data, s.d, s.m, s.k
     in_memory = not (data.distributed or data.lazy)
-    if m < k and act is RELU and whiten is not True and in_memory:
-        if not data.finite_checked:
-            certify(data, np.zeros((1, d)))
-        return _fewer_outputs(run, data.X, data.Y, k, prec.tol(tol, d, k), n_jobs, rng, block_size, threads)
+    if m < k and s.act is RELU and whiten is not True and in_memory:
+        check_finite_once(data)
+        return _fewer_outputs(run, data.X, data.Y, k, prec.tol(tol, d, k), n_jobs, s.rng, s.block_size, s.threads)
     if m < k:
-        return early(
+        return _early(
+            run,
+            s,
             Status.UNSUPPORTED,
             outputs_below_hidden_message(
                 "bjw19-gaussian",
@@ -269,28 +286,78 @@ def _gaussian(
                 "the moment and the exact refinement (Alg. 5 works in the span of the outputs) rely on it",
             ),
         )
-    if act is not RELU:
-        c = np.array([hermite_coefficient(act, r) for r in range(5)])
-        diag["hermite_c2"] = float(c[2])
+    if s.act is not RELU:
+        c = np.array([hermite_coefficient(s.act, r) for r in range(5)])
+        run.diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
-            return early(
+            return _early(
+                run,
+                s,
                 Status.UNSUPPORTED,
-                f"the second Hermite coefficient of {act.name} vanishes "
+                f"the second Hermite coefficient of {s.act.name} vanishes "
                 f"(c2 = {c[2]:.2e}): the second-order moment carries no information",
             )
+    p = _prepare(run, s, n_refine, whiten, prec)
+    if not isinstance(p, _Probe):
+        return p
+    found = _estimate(run, s, p, prec.tol(tol, d, k), prec)
+    return _finish(run, s, p, found, prec.tol(tol, d, k), prec, in_memory)
 
-    # Step 1: one random sample, gathered once (on every rank): its prefixes are the probe
-    # of the diagnostics, the refinement sample and the adaptive estimation sample.
+
+@dataclass
+class _Probe:
+    """The one random sample of a run (step 1), gathered once on every rank: its prefixes
+    are the probe of the diagnostics (``n_probe``), the refinement sample (``ell``: Xr, Yr
+    and their output basis B) and the adaptive estimation sample (``n_est``)."""
+
+    stream: SampleStream
+    Xp: np.ndarray
+    Yp: np.ndarray
+    ell: int
+    n_probe: int
+    n_est: int
+    adaptive: bool
+    noise_ratio: float = 0.0
+    Wh: object = None
+    B: np.ndarray = None
+    Q: np.ndarray = None  #: the compression of the outputs to k columns (from step 1, kept)
+
+    @property
+    def Xr(self):
+        return self.Xp[: self.ell]
+
+    @property
+    def Yr(self):
+        return self.Yp[: self.ell]
+
+    def to_x(self, R):
+        """Rows in whitened coordinates mapped back to those of X (v = Wh v_w)."""
+        return R if self.Wh is None else R @ self.Wh
+
+    def grow_refinement(self, data, k):
+        """Double the refinement sample (drawing more rows if needed) and rebuild B."""
+        self.ell = min(data.n, 2 * self.ell)
+        self.Xp, self.Yp = data.extend(self.stream, max(self.ell, len(self.Xp)), (self.Xp, self.Yp))
+        self.B = output_basis(self.Yr, k)[0]
+
+
+def _prepare(run, s, n_refine, whiten, prec):
+    """Step 1 (BJW19 Thm 7 needs rank(U) = k): the random sample, the numerical rank of the
+    outputs on the refinement samples with an orthonormal basis B of their span, the noise
+    ratio sigma_(k+1)/sigma_1 and the whitener (Remark 3). Returns a :class:`_Probe`, or
+    the result when the data stop the run (inputs in a subspace, rank(Y) < k)."""
+    data, n, d, m, k, diag = s.data, s.n, s.d, s.m, s.k, run.diag
     with run.stage("prepare"):
+        n_min = 2 * (d + 1)
         ell = (
             min(n, max(1000, 25 * d, 100 * k))
             if n_refine is None
             else min(n, check_positive_int(n_refine, "n_refine", minimum=n_min))
         )
         n_probe = min(n, GAUSS_ROWS)
-        adaptive = n_estimate != "all"
-        n_est = min(n, max(ell, start_size(d, k) if n_estimate is None else n_estimate)) if adaptive else n
-        stream = SampleStream(n, rng)
+        adaptive = s.n_estimate != "all"
+        n_est = min(n, max(ell, start_size(d, k) if s.n_estimate is None else s.n_estimate)) if adaptive else n
+        stream = SampleStream(n, s.rng)
         Xp, Yp = data.extend(stream, max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0))
         bad = int(Xp.size + Yp.size - np.count_nonzero(np.isfinite(Xp)) - np.count_nonzero(np.isfinite(Yp)))
         if bad:
@@ -298,133 +365,183 @@ def _gaussian(
                 f"X and Y must contain only finite values; found {bad} NaN or infinite entries "
                 "in a random sample of the rows"
             )
-        Xr, Yr = Xp[:ell], Yp[:ell]
-        B, sv, Q = output_basis(Yr, k)
+        p = _Probe(stream, Xp, Yp, ell, n_probe, n_est, adaptive)
+        p.B, sv, p.Q = output_basis(p.Yr, k)
         diag["output_singular_values"] = sv
         rank = numerical_rank(sv, prec.tol(RANK_TOL, d, k))
-        noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
-        diag["noise_ratio"] = noise_ratio
-        Wh = input_whitening(Xp[:n_probe] if adaptive else data, whiten, diag, probe=Xp[:n_probe])
-        if Wh is False:
-            return early(
+        p.noise_ratio = float(sv[k] / sv[0]) if (m > k and sv[0] > 0) else 0.0
+        diag["noise_ratio"] = p.noise_ratio
+        p.Wh = input_whitening(Xp[:n_probe] if adaptive else data, whiten, diag, probe=Xp[:n_probe])
+        if p.Wh is False:
+            return _early(
+                run,
+                s,
                 Status.NON_IDENTIFIABLE,
                 "the second-moment matrix of X is singular: the inputs lie in a "
                 "subspace, so V is not identifiable along its complement",
             )
-        # Refinement and candidates live in whitened coordinates; rows map back by v = Wh v_w.
-        to_x = (lambda R: R) if Wh is None else (lambda R: R @ Wh)
     if rank < k:
-        return early(
+        return _early(
+            run,
+            s,
             Status.RANK_DEFICIENT,
             f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
-            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {len(Xr)} samples); BJW19 Thm 7 needs "
+            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {ell} samples); BJW19 Thm 7 needs "
             "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
         )
-    warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if Wh is not None else "N(0, I)")
+    warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if p.Wh is not None else "N(0, I)")
     # Noisy outputs cannot be certified at any size: their estimate uses every sample.
-    noise_tol, tol_p = prec.tol(NOISE_FLOOR, d, k), prec.tol(tol, d, k)
-    if adaptive and noise_ratio > noise_tol:
-        adaptive, n_est = False, n
+    if adaptive and p.noise_ratio > prec.tol(NOISE_FLOOR, d, k):
+        p.adaptive, p.n_est = False, n
         diag["adaptive_stopped"] = "noisy outputs: the moment uses every sample"
+    return p
 
-    acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size, compress=None if m == k else Q)
-    n_in_acc = 0
-    full_moment = None
-    doublings = escalations = certify_passes = restarts = candidates = 0
+
+class _Found(NamedTuple):
+    """What steps 2-5 found: the pool of certified rows, the fitted network and the counts."""
+
+    pool: RowPool
+    min_null: float
+    U: np.ndarray
+    V: np.ndarray
+    residual: float
+    counts: dict
+    gaps: list
+
+
+def _moment(run, s, p, acc, full):
+    """Steps 2-3: the moment ``T[i] = mean_s (YQ)[s, i] (x_s x_s^T - I)`` on a growing random
+    sample (in the accumulator ``acc``) or on every sample (cached in ``full``), then the span
+    of V and the projected k x k x k tensor (replaces Alg. 4 step 3, docs/bjw19.md)."""
+    data, n, k = s.data, s.n, s.k
+    with run.stage("moments"):
+        if p.adaptive and p.n_est <= GATHER_FRACTION * n:
+            if p.n_est > len(p.Xp):
+                p.Xp, p.Yp = data.extend(p.stream, p.n_est, (p.Xp, p.Yp))
+            acc.add(p.Xp[full["n_in_acc"] : p.n_est], p.Yp[full["n_in_acc"] : p.n_est])
+            full["n_in_acc"] = p.n_est
+            return moment_span(None, None, k, None, s.threads, s.block_size, whitener=p.Wh, acc=acc)
+        p.n_est = n
+        if full.get("moment") is None:
+            Q = None if s.m == k else p.Q
+            full["moment"] = moment_span(data, None, k, Q, s.threads, s.block_size, whitener=p.Wh)
+        return full["moment"]
+
+
+def _candidates(run, s, p, P, W, prec):
+    """Step 4: Jennrich/CP-ALS candidates certified by Alg. 5 (:func:`_certify_candidates`),
+    and, when one row is missing, the rank-one deflation of relufast (spec of the missing
+    row from the samples where every known unit is off). Returns (pool, approximate rows,
+    smallest null-space ratio)."""
+    Xref = p.Xr if p.Wh is None else np.ascontiguousarray(p.Xr @ p.Wh)
+    pool, approx_rows, min_null = _certify_candidates(
+        run,
+        P,
+        W,
+        p.B,
+        Xref,
+        p.to_x,
+        s.k,
+        s.n_restarts,
+        s.rng,
+        s.threads,
+        s.act,
+        whitened=p.Wh is not None,
+        tols=refine_tolerances(prec, s.d, s.k),
+    )
+    noiseless = p.noise_ratio < prec.tol(NOISE_FLOOR, s.d, s.k)
+    if len(pool) == s.k - 1 and s.k > 1 and noiseless and s.act is RELU and p.Wh is None:
+        with run.stage("refine"):
+            Xs, Ys = p.Xp[: p.n_probe], p.Yp[: p.n_probe]
+            row = _deflate_missing(Xs, Ys, np.array(pool.rows), p.B, p.Xr, s.threads)
+        if row is not None and pool.add(row, {"deflation": True}):
+            run.diag["deflation_used"] = True
+    return pool, approx_rows, min_null
+
+
+def _estimate(run, s, p, tol_p, prec):
+    """Steps 2-5 with adaptive escalation (relufast, beyond the paper): the estimation
+    sample doubles until k rows are certified; with the estimate at full size a noiseless
+    run missing rows doubles the refinement sample (Alg. 5 needs more confidently-off
+    samples, e.g. for nearly parallel rows); rows certified on the refinement sample whose
+    network fails the certificate over all samples double both. Returns :class:`_Found`."""
+    n, k = s.n, s.k
+    noise_tol = prec.tol(NOISE_FLOOR, s.d, k)
+    acc = SecondMomentAccumulator(
+        s.d, k, n_jobs=s.threads or None, block_size=s.block_size, compress=None if s.m == k else p.Q
+    )
+    moment_state = {"n_in_acc": 0}
+    c = dict(doublings=0, escalations=0, certify_passes=0, restarts=0, candidates=0)
     gaps = []
     while True:
-        # Step 2: the moment tensor on the compressed outputs (a growing random sample,
-        # or every sample); step 3: span and projection.
-        with run.stage("moments"):
-            if adaptive and n_est <= GATHER_FRACTION * n:
-                if n_est > len(Xp):
-                    Xp, Yp = data.extend(stream, n_est, (Xp, Yp))
-                acc.add(Xp[n_in_acc:n_est], Yp[n_in_acc:n_est])
-                n_in_acc = n_est
-                W, P, evals = moment_span(None, None, k, None, threads, block_size, whitener=Wh, acc=acc)
-            else:
-                n_est = n
-                if full_moment is None:
-                    full_moment = moment_span(data, None, k, None if m == k else Q, threads, block_size, whitener=Wh)
-                W, P, evals = full_moment
-        diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-        # Step 4: candidates pooled over restarts and certified.
-        Xref = Xr if Wh is None else np.ascontiguousarray(Xr @ Wh)
-        pool, approx_rows, min_null = _certify_candidates(
-            run,
-            P,
-            W,
-            B,
-            Xref,
-            to_x,
-            k,
-            n_restarts,
-            rng,
-            threads,
-            act,
-            whitened=Wh is not None,
-            tols=refine_tolerances(prec, d, k),
-        )
-        restarts += run.counts["restarts"]
-        candidates += run.counts["candidates"]
+        W, P, evals = _moment(run, s, p, acc, moment_state)
+        run.diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
+        pool, approx_rows, min_null = _candidates(run, s, p, P, W, prec)
+        c["restarts"] += run.counts["restarts"]
+        c["candidates"] += run.counts["candidates"]
         gaps.extend(run.diag["jennrich_gaps"])
-        if len(pool) == k - 1 and k > 1 and noise_ratio < noise_tol and act is RELU and Wh is None:
-            with run.stage("refine"):
-                row = _deflate_missing(Xp[:n_probe], Yp[:n_probe], np.array(pool.rows), B, Xr, threads)
-            if row is not None and pool.add(row, {"deflation": True}):
-                diag["deflation_used"] = True
-        if not pool.full and adaptive and n_est < n:
-            n_est, doublings = min(n, 2 * n_est), doublings + 1
+        if not pool.full and p.adaptive and p.n_est < n:
+            p.n_est, c["doublings"] = min(n, 2 * p.n_est), c["doublings"] + 1
             continue
-        if not pool.full and noise_ratio <= noise_tol and ell < n and escalations < MAX_CERTIFY_PASSES:
-            # Noiseless but rows missing with the estimate at full size: Alg. 5's null-space
-            # test needs more confidently-off samples (e.g. nearly parallel rows), so the
-            # refinement sample doubles (the moment estimate is kept).
-            escalations += 1
-            ell = min(n, 2 * ell)
-            Xp, Yp = data.extend(stream, max(ell, len(Xp)), (Xp, Yp))
-            Xr, Yr = Xp[:ell], Yp[:ell]
-            B = output_basis(Yr, k)[0]
+        if not pool.full and p.noise_ratio <= noise_tol and p.ell < n and c["escalations"] < MAX_CERTIFY_PASSES:
+            c["escalations"] += 1
+            p.grow_refinement(s.data, k)
             continue
         # Step 5: the output layer and the certificate over all samples (one fused pass).
         with run.stage("fit"):
-            U, V, residual, passes = _fit(data, Xr, Yr, pool, approx_rows, threads, act, diag)
-        certify_passes += passes
-        if pool.full and not residual <= tol_p and certify_passes < MAX_CERTIFY_PASSES and ell < n:
-            # Escalate: rows certified on the refinement sample but not on all samples.
-            escalations += 1
-            ell = min(n, 2 * ell)
-            n_est = min(n, 2 * n_est) if adaptive else n
-            Xp, Yp = data.extend(stream, max(ell, len(Xp)), (Xp, Yp))
-            Xr, Yr = Xp[:ell], Yp[:ell]
-            B = output_basis(Yr, k)[0]
+            U, V, residual, passes = _fit(s.data, p.Xr, p.Yr, pool, approx_rows, s.threads, s.act, run.diag)
+        c["certify_passes"] += passes
+        if pool.full and not residual <= tol_p and c["certify_passes"] < MAX_CERTIFY_PASSES and p.ell < n:
+            c["escalations"] += 1
+            p.n_est = min(n, 2 * p.n_est) if p.adaptive else n
+            p.grow_refinement(s.data, k)
             continue
-        break
+        return _Found(pool, min_null, U, V, residual, c, gaps)
+
+
+def _finish(run, s, p, f, tol_p, prec, in_memory):
+    """The counts, the status (:func:`_outcome`), the float64 polish of a result certified at
+    a lower precision, and the bias note of a result that is not exact."""
+    d, k = s.d, s.k
     run.counts.update(
-        candidates=candidates,
-        restarts=restarts,
-        certified_rows=len(pool),
-        n_refine=ell,
-        n_estimate=n_est,
-        doublings=doublings,
-        escalations=escalations,
-        certify_passes=certify_passes,
-        n_certify=n,
+        candidates=f.counts["candidates"],
+        restarts=f.counts["restarts"],
+        certified_rows=len(f.pool),
+        n_refine=p.ell,
+        n_estimate=p.n_est,
+        doublings=f.counts["doublings"],
+        escalations=f.counts["escalations"],
+        certify_passes=f.counts["certify_passes"],
+        n_certify=s.n,
     )
-    diag["jennrich_gaps"] = np.array(gaps)
-    diag["row_certificates"] = tuple(pool.certificates)
+    run.diag["jennrich_gaps"] = np.array(f.gaps)
+    run.diag["row_certificates"] = tuple(f.pool.certificates)
+    noise_tol = prec.tol(NOISE_FLOOR, d, k)
     status, message = _outcome(
-        pool, k, residual, tol_p, n, len(Xr), noise_ratio, m, min_null, restarts, noise_tol, prec.tol(NOISE_FLOOR, d, k)
+        f.pool,
+        k,
+        f.residual,
+        tol_p,
+        s.n,
+        p.ell,
+        p.noise_ratio,
+        s.m,
+        f.min_null,
+        f.counts["restarts"],
+        noise_tol,
+        noise_tol,
     )
+    U, V, residual = f.U, f.V, f.residual
     exact = status == Status.EXACT
-    if exact and not prec.is_double and act is RELU and in_memory:
+    if exact and not prec.is_double and s.act is RELU and in_memory:
         with run.stage("polish"):
-            U, V, _, _, residual = polish_at_precision(data.X, data.Y, U, V, threads=threads)
+            U, V, _, _, residual = polish_at_precision(s.data.X, s.data.Y, U, V, threads=s.threads)
         message += f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
-    if not exact and act is RELU:
-        message += _bias_note(data.X, data.Y, Wh) if in_memory else _bias_note(Xp[:n_probe], Yp[:n_probe], Wh)
+    if not exact and s.act is RELU:
+        Xb, Yb = (s.data.X, s.data.Y) if in_memory else (p.Xp[: p.n_probe], p.Yp[: p.n_probe])
+        message += _bias_note(Xb, Yb, p.Wh)
     return run.result(
-        status, message, U=U, V=V, exact=exact, residual=residual, activation=act_out, warn_user=not exact
+        status, message, U=U, V=V, exact=exact, residual=residual, activation=s.act_out, warn_user=not exact
     )
 
 
@@ -536,10 +653,6 @@ def _outcome(
         "Gaussian and that rows of V are not nearly parallel. Outputs of a network with hidden "
         "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21"
     )
-
-
-#: |b| and |c| (relative to the outputs) below which the m < k route reports a bias-free net.
-BIAS_FREE_TOL = 1e-8
 
 
 def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):

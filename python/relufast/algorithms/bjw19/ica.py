@@ -8,7 +8,8 @@ from ..._blas import single_threaded_blas
 from ..._result import Run, Status, recovery_method
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.diagnostics import outputs_below_hidden_message
-from ...stages.fit import certify, fit_and_certify
+from ...stages.fit import check_finite_once, fit_and_certify
+from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import Samples, SampleStream
 from ...stages.refine import RowPool, output_basis, refine_rows
 from .gaussian import check_n_estimate, start_size
@@ -16,7 +17,7 @@ from .gaussian import check_n_estimate, start_size
 __all__ = ["fastica", "ica"]
 
 
-def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
+def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000, rank_tol=1e-12):
     """Symmetric FastICA (Hyvarinen 1999), written for BJW19 Alg. 3.
 
     Parameters
@@ -28,6 +29,9 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
         1.64, and on 60 random mixtures of 3-5 such sources (n = 2e4) it separated all of
         them in at most 7 iterations, while "logcosh" (the usual default) stalled at a
         saddle point on 20 of the 60 (``bench/test_bench_ica_blas.py``).
+    rank_tol : float, default=1e-12
+        Covariance eigenvalues of Z below ``rank_tol`` times the largest mean rank < k
+        (LinAlgError).
 
     Returns
     -------
@@ -42,7 +46,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000):
     n, k = Z.shape
     Zc = Z - Z.mean(axis=0)
     evals, E = np.linalg.eigh(Zc.T @ Zc / n)
-    if evals.min() <= 1e-12 * evals.max():
+    if evals.min() <= rank_tol * evals.max():
         raise np.linalg.LinAlgError("the sketched outputs are rank-deficient")
     K = E / np.sqrt(evals)  # whitening: Zc @ K has identity covariance
     Xw = Zc @ K
@@ -80,6 +84,7 @@ def ica(
     random_state=None,
     n_estimate=None,
     comm=None,
+    precision=None,
 ):
     """Exact recovery for orthonormal V by ICA (BJW19 Theorem 4, Algorithm 3).
 
@@ -105,6 +110,11 @@ def ica(
         in memory). The certificate always reads every sample in one pass.
     comm : mpi4py communicator, optional
         Each rank passes its own samples; every rank returns the same result.
+    precision : None, str or float, optional
+        Precision of the outputs (default: from Y's dtype, e.g. float32). Below float64 the
+        rank test of the sketch, Alg. 5's zero tests and ``tol`` are raised to the rounding
+        floor (:mod:`relufast.stages.precision`), as in :func:`gaussian`; an exact result is
+        polished in float64 and ``result.precision`` names the precision.
 
     Returns
     -------
@@ -122,98 +132,126 @@ def ica(
     FastICA is written here rather than taken from scikit-learn: the instance is tiny
     (k x k unmixing), noise-free, and needs no optional dependency.
     """
+    prec = resolve_precision(Y, precision)
     with single_threaded_blas():
-        run = Run("bjw19-ica")
-        threads = resolve_n_jobs(n_jobs)
-        data = Samples.from_arrays(
-            X, Y, comm=comm, n_jobs=threads, check_finite=isinstance(n_estimate, str) and n_estimate == "all"
+        return _ica(
+            X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, random_state, n_estimate, comm, prec
         )
-        n, d, m = data.n, data.d, data.m
-        k = check_n_hidden(n_hidden, d)
-        max_iter = check_positive_int(max_iter, "max_iter")
-        n_restarts = check_positive_int(n_restarts, "n_restarts")
-        rng = check_random_state(random_state)
-        if n < 2 * (d + 1):
-            raise ValueError(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
-        n_estimate = check_n_estimate(n_estimate, 2 * (d + 1))
-        run.counts.update(n_samples=n, n_hidden=k)
-        if m < k:
-            if not data.finite_checked:
-                certify(data, np.zeros((1, d)))
-            return run.result(
-                Status.UNSUPPORTED, outputs_below_hidden_message("bjw19-ica", m, k, "Thm 4 assumes U of rank k")
-            )
-        ell = (
-            min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else min(n, check_positive_int(n_refine, "n_refine"))
-        )
-        n_est = n if n_estimate == "all" else min(n, max(ell, n_estimate or start_size(d, k)))
-        stream = SampleStream(n, rng)
-        Xe, Ye = data.extend(stream, n_est)
-        if not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
-            raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
-        Xr, Yr = Xe[:ell], Ye[:ell]
-        B, _, _ = output_basis(Yr, k)
-        pool, approx, iters_all = RowPool(k), None, []
-        doublings = 0
-        restart = 0
-        while True:
-            for restart in range(n_restarts):
-                # Steps 1-3: a fresh sketch and FastICA start per restart; certified rows are pooled.
-                with run.stage("ica"):
-                    T = rng.standard_normal((k, m))
-                    Zs = Ye @ T.T
-                    try:
-                        unmix, iters, conv = fastica(Zs, rng, tol=ica_tol, max_iter=max_iter)
-                    except np.linalg.LinAlgError:
-                        if not data.finite_checked:
-                            certify(data, np.zeros((1, d)))
-                        return run.result(
-                            Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k"
-                        )
-                    iters_all.append(iters)
-                    S = Zs @ unmix
-                    Sc = S - S.mean(axis=0)
-                    skew = np.mean(Sc**3, axis=0) / np.mean(Sc**2, axis=0) ** 1.5
-                    S *= np.where(skew < 0, -1.0, 1.0)
-                    cand = np.empty((k, d))
-                    for i in range(k):
-                        pos = S[:, i] > 0.2 * S[:, i].max()
-                        cand[i] = np.linalg.lstsq(Xe[pos], S[pos, i], rcond=None)[0]
-                with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
-                    out = refine_rows(B, Xr, cand, n_jobs=threads)
-                if approx is None:
-                    approx = np.where(
-                        out["solved"][:, None], out["rows"], cand / np.linalg.norm(cand, axis=1, keepdims=True)
-                    )
-                pool.add_certified(out)
-                if pool.full:
-                    break
-            if pool.full or len(Xe) >= n:
-                break
-            n_est, doublings = min(n, 2 * n_est), doublings + 1
-            Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
-        run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n, certify_passes=1)
-        run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
-        run.counts["certified_rows"] = len(pool)
-        certified = pool.rows
-        rows = np.array(certified) if len(certified) == k else approx
-        with run.stage("fit"):
-            U, residual, _ = fit_and_certify(data, None, rows, subset=(Xr, Yr), threads=threads)
-        if len(certified) == k and residual <= tol:
-            return run.result(
-                Status.EXACT,
-                f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}",
-                U=U,
-                V=rows,
-                exact=True,
-                residual=residual,
-            )
+
+
+def _ica(X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, random_state, n_estimate, comm, prec):
+    """The body of :func:`ica`: validation, then Alg. 3 steps 1-4 on a growing sample
+    (:func:`_search`) and the certificate (:func:`_certify`)."""
+    run = Run("bjw19-ica")
+    run.precision = prec.name
+    threads = resolve_n_jobs(n_jobs)
+    data = Samples.from_arrays(
+        X, Y, comm=comm, n_jobs=threads, check_finite=isinstance(n_estimate, str) and n_estimate == "all"
+    )
+    n, d, m = data.n, data.d, data.m
+    k = check_n_hidden(n_hidden, d)
+    max_iter = check_positive_int(max_iter, "max_iter")
+    n_restarts = check_positive_int(n_restarts, "n_restarts")
+    rng = check_random_state(random_state)
+    if n < 2 * (d + 1):
+        raise ValueError(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
+    n_estimate = check_n_estimate(n_estimate, 2 * (d + 1))
+    run.counts.update(n_samples=n, n_hidden=k)
+    if m < k:
+        check_finite_once(data)
         return run.result(
-            Status.FAILED,
-            f"{len(certified)} of {k} rows certified after {restart + 1} ICA restarts; "
-            "Alg. 3 needs orthonormal V, standard Gaussian X and noiseless outputs: try "
-            "bjw19-gaussian for general V",
-            U=U,
-            V=rows,
-            residual=residual,
+            Status.UNSUPPORTED, outputs_below_hidden_message("bjw19-ica", m, k, "Thm 4 assumes U of rank k")
         )
+    ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else min(n, check_positive_int(n_refine, "n_refine"))
+    n_est = n if n_estimate == "all" else min(n, max(ell, n_estimate or start_size(d, k)))
+    opts = dict(n_restarts=n_restarts, ica_tol=ica_tol, max_iter=max_iter, threads=threads, prec=prec)
+    try:
+        pool, approx, Xr, Yr = _search(run, data, k, ell, n_est, rng, **opts)
+    except np.linalg.LinAlgError:
+        check_finite_once(data)
+        return run.result(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
+    return _certify(run, data, pool, approx, Xr, Yr, prec.tol(tol, d, k), prec, threads)
+
+
+def _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol):
+    """Alg. 3 steps 1-3: a Gaussian sketch ``T`` (k x m) of the outputs (Lemma 6), FastICA,
+    the sign of each source from its skewness, and an approximate row per source by least
+    squares on its confidently positive samples. Returns (rows (k, d), FastICA iterations)."""
+    T = rng.standard_normal((k, Ye.shape[1]))
+    Zs = Ye @ T.T
+    unmix, iters, _ = fastica(Zs, rng, tol=ica_tol, max_iter=max_iter, rank_tol=rank_tol)
+    S = Zs @ unmix
+    Sc = S - S.mean(axis=0)
+    skew = np.mean(Sc**3, axis=0) / np.mean(Sc**2, axis=0) ** 1.5
+    S *= np.where(skew < 0, -1.0, 1.0)
+    cand = np.empty((k, Xe.shape[1]))
+    for i in range(k):
+        pos = S[:, i] > 0.2 * S[:, i].max()
+        cand[i] = np.linalg.lstsq(Xe[pos], S[pos, i], rcond=None)[0]
+    return cand, iters
+
+
+def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, threads, prec):
+    """Steps 1-4 on a growing random sample (relufast: it doubles until k rows are certified
+    or every sample is used): per restart a fresh sketch and FastICA start, Alg. 5 on the
+    candidates, certified rows pooled. Returns (pool, approximate rows, X_r, Y_r); raises
+    LinAlgError when the sketched outputs have rank < k."""
+    n, d = data.n, data.d
+    stream = SampleStream(n, rng)
+    Xe, Ye = data.extend(stream, n_est)
+    if not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
+        raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
+    Xr, Yr = Xe[:ell], Ye[:ell]
+    B, _, _ = output_basis(Yr, k)
+    pool, approx, iters_all = RowPool(k), None, []
+    doublings = restart = 0
+    rank_tol = max(1e-12, prec.floor(d, k) ** 2)  # covariance eigenvalues: squared amplitudes
+    while True:
+        for restart in range(n_restarts):
+            with run.stage("ica"):
+                cand, iters = _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol)
+                iters_all.append(iters)
+            with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
+                out = refine_rows(B, Xr, cand, n_jobs=threads, **refine_tolerances(prec, d, k))
+            if approx is None:
+                approx = np.where(
+                    out["solved"][:, None], out["rows"], cand / np.linalg.norm(cand, axis=1, keepdims=True)
+                )
+            pool.add_certified(out)
+            if pool.full:
+                break
+        if pool.full or len(Xe) >= n:
+            break
+        n_est, doublings = min(n, 2 * n_est), doublings + 1
+        Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
+    run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n, certify_passes=1)
+    run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
+    run.counts["certified_rows"] = len(pool)
+    return pool, approx, Xr, Yr
+
+
+def _certify(run, data, pool, approx, Xr, Yr, tol, prec, threads):
+    """U by least squares and the residual over all samples (one pass): ``exact`` when all k
+    rows are certified and the residual is at most ``tol`` (already at the outputs'
+    precision); an exact result below float64 is polished in float64."""
+    k = pool.k
+    certified = pool.rows
+    rows = np.array(certified) if len(certified) == k else approx
+    with run.stage("fit"):
+        U, residual, _ = fit_and_certify(data, None, rows, subset=(Xr, Yr), threads=threads)
+    if len(certified) == k and residual <= tol:
+        message = f"recovered {k} units exactly via ICA (Alg. 3); residual {residual:.2e}"
+        if not prec.is_double and not (data.distributed or data.lazy):
+            with run.stage("polish"):
+                U, rows, _, _, residual = polish_at_precision(data.X, data.Y, U, rows, threads=threads)
+            message += f" (certified at {prec.name} precision, floor {prec.floor(data.d, k):.1e}; polished in float64)"
+        return run.result(Status.EXACT, message, U=U, V=rows, exact=True, residual=residual)
+    return run.result(
+        Status.FAILED,
+        f"{len(certified)} of {k} rows certified after {run.diag['restarts']} ICA restarts; "
+        "Alg. 3 needs orthonormal V, standard Gaussian X and noiseless outputs: try "
+        "bjw19-gaussian for general V",
+        U=U,
+        V=rows,
+        residual=residual,
+    )

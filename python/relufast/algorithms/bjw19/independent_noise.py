@@ -90,44 +90,10 @@ def independent_noise(
         rng = check_random_state(random_state)
         if not (np.isfinite(eps) and 0 < eps < 1):
             raise ValueError(f"eps must be in (0, 1); got {eps!r}")
-        if given_M is not None:
-            M0 = as_float_matrix(given_M, "given_M")
-            if M0.shape != (k, m):
-                raise ValueError(f"given_M must have shape (n_hidden, n_outputs) = ({k}, {m}); got {M0.shape}")
-            candidates = [M0]
-            nu = 1
-        else:
-            L = levels if levels is not None else int(math.ceil(math.log(1 / eps) / math.log1p(eps))) + 1
-            L = check_positive_int(L, "levels")
-            nu = grid_size(k, m, L)
-            if nu > max_guesses:
-                raise ValueError(
-                    f"the brute-force grid of Alg. 8 has (2 * {L} + 1)^(k m) = {nu:.3g} candidate left "
-                    f"inverses for k = {k}, m = {m}, above max_guesses = {max_guesses}; pass given_M "
-                    "(e.g. from bjw19-noisy's U), a coarser eps, or raise max_guesses"
-                )
-            # Entries of U^+ are at most 1 / sigma_min(U); estimate the scale from Y
-            # (E relu(z)^2 = 1/2 for unit rows), then powers of (1 + eps) below it.
-            sk = np.linalg.svd(Y, compute_uv=False)[min(k, m) - 1]
-            top = math.sqrt(n / 2.0) / max(sk, 1e-300)
-            mags = top * (1 + eps) ** (-np.arange(L))
-            values = np.concatenate([[0.0], mags, -mags])
-            candidates = (np.array(c).reshape(k, m) for c in itertools.product(values, repeat=k * m))
-        best = (float(np.linalg.norm(Y)), np.zeros((m, k)), None, "zero network", None)
-        tried = 0
-        for M in candidates:
-            Z = Y @ M.T  # (n, k): approximately relu(X V^T) plus independent noise
-            rms = float(np.sqrt(np.mean(Z * Z)))
-            for eta in smoothing:
-                tried += 1
-                noisy = Z + eta * rms * rng.standard_normal(Z.shape) if eta > 0 else Z
-                V = halfspace_estimate(X, np.sign(noisy))
-                if not np.all(np.isfinite(V)):
-                    continue
-                U, res = _fit(X, Y, V)
-                if res < best[0]:
-                    best = (res, U, V, "grid" if given_M is None else "given_M", eta)
-        res, U, V, source, eta = best
+        candidates, nu = _left_inverses(Y, k, given_M, eps, levels, max_guesses)
+        res, U, V, source, eta, tried = _best_fit(
+            X, Y, k, candidates, smoothing, rng, "grid" if given_M is None else "given_M"
+        )
         run.counts.update(n_samples=n, n_hidden=k, candidates=nu, fits=tried)
         run.diag.update(source=source, smoothing=eta, zero_network=V is None)
         residual = res / max(float(np.linalg.norm(Y)), 1e-300)
@@ -141,3 +107,53 @@ def independent_noise(
             residual=residual,
             warn_user=False,
         )
+
+
+def _left_inverses(Y, k, given_M, eps, levels, max_guesses):
+    """Alg. 8 step 2: the candidate left inverses M of U, ``given_M`` alone or the signed
+    grid with zero (docs/bjw19.md, erratum 8) of magnitudes ``top (1 + eps)^-j``. Returns
+    (an iterable of (k, m) matrices, their number)."""
+    n, m = Y.shape
+    if given_M is not None:
+        M0 = as_float_matrix(given_M, "given_M")
+        if M0.shape != (k, m):
+            raise ValueError(f"given_M must have shape (n_hidden, n_outputs) = ({k}, {m}); got {M0.shape}")
+        return [M0], 1
+    L = levels if levels is not None else int(math.ceil(math.log(1 / eps) / math.log1p(eps))) + 1
+    L = check_positive_int(L, "levels")
+    nu = grid_size(k, m, L)
+    if nu > max_guesses:
+        raise ValueError(
+            f"the brute-force grid of Alg. 8 has (2 * {L} + 1)^(k m) = {nu:.3g} candidate left "
+            f"inverses for k = {k}, m = {m}, above max_guesses = {max_guesses}; pass given_M "
+            "(e.g. from bjw19-noisy's U), a coarser eps, or raise max_guesses"
+        )
+    # Entries of U^+ are at most 1 / sigma_min(U); estimate the scale from Y
+    # (E relu(z)^2 = 1/2 for unit rows), then powers of (1 + eps) below it.
+    sk = np.linalg.svd(Y, compute_uv=False)[min(k, m) - 1]
+    top = math.sqrt(n / 2.0) / max(sk, 1e-300)
+    mags = top * (1 + eps) ** (-np.arange(L))
+    values = np.concatenate([[0.0], mags, -mags])
+    return (np.array(c).reshape(k, m) for c in itertools.product(values, repeat=k * m)), nu
+
+
+def _best_fit(X, Y, k, candidates, smoothing, rng, source):
+    """Alg. 8 steps 3-4: for each candidate M and smoothing level, the halfspaces of
+    sign(M Y^T + noise) (:func:`halfspace_estimate`), U by least squares, and the smallest
+    residual, the zero network included (step 0). Returns (residual norm, U, V or None,
+    source, smoothing, fits tried)."""
+    best = (float(np.linalg.norm(Y)), np.zeros((Y.shape[1], k)), None, "zero network", None)
+    tried = 0
+    for M in candidates:
+        Z = Y @ M.T  # (n, k): approximately relu(X V^T) plus independent noise
+        rms = float(np.sqrt(np.mean(Z * Z)))
+        for eta in smoothing:
+            tried += 1
+            noisy = Z + eta * rms * rng.standard_normal(Z.shape) if eta > 0 else Z
+            V = halfspace_estimate(X, np.sign(noisy))
+            if not np.all(np.isfinite(V)):
+                continue
+            U, res = _fit(X, Y, V)
+            if res < best[0]:
+                best = (res, U, V, source, eta)
+    return (*best, tried)

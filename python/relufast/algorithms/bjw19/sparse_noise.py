@@ -82,121 +82,143 @@ def sparse_noise(
        output's unflagged samples have k independent activations, and the masked
        Gauss-Newton matrix has rank m k + k d - k); otherwise ``failed`` with the reason.
     """
+    opts = (lam, pcp_tol, max_iter, support_tol, polish_steps, tol, n_jobs, random_state)
     with single_threaded_blas():
-        run = Run("bjw19-sparse-noise")
-        X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
-        polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
-        counts, diag = run.counts, run.diag
-        counts.update(n_samples=n, n_hidden=k)
-        stop = run.result
+        return _sparse_noise(X, Y, n_hidden, *opts)
 
-        # Clean outputs are the zero-corruption case: when the Gaussian pipeline certifies the
-        # outputs as they are (residual over every entry), nothing is corrupted.
-        with run.stage("zero_corruption"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                direct = gaussian(X, Y, k, tol=tol, n_jobs=n_jobs, random_state=random_state)
-        diag["zero_corruption_status"] = direct.status.value
-        if direct.status == Status.EXACT:
-            diag["corrupted"] = np.zeros(Y.shape, dtype=bool)
-            counts["corrupted_entries"] = 0
-            return run.result(
-                Status.EXACT,
-                f"no corrupted entries: the Gaussian pipeline fits every entry of the "
-                f"outputs exactly (relative residual {direct.residual:.2e})",
-                U=direct.U,
-                V=direct.V,
-                exact=True,
-                residual=direct.residual,
-            )
 
-        with run.stage("pcp"):
-            pcp = principal_component_pursuit(Y, lam=lam, tol=pcp_tol, max_iter=max_iter)
-        scale = max_abs(Y)
-        corrupted = np.abs(pcp.S) > support_tol * scale
-        counts.update({"pcp_iterations": pcp.iterations})
-        diag.update({"pcp_rank": pcp.rank, "pcp_residual": pcp.relative_residual})
-        if not pcp.converged or pcp.rank != k:
-            diag["corrupted"] = corrupted
-            counts["corrupted_entries"] = int(corrupted.sum())
-            return stop(
-                Status.FAILED,
-                f"principal component pursuit did not separate a rank-{k} part (rank {pcp.rank}, "
-                f"converged {pcp.converged} after {pcp.iterations} iterations): the corruption "
-                "may be too dense, U too coherent, or k too large for m (BJW19 Thm 14)",
-            )
-
-        with run.stage("gaussian"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                base = gaussian(X, pcp.L, k, n_jobs=n_jobs, random_state=random_state)
-        diag["gaussian_status"] = base.status.value
-        if base.V is None:
-            diag["corrupted"] = corrupted
-            return stop(Status.FAILED, f"the Gaussian pipeline failed on the low-rank part: {base.message}")
-
-        # Polish on the entries PCP left unflagged (this makes V exact), refit U column by column
-        # in L1 (a sparse corruption does not move an L1 fit), flag what that network does not
-        # fit, and polish again on the rest until the flags settle.
-        with run.stage("polish"):
-            U, V = polish(X, Y, base.U, base.V, n_iter=polish_steps, mask=~corrupted)
-            U = _l1_output_layer(np.maximum(X @ V.T, 0.0), Y, U)
-            corrupted = np.abs(Y - np.maximum(X @ V.T, 0.0) @ U.T) > support_tol * scale
-            for rounds in range(1, SUPPORT_ROUNDS + 1):
-                U, V = polish(X, Y, U, V, n_iter=polish_steps, mask=~corrupted)
-                R = Y - np.maximum(X @ V.T, 0.0) @ U.T
-                flagged = np.abs(R) > support_tol * scale
-                if np.array_equal(flagged, corrupted):
-                    break
-                corrupted = flagged
-            clean = ~corrupted
-            residual = _masked_relative_residual(R, Y, clean)
-        counts.update(corrupted_entries=int(corrupted.sum()), support_rounds=rounds)
-        diag["corrupted"] = corrupted
-
-        # Certify only when the unflagged entries determine the network: every output's
-        # unflagged samples see k independent hidden activations (U given V), and the masked
-        # fit has no flat direction besides the k rescalings (U and V jointly, to first order).
-        with run.stage("identifiability"):
-            F = np.maximum(X @ V.T, 0.0)
-            weak = [j for j in range(m) if numerical_rank(np.linalg.svd(F[clean[:, j]], compute_uv=False)) < k]
-            flat = local_rank_deficiency(X, U, V, clean.astype(np.float64)) if not weak else -1
-        diag.update(undetermined_outputs=tuple(weak), flat_directions=flat)
-        fits = bool(residual <= tol)
-        if fits and not weak and flat == 0:
-            return run.result(
-                Status.EXACT,
-                f"recovered {k} units exactly from outputs with {int(corrupted.sum())} corrupted "
-                f"entries ({corrupted.mean():.1%}); residual on the others {residual:.2e}, and "
-                "the others determine the network",
-                U=U,
-                V=V,
-                exact=True,
-                residual=residual,
-            )
-        if fits:
-            why = (
-                f"the unflagged samples of output(s) {list(weak)[:10]} do not see {k} independent hidden units"
-                if weak
-                else f"the masked fit has {flat} flat direction(s) besides the rescalings"
-            )
-            return run.result(
-                Status.FAILED,
-                f"a network fits the {int(clean.sum())} unflagged entries (residual {residual:.2e}) "
-                f"but {int(corrupted.sum())} entries ({corrupted.mean():.1%}) are flagged and {why}: "
-                "the unflagged entries do not determine the network, so it is not certified",
-                U=U,
-                V=V,
-                residual=residual,
-            )
+def _sparse_noise(X, Y, n_hidden, lam, pcp_tol, max_iter, support_tol, polish_steps, tol, n_jobs, random_state):
+    """The body of :func:`sparse_noise`: step 0 (:func:`_zero_corruption`), 1 (PCP), 2 (the
+    Gaussian pipeline on the low-rank part), 3 (:func:`_polish_on_support`) and 4
+    (:func:`_certify_support`)."""
+    run = Run("bjw19-sparse-noise")
+    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+    polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
+    run.counts.update(n_samples=n, n_hidden=k)
+    direct = _zero_corruption(run, X, Y, k, tol, n_jobs, random_state)
+    if direct is not None:
+        return direct
+    with run.stage("pcp"):
+        pcp = principal_component_pursuit(Y, lam=lam, tol=pcp_tol, max_iter=max_iter)
+    scale = max_abs(Y)
+    corrupted = np.abs(pcp.S) > support_tol * scale
+    run.counts.update({"pcp_iterations": pcp.iterations})
+    run.diag.update({"pcp_rank": pcp.rank, "pcp_residual": pcp.relative_residual})
+    if not pcp.converged or pcp.rank != k:
+        run.diag["corrupted"] = corrupted
+        run.counts["corrupted_entries"] = int(corrupted.sum())
         return run.result(
-            Status.APPROXIMATE,
-            f"approximate network: residual on uncorrupted entries {residual:.2e} > tol = "
-            f"{tol:.1e} (noise besides the sparse corruption?)",
+            Status.FAILED,
+            f"principal component pursuit did not separate a rank-{k} part (rank {pcp.rank}, "
+            f"converged {pcp.converged} after {pcp.iterations} iterations): the corruption "
+            "may be too dense, U too coherent, or k too large for m (BJW19 Thm 14)",
+        )
+    with run.stage("gaussian"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            base = gaussian(X, pcp.L, k, n_jobs=n_jobs, random_state=random_state)
+    run.diag["gaussian_status"] = base.status.value
+    if base.V is None:
+        run.diag["corrupted"] = corrupted
+        return run.result(Status.FAILED, f"the Gaussian pipeline failed on the low-rank part: {base.message}")
+    with run.stage("polish"):
+        U, V, corrupted, residual = _polish_on_support(
+            run, X, Y, base.U, base.V, corrupted, polish_steps, support_tol * scale
+        )
+    return _certify_support(run, X, U, V, corrupted, residual, tol)
+
+
+def _zero_corruption(run, X, Y, k, tol, n_jobs, random_state):
+    """Step 0: clean outputs are the zero-corruption case. When the Gaussian pipeline (Thm 7,
+    Alg. 4 + 5) certifies the outputs as they are (residual over every entry), nothing is
+    corrupted and its result is returned; else None."""
+    with run.stage("zero_corruption"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            direct = gaussian(X, Y, k, tol=tol, n_jobs=n_jobs, random_state=random_state)
+    run.diag["zero_corruption_status"] = direct.status.value
+    if direct.status != Status.EXACT:
+        return None
+    run.diag["corrupted"] = np.zeros(Y.shape, dtype=bool)
+    run.counts["corrupted_entries"] = 0
+    return run.result(
+        Status.EXACT,
+        f"no corrupted entries: the Gaussian pipeline fits every entry of the "
+        f"outputs exactly (relative residual {direct.residual:.2e})",
+        U=direct.U,
+        V=direct.V,
+        exact=True,
+        residual=direct.residual,
+    )
+
+
+def _polish_on_support(run, X, Y, U, V, corrupted, polish_steps, threshold):
+    """Step 3 (beyond BJW19 Sec. 8): Gauss-Newton on the entries PCP left unflagged (this
+    makes V exact), U refitted column by column in L1 (a sparse corruption does not move an
+    L1 fit), the entries that network does not fit (above ``threshold``) flagged, and the
+    polish repeated on the rest until the flags settle (at most :data:`SUPPORT_ROUNDS`).
+    Returns (U, V, corrupted support, residual on the unflagged entries)."""
+    U, V = polish(X, Y, U, V, n_iter=polish_steps, mask=~corrupted)
+    U = _l1_output_layer(np.maximum(X @ V.T, 0.0), Y, U)
+    corrupted = np.abs(Y - np.maximum(X @ V.T, 0.0) @ U.T) > threshold
+    for rounds in range(1, SUPPORT_ROUNDS + 1):
+        U, V = polish(X, Y, U, V, n_iter=polish_steps, mask=~corrupted)
+        R = Y - np.maximum(X @ V.T, 0.0) @ U.T
+        flagged = np.abs(R) > threshold
+        if np.array_equal(flagged, corrupted):
+            break
+        corrupted = flagged
+    run.counts.update(corrupted_entries=int(corrupted.sum()), support_rounds=rounds)
+    run.diag["corrupted"] = corrupted
+    return U, V, corrupted, _masked_relative_residual(R, Y, ~corrupted)
+
+
+def _certify_support(run, X, U, V, corrupted, residual, tol):
+    """Step 4: exact only when the unflagged entries determine the network: every output's
+    unflagged samples see k independent hidden activations (U given V), and the masked fit
+    has no flat direction besides the k rescalings (U and V jointly, to first order)."""
+    clean = ~corrupted
+    m, k = U.shape
+    with run.stage("identifiability"):
+        F = np.maximum(X @ V.T, 0.0)
+        weak = [j for j in range(m) if numerical_rank(np.linalg.svd(F[clean[:, j]], compute_uv=False)) < k]
+        flat = local_rank_deficiency(X, U, V, clean.astype(np.float64)) if not weak else -1
+    run.diag.update(undetermined_outputs=tuple(weak), flat_directions=flat)
+    fits = bool(residual <= tol)
+    if fits and not weak and flat == 0:
+        return run.result(
+            Status.EXACT,
+            f"recovered {k} units exactly from outputs with {int(corrupted.sum())} corrupted "
+            f"entries ({corrupted.mean():.1%}); residual on the others {residual:.2e}, and "
+            "the others determine the network",
+            U=U,
+            V=V,
+            exact=True,
+            residual=residual,
+        )
+    if fits:
+        why = (
+            f"the unflagged samples of output(s) {list(weak)[:10]} do not see {k} independent hidden units"
+            if weak
+            else f"the masked fit has {flat} flat direction(s) besides the rescalings"
+        )
+        return run.result(
+            Status.FAILED,
+            f"a network fits the {int(clean.sum())} unflagged entries (residual {residual:.2e}) "
+            f"but {int(corrupted.sum())} entries ({corrupted.mean():.1%}) are flagged and {why}: "
+            "the unflagged entries do not determine the network, so it is not certified",
             U=U,
             V=V,
             residual=residual,
         )
+    return run.result(
+        Status.APPROXIMATE,
+        f"approximate network: residual on uncorrupted entries {residual:.2e} > tol = "
+        f"{tol:.1e} (noise besides the sparse corruption?)",
+        U=U,
+        V=V,
+        residual=residual,
+    )
 
 
 def _masked_relative_residual(R, Y, mask):
