@@ -15,6 +15,7 @@ CASES = {
     "enumeration": ("bjw19-enumeration", {"random_state": 0}),
     "auto_gaussian": ("auto", {"random_state": 0}),
     "auto_wide": ("auto", {"random_state": 0}),
+    "atv21": ("atv21", {"random_state": 0, "n_refine": 20000}),
 }
 
 
@@ -53,5 +54,9 @@ def case_data(name):
     if name == "auto_gaussian":
         net = rf.planted.two_layer(d=10, k=3, m=5, random_state=1, max_cos=0.7)
         X, Y = net.sample(40000, random_state=2)
+        return X, Y, 3
+    if name == "atv21":
+        net = rf.planted.two_layer(d=8, k=3, m=2, random_state=10, bias="random", offset="random", max_cos=0.7)
+        X, Y = net.sample(40000, random_state=11)
         return X, Y, 3
     raise KeyError(name)

@@ -102,4 +102,4 @@ def test_lazy_arrays_are_refused_by_pipelines_with_a_pointer():
     da = pytest.importorskip("dask.array")
     X, Y = _data()
     with pytest.raises(TypeError, match=r"lazy array .*call .compute\(\) first.*bjw19-gaussian"):
-        rf.recover(da.from_array(X), Y, n_hidden=2, method="atv21")
+        rf.recover(da.from_array(X), Y, n_hidden=2, method="bjw19-sparse-noise")

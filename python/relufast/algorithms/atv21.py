@@ -38,6 +38,7 @@ refinement step is relufast's own.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Optional
 
 import numpy as np
 from scipy.special import ndtr
@@ -45,10 +46,18 @@ from scipy.special import ndtr
 from .._blas import single_threaded_blas
 from .._native import BACKEND
 from .._result import Run, Status, warn
-from .._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
-from ..stages.diagnostics import gaussianity
+from .._validation import (
+    check_n_hidden,
+    check_positive_int,
+    check_random_state,
+    resolve_n_jobs,
+)
+from ..activations import RELU
+from ..stages.diagnostics import GAUSS_ROWS, gaussianity
+from ..stages.fit import certify, relative_residual
 from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ..stages.precision import resolve_precision
+from ..stages.reduce import Samples, SampleStream
 from ..stages.refine import region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
@@ -215,21 +224,21 @@ def _jennrich_t2(P, T2, rng, n_draws):
     return best
 
 
-def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
-    """Algorithm 6 in a k-dimensional basis: T = [T_0 (), T_1 (k,), ..., T_4 (k,)*4].
+def _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish):
+    """ATV21 Algorithm 4 (l = 1), steps 1-4: the directions from T_3 and T_4 (k-dim basis).
 
-    Returns (Z (k, k) unit directions as columns with signs fixed, a (k,), b (k,), c0,
-    diagnostics dict).
+    Jennrich on the flattenings of T_3 (k x k x k) and T_4 (k x k x k^2) as one pencil: the
+    third modes concatenated, each scaled by its noise level, so a unit invisible in one
+    tensor (b at a root of He_1 or He_2) is seen in the other; T_2 is the second matrix
+    (:func:`_jennrich_t2`), then a CP-ALS polish (``polish="cp"``) or the Jennrich
+    directions as they are (``"jennrich"``). Returns (Z (k, k) unit columns up to sign,
+    diagnostics).
     """
-    T0, T1, T2, T3, T4 = T
-    diag = {}
+    _, _, T2, T3, T4 = T
     s3, s4, r3, r4 = _flattening_ranks(T3, T4, noise3, noise4)
-    diag.update(
+    diag = dict(
         flattening_singular_values_T3=s3, flattening_singular_values_T4=s4, flattening_rank_T3=r3, flattening_rank_T4=r4
     )
-    # Alg. 4 steps 1-4: Jennrich on the flattenings of T_3 (k x k x k) and T_4 (k x k x k^2),
-    # as one pencil: the third modes concatenated, each scaled by its noise level, so a
-    # unit invisible in one tensor (b at a root of He_1 or He_2) is seen in the other.
     w3 = 1.0 / noise3 if noise3 > 0 else 1.0 / max(np.linalg.norm(T3), 1e-300)
     w4 = 1.0 / noise4 if noise4 > 0 else 1.0 / max(np.linalg.norm(T4), 1e-300)
     P = np.concatenate([w3 * T3, w4 * T4.reshape(k * k, k, k)], axis=0)
@@ -240,27 +249,55 @@ def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
     if polish == "jennrich" or not np.all(np.isfinite(Z)):
         Z = Z0
     diag.update(jennrich_gap=gap, cp_relative_error=float(fit0))
-    # Alg. 2 (l = 1): zeta_2 = a phi(b), zeta_3 = -a phi(b) xi b (errata: T_2, T_3, not T_1).
-    z2 = _sympow_ls(T2, Z, 2)
-    z3 = _sympow_ls(T3, Z, 3)
-    z4 = _sympow_ls(T4, Z, 4)
+    return Z, diag
+
+
+def _recover_scalars(T, Z, noise3, noise4):
+    """ATV21 Algorithm 2 (RecoverScalars) with l = 1: ``zeta_j = SymPowLS(T_j, Z)``;
+    ``zeta_2 = a phi(b)``, ``zeta_3 = -a phi(b) xi b`` (errata: T_2 and T_3, not T_1), so
+    ``b = -zeta_3 / zeta_2`` and ``a = sqrt(2 pi) exp(b^2 / 2) zeta_2``. Also reports which
+    tensor sees each unit (``lambda' = -a phi(b) b`` in T_3, ``a phi(b) He_2(b)`` in T_4).
+    Returns (a (k,), xi b (k,), diagnostics)."""
+    z2 = _sympow_ls(T[2], Z, 2)
+    z3 = _sympow_ls(T[3], Z, 3)
+    z4 = _sympow_ls(T[4], Z, 4)
     with np.errstate(divide="ignore", invalid="ignore"):
         bt = -z3 / z2
     bt = np.where(np.isfinite(bt), bt, 0.0)
     at = _SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * z2
-    diag.update(zeta2=z2, zeta3=z3, zeta4=z4)
-    # Which tensor sees each unit: lambda' = -a phi(b) b (T_3), lambda'' = a phi(b) He_2(b) (T_4).
+    diag = dict(zeta2=z2, zeta3=z3, zeta4=z4)
     diag["visible_T3"] = np.abs(z3) > 3.0 * max(noise3, 1e-12 * np.abs(z3).max(initial=0.0))
     diag["visible_T4"] = np.abs(z4) > 3.0 * max(noise4, 1e-12 * np.abs(z4).max(initial=0.0))
-    # Alg. 3 (FixSigns): T_1 = sum_i a_i Phi(b_i) w_i = sum_i z_i (a~_i w~_i), z_i = xi_i Phi(b_i).
-    M = Z * at[None, :]
-    zz = np.linalg.lstsq(M, T1, rcond=1e-13)[0]
+    return at, bt, diag
+
+
+def _fix_signs(T0, T1, Z, at, bt):
+    """ATV21 Algorithm 3 (FixSigns) and the offset: ``T_1 = sum_i a_i Phi(b_i) w_i =
+    sum_i z_i (a~_i w~_i)`` with ``z_i = xi_i Phi(b_i)``, so ``xi_i = sign(z_i)`` (least
+    squares for z); then ``c = T_0 - sum_i a_i c_0(b_i)``. Returns (Z with signs fixed, b,
+    c, diagnostics)."""
+    zz = np.linalg.lstsq(Z * at[None, :], T1, rcond=1e-13)[0]
     xi = np.where(zz >= 0, 1.0, -1.0)
-    diag["fixsigns_z"] = zz
-    diag["fixsigns_margin"] = float(np.min(np.abs(zz))) if zz.size else 0.0
-    Z = Z * xi[None, :]
+    diag = {"fixsigns_z": zz, "fixsigns_margin": float(np.min(np.abs(zz))) if zz.size else 0.0}
     bb = xi * bt
     c0 = float(T0 - np.sum(at * hermite_coefficient(0, bb)))
+    return Z * xi[None, :], bb, c0, diag
+
+
+def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
+    """ATV21 Algorithm 6 in a k-dimensional basis: T = [T_0 (), T_1 (k,), ..., T_4 (k,)*4].
+
+    Algorithm 4 steps 1-4 (:func:`_jennrich_step`), Algorithm 2 (:func:`_recover_scalars`),
+    Algorithm 3 and the offset (:func:`_fix_signs`).
+
+    Returns (Z (k, k) unit directions as columns with signs fixed, a (k,), b (k,), c0,
+    diagnostics dict).
+    """
+    Z, diag = _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish)
+    at, bt, d2 = _recover_scalars(T, Z, noise3, noise4)
+    Z, bb, c0, d3 = _fix_signs(T[0], T[1], Z, at, bt)
+    diag.update(d2)
+    diag.update(d3)
     return Z, at, bb, c0, diag
 
 
@@ -301,8 +338,34 @@ def recover_from_tensors(tensors, n_hidden, *, random_state=None):
     return a, (W @ Z).T, b, c0, diag
 
 
-def _validate_common(X, Y, n_hidden, tol, block_size):
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
+#: Rows (the first ones) whose centred outputs give the output basis Q when m > k (step 1).
+COMBINATION_ROWS = 20000
+#: Random output combinations g tried for y = Y g when m > 1 (step 1); the best kept.
+N_COMBINATIONS = 32
+
+
+class _Setup(NamedTuple):
+    """Validated options of one :func:`atv21` run."""
+
+    k: int
+    tol: float
+    n_restarts: int
+    n_refine: Optional[int]
+    max_rounds: int
+    margin: float
+    n_jobs: Optional[int]
+    block_size: int
+    rng: np.random.Generator
+
+
+def _validate(
+    X, Y, n_hidden, *, tol, block_size, n_restarts, n_refine, max_rounds, margin, n_jobs, random_state, comm, prec
+):
+    """The samples (:class:`relufast.stages.reduce.Samples`, agreed on by every rank) and
+    the checked options; raises ValueError / TypeError saying what was expected."""
+    data = Samples.from_arrays(X, Y, comm=comm, n_jobs=resolve_n_jobs(n_jobs))
+    n, d = data.n, data.d
+    k = check_n_hidden(n_hidden, d)
     block_size = check_positive_int(block_size, "block_size")
     if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
@@ -311,7 +374,343 @@ def _validate_common(X, Y, n_hidden, tol, block_size):
         raise ValueError(
             f"atv21 needs at least max(2 (d + 1), 20 k) = {n_min} samples for d = {d}, k = {k}; got n = {n}"
         )
-    return X, Y, n, d, m, k, block_size
+    n_restarts = check_positive_int(n_restarts, "n_restarts")
+    if n_refine is not None:
+        n_refine = check_positive_int(n_refine, "n_refine", minimum=n_min)
+    max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
+    if not (np.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a number >= 0; got {margin!r}")
+    rng = check_random_state(random_state)
+    setup = _Setup(k, prec.tol(tol, d, k), n_restarts, n_refine, max_rounds, float(margin), n_jobs, block_size, rng)
+    return data, setup
+
+
+def _check_gaussian(run, data):
+    """Gaussianity of X on its first GAUSS_ROWS rows (gathered on every rank); warns."""
+    diag = run.diag
+    diag.update(gaussianity(data.take(np.arange(min(data.n, GAUSS_ROWS)))[0]))
+    if not diag["gaussian_ok"]:
+        warn(
+            "X does not look like standard Gaussian input (second-moment deviation "
+            f"{diag['second_moment_deviation']:.3g} vs {diag['second_moment_tolerance']:.3g}, kurtosis "
+            f"statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); ATV21's "
+            "Hermite moments assume x ~ N(0, I). An 'exact' status remains trustworthy (it is a "
+            "residual certificate over all samples), but the estimate may fail."
+        )
+
+
+def _span_and_combination(run, data, s):
+    """Steps 1-2: T_2 of the outputs (compressed to k when m > k), the span W (d, k) of V
+    from its top-k eigenvectors (ATV21 Sec. 3.6), and the combination ``y = Y g``.
+
+    The paper has one output. With m > 1, ``a_j = U_j . g``; of N_COMBINATIONS random unit
+    g the one whose projected T_2 (``sum_j a_j phi(b_j) w_j w_j^T``) is best conditioned
+    is kept, so that no unit is nearly invisible. Returns (W, g, eigenvalues of T_2).
+    """
+    d, m, k = data.d, data.m, s.k
+    if m > k:
+        Yh = data.take(np.arange(min(data.n, COMBINATION_ROWS)))[1]
+        Q = np.ascontiguousarray(np.linalg.svd(Yh - Yh.mean(axis=0), full_matrices=False)[2][:k].T)
+        acc2 = SecondMomentAccumulator(d, k, n_jobs=s.n_jobs, block_size=s.block_size, compress=Q)
+    else:
+        Q = np.eye(m)
+        acc2 = SecondMomentAccumulator(d, m, n_jobs=s.n_jobs, block_size=s.block_size)
+    T2all = data.accumulate(acc2).tensor()
+    W, evals = input_span(T2all, k)
+    W = np.ascontiguousarray(W)
+    best = (-1.0, None)
+    for _ in range(N_COMBINATIONS if m > 1 else 1):
+        gq = s.rng.standard_normal(Q.shape[1])
+        gq /= np.linalg.norm(gq)
+        ev = np.abs(np.linalg.eigvalsh(W.T @ np.tensordot(gq, T2all, axes=1) @ W))
+        score = float(ev.min() / max(ev.max(), 1e-300))
+        if score > best[0]:
+            best = (score, gq)
+    g = Q @ best[1]
+    g /= np.linalg.norm(g)
+    run.diag.update(
+        output_combination=g,
+        combination_condition=best[0],
+        span_eigenvalues=evals[: min(len(evals), k + 3)],
+        span_eigenvalue_ratio=float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0,
+    )
+    return W, g
+
+
+def _rows(data, start, stop):
+    """This rank's part of the global rows ``start .. stop - 1`` as a one-process
+    :class:`relufast.stages.reduce.Samples` (a view: memmaps and dask arrays stay lazy)."""
+    lo, hi = (int(np.clip(t - data.offset, 0, data.n_local)) for t in (start, stop))
+    return Samples(data.X[lo:hi], data.Y[lo:hi], n_jobs=data.n_jobs)
+
+
+def _batch_tensors(data, stop, outputs, n_batches, make):
+    """Hermite tensors of derived outputs ``outputs(X_b, Y_b)`` (n_b, p) over the global rows
+    ``0 .. stop - 1``, cut into ``n_batches`` batches of consecutive rows (their spread
+    estimates the noise). Each rank adds its part of every batch to an accumulator from
+    ``make()``, block by block; the batch sums are reduced over the ranks in one exchange.
+    Returns (T of all rows, per-batch T, cuts), each T a list of (p,) + (k,) * r arrays."""
+    cuts = np.linspace(0, stop, n_batches + 1).astype(int)
+    accs, state = [], {}
+    for j, (a, e) in enumerate(zip(cuts[:-1], cuts[1:])):
+        acc, part = make(), _rows(data, a, e)
+        if part.n_local:
+            for Xb, Yb in part.blocks(bounded=True):
+                acc.add(Xb, np.ascontiguousarray(outputs(Xb, Yb)))
+        accs.append(acc)
+        state.update({f"{j}/{key}": v for key, v in acc.state().items()})
+    state = data.reduce(state)
+    for j, acc in enumerate(accs):
+        acc.set_state({key[len(f"{j}/") :]: v for key, v in state.items() if key.startswith(f"{j}/")})
+    parts = [acc.tensors() for acc in accs]
+    total = accs[0]
+    for acc in accs[1:]:
+        total.merge(acc)
+    return total.tensors(), parts, cuts
+
+
+def _batch_noise(T, parts, cuts, out, orders):
+    """Standard error (Frobenius) of ``T[r][out]`` from the batch spread, weighted by size."""
+    wts = np.diff(cuts) / cuts[-1]
+    return [
+        float(
+            np.sqrt(
+                np.sum(np.tensordot(wts, np.stack([p[r][out] - T[r][out] for p in parts]) ** 2, axes=1))
+                / max(len(parts) - 1, 1)
+            )
+        )
+        for r in orders
+    ]
+
+
+def _hermite_tensors(run, data, s, W, g):
+    """Step 3: T_0..T_4 of ``y = Y g`` in the span, ``z = W^T x`` (C++ raw sums, ATV21
+    Sec. 2.5 estimator), in NOISE_BATCHES batches whose spread estimates the noise of each
+    tensor. Returns (T list, noise list).
+
+    Two passes, the second with control variates (relufast's own; same expectations,
+    several times less noise): He_r(z) is orthogonal to every polynomial of degree < r
+    under N(0, I), so ``E[(y - q(z)) He_r(z)] = T_r`` for any q of degree < r. Pass 1
+    gives T_0, T_1, T_2 of y; pass 2 gives T_2 of ``y - q_1`` and T_3, T_4 of ``y - q_2``,
+    where ``q_1 = T_0 + T_1 . z`` and ``q_2 = q_1 + <T_2, He_2(z)> / 2`` are y's projections
+    on the Hermite polynomials of degree <= 1 and <= 2 (a ReLU network's constant and
+    linear parts carry most of its variance).
+    """
+    n, nb = data.n, min(NOISE_BATCHES, data.n)
+    T, parts, cuts = _batch_tensors(
+        data,
+        n,
+        lambda Xb, Yb: Yb @ g[:, None],
+        nb,
+        lambda: HermiteAccumulator(1, order=2, basis=W, n_jobs=s.n_jobs, block_size=s.block_size),
+    )
+    T0, T1, T2 = T[0][0], T[1][0], T[2][0]
+    noise = _batch_noise(T, parts, cuts, 0, range(3))
+
+    def residual_outputs(Xb, Yb):
+        Z = np.asarray(Xb, dtype=np.float64) @ W
+        y1 = Yb @ g - T0 - Z @ T1
+        y2 = y1 - 0.5 * (np.sum((Z @ T2) * Z, axis=1) - np.trace(T2))
+        return np.column_stack([y1, y2])
+
+    Tc, parts, cuts = _batch_tensors(
+        data,
+        n,
+        residual_outputs,
+        nb,
+        lambda: HermiteAccumulator(2, order=4, basis=W, n_jobs=s.n_jobs, block_size=s.block_size),
+    )
+    run.diag["tensor_noise_plain"] = np.array(noise)
+    noise = noise[:2] + _batch_noise(Tc, parts, cuts, 0, [2]) + _batch_noise(Tc, parts, cuts, 1, [3, 4])
+    run.diag["tensor_noise"] = np.array(noise)
+    return [T0, T1, Tc[2][0], Tc[3][1], Tc[4][1]], noise
+
+
+def _refinement_sample(data, s):
+    """The samples of the refinement rounds: ``n_refine`` random rows gathered on every rank
+    (:meth:`Samples.take`), or all samples when there are no more. Returns ((X_s, Y_s),
+    whether they are all the samples)."""
+    if s.n_refine is not None and data.n > s.n_refine:
+        idx = np.sort(SampleStream(data.n, s.rng).grow(s.n_refine))
+        return data.take(idx), False
+    if data.distributed or data.lazy:
+        return data.gather_all(), True
+    return (data.X, data.Y), True
+
+
+def _estimate(T, W, s, noise, polish):
+    """Steps 4-6 (ATV21 Algorithm 6) in the span, mapped back to the input space. Returns
+    (V0 (k, d) unit rows, a, b, c0, diagnostics), or None when a parameter is not finite."""
+    Z, a, bb, c0, d6 = _algorithm6(T, s.k, s.rng, noise3=noise[3], noise4=noise[4], polish=polish)
+    V0 = (W @ Z).T
+    V0 = np.ascontiguousarray(V0 / np.linalg.norm(V0, axis=1, keepdims=True))
+    if not (np.all(np.isfinite(V0)) and np.all(np.isfinite(bb)) and np.all(np.isfinite(a))):
+        return None
+    return V0, a, bb, c0, d6
+
+
+def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine):
+    """Step 7: (U, c) for every output by least squares and the activation-region
+    refinement (relufast's own, :func:`relufast.stages.refine.region_refine`) on the
+    refinement sample; the certificate is the relative residual over all samples (a
+    reduction over the blocks and ranks of ``data``)."""
+    Xs, Ys = sample
+    rr = region_refine(
+        Xs,
+        Ys,
+        V0,
+        b0,
+        margin=s.margin,
+        max_rounds=s.max_rounds if refine else 0,
+        n_jobs=s.n_jobs,
+        block_size=4096,
+        tol=min(1e-14, s.tol),
+    )
+    if covers_all:
+        return rr
+    residual = relative_residual(data, None, rr.V, rr.U, data.n_jobs, RELU, b=rr.b, c=rr.c)
+    return rr._replace(residual=residual, history=rr.history + (residual,))
+
+
+def _restarts(run, data, s, T, W, noise, sample, covers_all, refine):
+    """Steps 4-7, restarted with new random contractions (CP-ALS polish on every other
+    one) until the certificate passes: the residual over all samples decides, so a
+    restart can only help. Returns (best (rr, diagnostics, a, b, c0) or None, residuals)."""
+    best, attempts = None, []
+    for attempt in range(s.n_restarts if refine else 1):
+        with run.stage("tensor"):
+            est = _estimate(T, W, s, noise, "cp" if attempt % 2 == 0 else "jennrich")
+        if est is None:
+            attempts.append(float("nan"))
+            continue
+        V0, a, bb, c0, d6 = est
+        with run.stage("refine"):
+            rr = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine)
+        attempts.append(rr.residual)
+        if best is None or rr.residual < best[0].residual:
+            best = (rr, d6, a, bb, c0)
+        if rr.residual <= s.tol:
+            break
+    return best, attempts
+
+
+def _unit_notes(diag, bb, noise, n):
+    """Units at the detection limit (ATV21 Sec. 1.3, the set P of Lemma D.13): |b| above
+    sqrt(2 log n), or a T_2 weight ``|a phi(b)|`` within 3 noise levels of the plain
+    estimator ``mean y He_2`` (``noise``; conservative: the span of V comes from it).
+    Recorded in the diagnostics; returns the sentence for the message ("" when none)."""
+    large = np.flatnonzero(np.abs(bb) > math.sqrt(2.0 * math.log(max(n, 3))))
+    diag["units_large_bias"] = tuple(int(i) for i in large)
+    weak = np.flatnonzero(np.abs(diag["zeta2"]) <= 3.0 * noise[2])
+    diag["units_below_noise"] = tuple(int(i) for i in weak)
+    unreliable = sorted(set(diag["units_large_bias"]) | set(diag["units_below_noise"]))
+    if not unreliable:
+        return ""
+    return (
+        f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
+        f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
+        "nearly always or never active and cannot be recovered at this n"
+    )
+
+
+def _outcome(run, data, s, rr, attempts, note, refine, prec):
+    """The status: ``exact`` only when the residual over all samples is at most ``tol``
+    and the region system determined every unit; never on a wrong network."""
+    n, d, k = data.n, data.d, s.k
+    order = np.argsort(-np.linalg.norm(rr.U, axis=0), kind="stable")
+    params = dict(U=rr.U[:, order], V=rr.V[order], b=rr.b[order], c=rr.c, residual=rr.residual)
+    residual, start = rr.residual, rr.history[0]
+    if not refine:
+        return run.result(
+            Status.APPROXIMATE,
+            f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
+            f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
+            **params,
+        )
+    if residual <= s.tol and not rr.undetermined:
+        return run.result(
+            Status.EXACT,
+            f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
+            f"{start:.2e}, tensor step {len(attempts)} of at most {s.n_restarts}) made exact by "
+            f"{rr.rounds} rounds of activation-region refinement; relative residual "
+            f"{residual:.2e} over {n} samples"
+            + (
+                ""
+                if prec.is_double
+                else f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; fitted in float64)"
+            ),
+            exact=True,
+            **params,
+        )
+    if residual <= s.tol:
+        return run.result(
+            Status.NON_IDENTIFIABLE,
+            f"the network fits exactly (residual {residual:.2e}) but the activation regions "
+            f"populated by the samples do not determine units {list(rr.undetermined)} (the "
+            "region system has rank < k: such a unit is active on all or on no samples, or "
+            "always together with others); more samples, or a smaller |b|, may fix it" + note,
+            **params,
+        )
+    return run.result(
+        Status.FAILED,
+        f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
+        f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
+        f"{len(attempts)} tensor steps (exact needs "
+        f"<= {s.tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
+        "random_state, or check that the outputs are noiseless (for noisy outputs use "
+        "refine=False) and X standard Gaussian" + note,
+        **params,
+    )
+
+
+def _atv21(X, Y, n_hidden, *, refine, comm, prec, **options):
+    """The pipeline of :func:`atv21` (steps 1-7 of its Notes), one named step per call."""
+    run = Run("atv21")
+    data, s = _validate(X, Y, n_hidden, comm=comm, prec=prec, **options)
+    run.precision = prec.name
+    run.counts.update(n_samples=data.n, n_hidden=s.k)
+    diag = run.diag
+    diag.update(backend=BACKEND, threads=data.n_jobs)
+    _check_gaussian(run, data)
+    with run.stage("moments"):
+        W, g = _span_and_combination(run, data, s)
+        T, noise = _hermite_tensors(run, data, s, W, g)
+    if diag["span_eigenvalue_ratio"] < 1e-12:
+        return run.result(
+            Status.FAILED,
+            f"T_2 has fewer than k = {s.k} nonzero eigenvalues (ratio "
+            f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
+            "|b_i| very large) or two units are parallel",
+        )
+    sample, covers_all = _refinement_sample(data, s)
+    run.counts["n_refine"] = len(sample[0])
+    best, attempts = _restarts(run, data, s, T, W, noise, sample, covers_all, refine)
+    if best is None:
+        return run.result(
+            Status.FAILED,
+            "the tensor step produced non-finite parameters (degenerate "
+            "Jennrich pencil) in every restart; try more samples or another random_state",
+        )
+    rr, d6, a, bb, c0 = best
+    diag.update(d6)
+    diag.update(
+        estimate_a=a,
+        estimate_b=bb,
+        estimate_c_combined=c0,
+        restarts=len(attempts),
+        restart_residuals=np.array(attempts),
+    )
+    note = _unit_notes(diag, bb, diag["tensor_noise_plain"], data.n)
+    diag.update(
+        refine_history=np.array(rr.history),
+        refine_rounds=rr.rounds,
+        undetermined_units=rr.undetermined,
+        n_regions=rr.n_regions,
+        n_certain=rr.n_certain,
+        n_trimmed=rr.n_trimmed,
+    )
+    run.counts.update(refine_rounds=rr.rounds, regions=rr.n_regions, restarts=len(attempts))
+    return _outcome(run, data, s, rr, attempts, note, refine, prec)
 
 
 def atv21(
@@ -323,11 +722,12 @@ def atv21(
     tol=1e-10,
     max_rounds=10,
     margin=0.1,
-    n_restarts=4,
+    n_restarts=8,
     n_refine=200000,
     n_jobs=None,
     random_state=None,
     block_size=256,
+    comm=None,
     precision=None,
 ):
     """Recover ``Y = relu(X V^T + b) U^T + c`` for Gaussian X, k <= d, any m (ATV21 Thm 3.1).
@@ -352,7 +752,7 @@ def atv21(
     n_refine : int or None, default=200000
         Samples (a random subset) used by the rounds of the region refinement; the final
         fit of (U, c) and the certificate use all samples. None: all samples throughout.
-    n_restarts : int, default=4
+    n_restarts : int, default=8
         Tensor steps (new random contractions; CP-ALS polish on every other one) tried
         until the refinement certifies the network; the best is returned.
     n_jobs : int or None, default=None
@@ -361,10 +761,19 @@ def atv21(
         Seeds the output combination and Jennrich's random contractions.
     block_size : int, default=256
         Samples per block of the moment kernels.
+    comm : mpi4py communicator, optional
+        Each rank passes its own samples; the moments, the Gaussianity probe, the
+        refinement sample and the certificate are reduced or gathered over the ranks, and
+        every rank returns the same result: that of one process on the concatenated
+        samples, up to rounding (``docs/scale.md``).
     precision : None, str or float, optional
         Precision of the outputs (default: from Y's dtype). Below float64 ``tol`` is raised
         to the rounding floor (:mod:`relufast.stages.precision`); the region refinement
         fits in float64.
+
+    X and Y may be NumPy memmaps (read in place, block by block) or dask arrays (row
+    blocks); only the refinement sample (``n_refine`` rows) and the Gaussianity probe are
+    gathered in memory.
 
     Returns
     -------
@@ -406,256 +815,9 @@ def atv21(
             n_jobs=n_jobs,
             random_state=random_state,
             block_size=block_size,
+            comm=comm,
             prec=prec,
         )
-
-
-def _atv21(
-    X, Y, n_hidden, *, refine, tol, max_rounds, margin, n_restarts, n_refine, n_jobs, random_state, block_size, prec
-):
-    run = Run("atv21")
-    X, Y, n, d, m, k, block_size = _validate_common(X, Y, n_hidden, tol, block_size)
-    run.precision = prec.name
-    tol = prec.tol(tol, d, k)
-    n_restarts = check_positive_int(n_restarts, "n_restarts")
-    if n_refine is not None:
-        n_refine = check_positive_int(n_refine, "n_refine", minimum=max(2 * (d + 1), 20 * k))
-    max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
-    if not (np.isfinite(margin) and margin >= 0):
-        raise ValueError(f"margin must be a number >= 0; got {margin!r}")
-    threads = resolve_n_jobs(n_jobs)
-    rng = check_random_state(random_state)
-    run.counts.update(n_samples=n, n_hidden=k)
-    diag = run.diag
-    diag.update(backend=BACKEND, threads=threads)
-    diag.update(gaussianity(X))
-    if not diag["gaussian_ok"]:
-        warn(
-            "X does not look like standard Gaussian input (second-moment deviation "
-            f"{diag['second_moment_deviation']:.3g} vs {diag['second_moment_tolerance']:.3g}, kurtosis "
-            f"statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); ATV21's "
-            "Hermite moments assume x ~ N(0, I). An 'exact' status remains trustworthy (it is a "
-            "residual certificate over all samples), but the estimate may fail."
-        )
-
-    # Steps 1-2: output combination, T_2 and the span of V.
-    with run.stage("moments"):
-        if m > k:
-            Yc = Y[: min(n, 20000)] - Y[: min(n, 20000)].mean(axis=0)
-            Q = np.ascontiguousarray(np.linalg.svd(Yc, full_matrices=False)[2][:k].T)
-            acc2 = SecondMomentAccumulator(d, k, n_jobs=n_jobs, block_size=block_size, compress=Q).add(X, Y)
-        else:
-            Q = np.eye(m)
-            acc2 = SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size).add(X, Y)
-        T2all = acc2.tensor()
-        W, evals = input_span(T2all, k)
-        W = np.ascontiguousarray(W)
-        # The paper has one output. With m > 1 the combination y = Y g gives a_j = U_j . g;
-        # of 32 random g keep the one whose projected T_2 (sum_j a_j phi(b_j) w_j w_j^T) is
-        # best conditioned, so that no unit is nearly invisible.
-        best = (-1.0, None)
-        for _ in range(32 if m > 1 else 1):
-            gq = rng.standard_normal(Q.shape[1])
-            gq /= np.linalg.norm(gq)
-            ev = np.abs(np.linalg.eigvalsh(W.T @ np.tensordot(gq, T2all, axes=1) @ W))
-            score = float(ev.min() / max(ev.max(), 1e-300))
-            if score > best[0]:
-                best = (score, gq)
-        g = Q @ best[1]
-        g /= np.linalg.norm(g)
-        diag["output_combination"] = g
-        diag["combination_condition"] = best[0]
-        y = np.ascontiguousarray(Y @ g[:, None])
-        diag["span_eigenvalues"] = evals[: min(len(evals), k + 3)]
-        diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
-        cuts = np.linspace(0, n, min(NOISE_BATCHES, n) + 1).astype(int)
-        accs = [
-            HermiteAccumulator(1, order=4, basis=W, n_jobs=n_jobs, block_size=block_size).add(X[a:e], y[a:e])
-            for a, e in zip(cuts[:-1], cuts[1:])
-        ]
-        parts = [[t[0] for t in acc.tensors()] for acc in accs]
-        total = accs[0]
-        for acc in accs[1:]:
-            total.merge(acc)
-        T = [t[0] for t in total.tensors()]
-        wts = np.diff(cuts) / n
-        noise = [
-            float(
-                np.sqrt(
-                    np.sum(np.tensordot(wts, np.stack([p[r] - T[r] for p in parts]) ** 2, axes=1))
-                    / max(len(parts) - 1, 1)
-                )
-            )
-            for r in range(5)
-        ]
-        diag["tensor_noise"] = np.array(noise)
-    if diag["span_eigenvalue_ratio"] < 1e-12:
-        return run.result(
-            Status.FAILED,
-            f"T_2 has fewer than k = {k} nonzero eigenvalues (ratio "
-            f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
-            "|b_i| very large) or two units are parallel",
-        )
-
-    Xs = Ys = None
-    if n_refine is not None and n > n_refine:
-        idx = np.sort(rng.choice(n, size=n_refine, replace=False))
-        Xs, Ys = np.ascontiguousarray(X[idx]), np.ascontiguousarray(Y[idx])
-    run.counts["n_refine"] = n if Xs is None else len(Xs)
-    # Steps 4-7, restarted with new random contractions until the certificate passes: the
-    # residual over all samples decides, so a restart can only help.
-    best, attempts = None, []
-    for attempt in range(n_restarts if refine else 1):
-        with run.stage("tensor"):
-            Z, a, bb, c0, d6 = _algorithm6(
-                T, k, rng, noise3=noise[3], noise4=noise[4], polish="cp" if attempt % 2 == 0 else "jennrich"
-            )
-            V0 = (W @ Z).T
-            V0 = np.ascontiguousarray(V0 / np.linalg.norm(V0, axis=1, keepdims=True))
-        if not (np.all(np.isfinite(V0)) and np.all(np.isfinite(bb)) and np.all(np.isfinite(a))):
-            attempts.append(float("nan"))
-            continue
-        # Step 7: (U, c) for every output, then the region refinement.
-        with run.stage("refine"):
-            # Rounds on a random subset (the region systems need far fewer samples than the
-            # moments), then (U, c) refitted and certified on all samples.
-            if refine and Xs is not None:
-                sub = region_refine(
-                    Xs,
-                    Ys,
-                    V0,
-                    bb,
-                    margin=margin,
-                    max_rounds=max_rounds,
-                    n_jobs=n_jobs,
-                    block_size=4096,
-                    tol=min(1e-14, tol),
-                )
-                rr = region_refine(X, Y, sub.V, sub.b, sub.U, sub.c, max_rounds=0, n_jobs=n_jobs, block_size=4096)
-                rr = rr._replace(
-                    history=sub.history + (rr.residual,),
-                    rounds=sub.rounds,
-                    undetermined=sub.undetermined,
-                    n_regions=sub.n_regions,
-                    n_certain=sub.n_certain,
-                    n_trimmed=sub.n_trimmed,
-                )
-            else:
-                rr = region_refine(
-                    X,
-                    Y,
-                    V0,
-                    bb,
-                    margin=margin,
-                    max_rounds=max_rounds if refine else 0,
-                    n_jobs=n_jobs,
-                    block_size=4096,
-                    tol=min(1e-14, tol),
-                )
-        attempts.append(rr.residual)
-        if best is None or rr.residual < best[0].residual:
-            best = (rr, d6, a, bb, c0)
-        if rr.residual <= tol:
-            break
-    if best is None:
-        return run.result(
-            Status.FAILED,
-            "the tensor step produced non-finite parameters (degenerate "
-            "Jennrich pencil) in every restart; try more samples or another random_state",
-        )
-    rr, d6, a, bb, c0 = best
-    diag.update(d6)
-    diag.update(
-        estimate_a=a,
-        estimate_b=bb,
-        estimate_c_combined=c0,
-        restarts=len(attempts),
-        restart_residuals=np.array(attempts),
-    )
-    large = np.flatnonzero(np.abs(bb) > math.sqrt(2.0 * math.log(max(n, 3))))
-    diag["units_large_bias"] = tuple(int(i) for i in large)
-    # A unit whose T_2 weight a phi(b) is within 3 noise levels is invisible at this n:
-    # |b| too large (phi(b) ~ e^{-b^2/2}) or a ~ 0 (ATV21 Sec. 1.3, the set P of Lemma D.13).
-    weak = np.flatnonzero(np.abs(d6["zeta2"]) <= 3.0 * noise[2])
-    diag["units_below_noise"] = tuple(int(i) for i in weak)
-    unreliable = sorted(set(diag["units_large_bias"]) | set(diag["units_below_noise"]))
-    note = (
-        ""
-        if not unreliable
-        else f" Estimated units {unreliable} are at the detection limit (T_2 weight |a phi(b)| within 3 "
-        f"noise levels = {3 * noise[2]:.1e}, or |b| > sqrt(2 log n)): a unit with |b| this large is "
-        "nearly always or never active and cannot be recovered at this n"
-    )
-    diag.update(
-        refine_history=np.array(rr.history),
-        refine_rounds=rr.rounds,
-        undetermined_units=rr.undetermined,
-        n_regions=rr.n_regions,
-        n_certain=rr.n_certain,
-        n_trimmed=rr.n_trimmed,
-    )
-    run.counts.update(refine_rounds=rr.rounds, regions=rr.n_regions, restarts=len(attempts))
-    order = np.argsort(-np.linalg.norm(rr.U, axis=0), kind="stable")
-    U, V, b, c = rr.U[:, order], rr.V[order], rr.b[order], rr.c
-    residual = rr.residual
-    start = rr.history[0]
-    if not refine:
-        return run.result(
-            Status.APPROXIMATE,
-            f"ATV21 estimate (Algorithm 6) with (U, c) by least squares: relative residual "
-            f"{residual:.2e} over {n} samples; refine=True makes it exact on noiseless data" + note,
-            U=U,
-            V=V,
-            b=b,
-            c=c,
-            residual=residual,
-        )
-    if residual <= tol and not rr.undetermined:
-        return run.result(
-            Status.EXACT,
-            f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
-            f"{start:.2e}, tensor step {len(attempts)} of at most {n_restarts}) made exact by "
-            f"{rr.rounds} rounds of activation-region refinement; relative residual "
-            f"{residual:.2e} over {n} samples"
-            + (
-                ""
-                if prec.is_double
-                else f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; fitted in float64)"
-            ),
-            U=U,
-            V=V,
-            b=b,
-            c=c,
-            residual=residual,
-            exact=True,
-        )
-    if residual <= tol:
-        return run.result(
-            Status.NON_IDENTIFIABLE,
-            f"the network fits exactly (residual {residual:.2e}) but the activation regions "
-            f"populated by the samples do not determine units {list(rr.undetermined)} (the "
-            "region system has rank < k: such a unit is active on all or on no samples, or "
-            "always together with others); more samples, or a smaller |b|, may fix it" + note,
-            U=U,
-            V=V,
-            b=b,
-            c=c,
-            residual=residual,
-        )
-    return run.result(
-        Status.FAILED,
-        f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
-        f"residual went from {start:.2e} to {residual:.2e} in {rr.rounds} rounds, best of "
-        f"{len(attempts)} tensor steps (exact needs "
-        f"<= {tol:.1e}). Try more samples (the estimate's error falls like n^-1/2), another "
-        "random_state, or check that the outputs are noiseless (for noisy outputs use "
-        "refine=False) and X standard Gaussian" + note,
-        U=U,
-        V=V,
-        b=b,
-        c=c,
-        residual=residual,
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -731,6 +893,31 @@ def recover_general_from_tensors(tensors, n_hidden, *, random_state=None):
     return a, Wt, b, diag
 
 
+def _fit_features(X, V, b):
+    """Algorithm 5's features ``[relu(z), relu(-z), x, 1]`` with ``z = X V^T + b``."""
+    Zp = X @ V.T + b
+    return np.hstack([np.maximum(Zp, 0.0), np.maximum(-Zp, 0.0), X, np.ones((X.shape[0], 1))])
+
+
+def _fold_units(coef, V, b):
+    """Claim D.14: the least-squares coefficients (2k + d + 1, m) of Algorithm 5 rewritten as
+    a ReLU network (U, V, b, c) of k + 2 r units (see :func:`fit_network`)."""
+    k, d = V.shape
+    alpha, alpha2, lin, const = coef[:k], coef[k : 2 * k], coef[2 * k : 2 * k + d], coef[-1]
+    # relu(-z) = relu(z) - z with z = v.x + b:
+    U_units = (alpha + alpha2).T  # (m, k)
+    lin = lin - V.T @ alpha2  # (d, m)
+    const = const - b @ alpha2
+    # The linear part lin^T x (m outputs) has rank r <= min(d, m); each rank-one piece
+    # s u v^T becomes two units, s v (relu(u.x) - relu(-u.x)): k + 2 units for one output.
+    Ul, s, Vt = np.linalg.svd(lin, full_matrices=False)
+    r = int(np.sum(s > 1e-12 * max(s[0], 1e-300))) if s.size else 0
+    V_out = np.vstack([V] + [np.vstack([Ul[:, j], -Ul[:, j]]) for j in range(r)])
+    b_out = np.concatenate([b, np.zeros(2 * r)])
+    U_out = np.hstack([U_units] + [np.column_stack([s[j] * Vt[j], -s[j] * Vt[j]]) for j in range(r)])
+    return U_out, V_out, b_out, const
+
+
 def fit_network(X, Y, V, b):
     """ATV21 Algorithm 5, steps 3-5: a network of at most k + 2 units with small L2 error.
 
@@ -754,27 +941,28 @@ def fit_network(X, Y, V, b):
     Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
     V = np.asarray(V, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
-    n, d = X.shape
-    k = V.shape[0]
-    Zp = X @ V.T + b
-    F = np.hstack([np.maximum(Zp, 0.0), np.maximum(-Zp, 0.0), X, np.ones((n, 1))])
-    coef = np.linalg.lstsq(F, Y, rcond=None)[0]  # (2k + d + 1, m)
-    alpha, alpha2, lin, const = coef[:k], coef[k : 2 * k], coef[2 * k : 2 * k + d], coef[-1]
-    # relu(-z) = relu(z) - z with z = v.x + b:
-    U_units = (alpha + alpha2).T  # (m, k)
-    lin = lin - V.T @ alpha2  # (d, m)
-    const = const - b @ alpha2
-    # The linear part lin^T x (m outputs) has rank r <= min(d, m); each rank-one piece
-    # s u v^T becomes two units, s v (relu(u.x) - relu(-u.x)): k + 2 units for one output.
-    Ul, s, Vt = np.linalg.svd(lin, full_matrices=False)
-    r = int(np.sum(s > 1e-12 * max(s[0], 1e-300))) if s.size else 0
-    V_out = np.vstack([V] + [np.vstack([Ul[:, j], -Ul[:, j]]) for j in range(r)])
-    b_out = np.concatenate([b, np.zeros(2 * r)])
-    U_out = np.hstack([U_units] + [np.column_stack([s[j] * Vt[j], -s[j] * Vt[j]]) for j in range(r)])
-    return U_out, V_out, b_out, const
+    coef = np.linalg.lstsq(_fit_features(X, V, b), Y, rcond=None)[0]  # (2k + d + 1, m)
+    return _fold_units(coef, V, b)
 
 
-def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None, block_size=256):
+def _fit_network_reduced(data, start, V, b):
+    """:func:`fit_network` on the global rows ``start .. n - 1`` of ``data`` by a reduction:
+    the normal equations of the features, summed over blocks and ranks, solved for their
+    minimum-norm solution (the features are rank-deficient: relu(z) - relu(-z) = z)."""
+
+    def one_block(Xb, Yb):
+        F = _fit_features(np.asarray(Xb, dtype=np.float64), V, b)
+        return {"gram": F.T @ F, "cross": F.T @ np.asarray(Yb, dtype=np.float64)}
+
+    part = _rows(data, start, data.n)
+    st = data.reduce(part.map_reduce(one_block))
+    G, H = st["gram"], st["cross"]
+    scale = np.sqrt(np.maximum(np.diag(G), 1e-300))
+    coef = np.linalg.lstsq(G / np.outer(scale, scale), H / scale[:, None], rcond=1e-12)[0] / scale[:, None]
+    return _fold_units(coef, V, b)
+
+
+def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None, block_size=256, comm=None):
     """ATV21 Theorem 3.2: Algorithm 4 with l = 2 (k up to d (d + 1) / 2, k > d allowed).
 
     Parameters
@@ -790,8 +978,9 @@ def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_s
         network of at most k + 2 units (one output). The result is then sign-free: a network
         with small L2 error, status ``approximate`` (``exact`` if its residual over all
         samples is at most ``tol``).
-    tol, n_jobs, random_state, block_size
-        As in :func:`atv21`.
+    tol, n_jobs, random_state, block_size, comm
+        As in :func:`atv21` (X and Y may also be memmaps or dask arrays; the fit of
+        Algorithm 5 is a reduction of its normal equations).
 
     Returns
     -------
@@ -809,13 +998,23 @@ def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_s
     """
     with single_threaded_blas():
         return _atv21_general(
-            X, Y, n_hidden, fit=fit, tol=tol, n_jobs=n_jobs, random_state=random_state, block_size=block_size
+            X,
+            Y,
+            n_hidden,
+            fit=fit,
+            tol=tol,
+            n_jobs=n_jobs,
+            random_state=random_state,
+            block_size=block_size,
+            comm=comm,
         )
 
 
-def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size):
-    run = Run("atv21-general")
-    X, Y, n, d, m, k = check_problem(X, Y, n_hidden, k_at_most_d=False)
+def _validate_general(X, Y, n_hidden, tol, block_size, n_jobs, comm):
+    """Samples and checks of :func:`atv21_general`. Returns (data, k, block_size)."""
+    data = Samples.from_arrays(X, Y, comm=comm, n_jobs=resolve_n_jobs(n_jobs))
+    n, d = data.n, data.d
+    k = check_positive_int(n_hidden, "n_hidden")
     block_size = check_positive_int(block_size, "block_size")
     if not (isinstance(tol, (int, float, np.floating)) and np.isfinite(tol) and tol > 0):
         raise ValueError(f"tol must be a positive number; got {tol!r}")
@@ -832,70 +1031,58 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
     n_min = max(4 * (d + 1), 50 * k)
     if n < n_min:
         raise ValueError(f"atv21-general needs at least {n_min} samples for d = {d}, k = {k}; got n = {n}")
-    rng = check_random_state(random_state)
-    run.counts.update(n_samples=n, n_hidden=k)
-    diag = run.diag
-    diag.update(backend=BACKEND)
-    diag.update(gaussianity(X))
-    half = n // 2 if fit else n
-    Xt, Yt = X[:half], Y[:half]
-    with run.stage("moments"):
-        g = rng.standard_normal(m)
-        g /= np.linalg.norm(g)
-        y = np.ascontiguousarray(Yt @ g[:, None])
-        cuts = np.linspace(0, half, NOISE_BATCHES + 1).astype(int)
-        accs = [
-            HermiteAccumulator(1, order=6, n_features=d, n_jobs=n_jobs, block_size=block_size).add(
-                np.ascontiguousarray(Xt[a:e]), y[a:e]
-            )
-            for a, e in zip(cuts[:-1], cuts[1:])
-        ]
-        parts = [[t[0] for t in acc.tensors()] for acc in accs]
-        total = accs[0]
-        for acc in accs[1:]:
-            total.merge(acc)
-        T = [t[0] for t in total.tensors()]
-        noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts))) for r in range(7)]
-        diag["tensor_noise"] = np.array(noise)
-        T2all = SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size).add(Xt, Yt).tensor()
-    with run.stage("tensor"):
-        Wt, a, bt, d4 = _algorithm4_l2(T, k, rng, noise5=noise[5], noise6=noise[6])
-        diag.update(d4)
-    large = tuple(int(i) for i in np.flatnonzero(np.abs(bt) > math.sqrt(2.0 * math.log(max(n, 3)))))
-    diag["units_large_bias"] = large
-    diag["sign_ambiguous"] = tuple(range(k))
-    note = (
-        f"; units {list(large)} have |b| > sqrt(2 log n) = {math.sqrt(2 * math.log(n)):.2f}: too large "
-        "to recover at this n (their parameters are unreliable)"
-        if large
-        else ""
+    return data, k, block_size
+
+
+def _general_moments(run, data, half, rng, n_jobs, block_size):
+    """T_0..T_6 of ``y = Y g`` (random unit g) in the input space and T_2 of every output,
+    over the global rows ``0 .. half - 1``, in NOISE_BATCHES batches for the noise."""
+    d, m = data.d, data.m
+    g = rng.standard_normal(m)
+    g /= np.linalg.norm(g)
+    T, parts, _ = _batch_tensors(
+        data,
+        half,
+        lambda Xb, Yb: Yb @ g[:, None],
+        NOISE_BATCHES,
+        lambda: HermiteAccumulator(1, order=6, n_features=d, n_jobs=n_jobs, block_size=block_size),
     )
-    if fit:
-        with run.stage("fit"):
-            U, V, b, c = fit_network(X[half:], Y[half:], Wt, bt)
-            resid = Y - (np.maximum(X @ V.T + b, 0.0) @ U.T + c)
-            residual = float(np.linalg.norm(resid) / max(np.linalg.norm(Y), 1e-300))
-        exact = residual <= tol
-        return run.result(
-            Status.EXACT if exact else Status.APPROXIMATE,
-            f"ATV21 Algorithm 5: a network of {V.shape[0]} units (the {k} recovered units with "
-            f"both signs folded in, plus the linear part as unit pairs) fitted on {n - half} "
-            f"held-out samples; relative residual {residual:.2e} over all {n} samples" + note,
-            U=U,
-            V=V,
-            b=b,
-            c=c,
-            residual=residual,
-            exact=exact,
-        )
-    # Output layer from T_2 of every output (sign-free: zeta_2 = U_oi phi(b_i)).
-    Zt = Wt.T
-    U = np.array([_sympow_ls(T2all[o], Zt, 2) for o in range(m)]) / _phi(bt)[None, :]
-    c = np.zeros(m)
-    resid = Y - np.maximum(X @ Wt.T + bt, 0.0) @ U.T
-    c = resid.mean(axis=0)
-    residual = float(np.linalg.norm(resid - c) / max(np.linalg.norm(Y), 1e-300))
-    diag["residual_is_sign_dependent"] = True
+    T, parts = [t[0] for t in T], [[t[0] for t in p] for p in parts]
+    noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts))) for r in range(7)]
+    run.diag["tensor_noise"] = np.array(noise)
+    acc2 = _rows(data, 0, half).accumulate(SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size))
+    acc2.set_state(data.reduce(acc2.state()))
+    return T, noise, acc2.tensor()
+
+
+def _general_algorithm5(run, data, half, Wt, bt, k, tol, note):
+    """Algorithm 5 (``fit=True``): the k + 2 unit network fitted on the held-out rows."""
+    with run.stage("fit"):
+        U, V, b, c = _fit_network_reduced(data, half, Wt, bt)
+        residual = relative_residual(data, None, V, U, data.n_jobs, RELU, b=b, c=c)
+    exact = residual <= tol
+    return run.result(
+        Status.EXACT if exact else Status.APPROXIMATE,
+        f"ATV21 Algorithm 5: a network of {V.shape[0]} units (the {k} recovered units with "
+        f"both signs folded in, plus the linear part as unit pairs) fitted on {data.n - half} "
+        f"held-out samples; relative residual {residual:.2e} over all {data.n} samples" + note,
+        U=U,
+        V=V,
+        b=b,
+        c=c,
+        residual=residual,
+        exact=exact,
+    )
+
+
+def _general_units(run, data, T2all, Wt, bt, k, note):
+    """Without ``fit``: U from T_2 of every output (sign-free: ``zeta_2 = U_oi phi(b_i)``),
+    c as the mean residual over all samples (a reduction), signs stated ambiguous."""
+    U = np.array([_sympow_ls(T2all[o], Wt.T, 2) for o in range(data.m)]) / _phi(bt)[None, :]
+    st = certify(data, Wt, None, b=bt, c=np.zeros(data.m))
+    c = (st["cross"][k] - st["gram"][k, :k] @ U.T) / data.n
+    residual = relative_residual(data, None, Wt, U, data.n_jobs, RELU, b=bt, c=c)
+    run.diag["residual_is_sign_dependent"] = True
     return run.result(
         Status.APPROXIMATE,
         f"ATV21 Theorem 3.2 (Algorithm 4 with l = 2): {k} units, each (v_i, b_i) known only up "
@@ -909,3 +1096,32 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
         c=c,
         residual=residual,
     )
+
+
+def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size, comm):
+    run = Run("atv21-general")
+    data, k, block_size = _validate_general(X, Y, n_hidden, tol, block_size, n_jobs, comm)
+    n = data.n
+    rng = check_random_state(random_state)
+    run.counts.update(n_samples=n, n_hidden=k)
+    diag = run.diag
+    diag.update(backend=BACKEND)
+    diag.update(gaussianity(data.take(np.arange(min(n, GAUSS_ROWS)))[0]))
+    half = n // 2 if fit else n
+    with run.stage("moments"):
+        T, noise, T2all = _general_moments(run, data, half, rng, n_jobs, block_size)
+    with run.stage("tensor"):
+        Wt, a, bt, d4 = _algorithm4_l2(T, k, rng, noise5=noise[5], noise6=noise[6])
+        diag.update(d4)
+    large = tuple(int(i) for i in np.flatnonzero(np.abs(bt) > math.sqrt(2.0 * math.log(max(n, 3)))))
+    diag["units_large_bias"] = large
+    diag["sign_ambiguous"] = tuple(range(k))
+    note = (
+        f"; units {list(large)} have |b| > sqrt(2 log n) = {math.sqrt(2 * math.log(n)):.2f}: too large "
+        "to recover at this n (their parameters are unreliable)"
+        if large
+        else ""
+    )
+    if fit:
+        return _general_algorithm5(run, data, half, Wt, bt, k, tol, note)
+    return _general_units(run, data, T2all, Wt, bt, k, note)
