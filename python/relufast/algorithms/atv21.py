@@ -294,8 +294,11 @@ def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
     diagnostics dict).
     """
     Z, diag = _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish)
-    at, bt, d2 = _recover_scalars(T, Z, noise3, noise4)
-    Z, bb, c0, d3 = _fix_signs(T[0], T[1], Z, at, bt)
+    # From too few samples the scalars can be absurd (|b| ~ 30, a ~ 1e300): they overflow to
+    # inf here, the estimate is non-finite and the caller reports it (never a raw warning).
+    with np.errstate(over="ignore", invalid="ignore"):
+        at, bt, d2 = _recover_scalars(T, Z, noise3, noise4)
+        Z, bb, c0, d3 = _fix_signs(T[0], T[1], Z, at, bt)
     diag.update(d2)
     diag.update(d3)
     return Z, at, bb, c0, diag
