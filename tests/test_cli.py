@@ -84,11 +84,20 @@ def test_recover_memmapped_npy_pair_writes_network_and_json(tmp_path, capsys):
     assert "fit" in report["seconds"]
 
 
-def test_recover_auto_refuses_memmaps(tmp_path, capsys):
-    _planted_files(tmp_path, n=2000)
-    code = main(["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3"])
-    assert code == 2
-    assert "name the method" in capsys.readouterr().err
+def test_recover_auto_on_memmaps(tmp_path, capsys):
+    import relufast as rf
+
+    net, _, _ = _planted_files(tmp_path, n=20000)
+    out = tmp_path / "net.npz"
+    code = main(
+        ["recover", "--x", str(tmp_path / "X.npy"), "--y", str(tmp_path / "Y.npy"), "--n-hidden", "3"]
+        + ["--out", str(out), "--quiet"]
+    )
+    assert code == 0
+    assert "status='exact'" in capsys.readouterr().out
+    got = np.load(out)
+    err = rf.metrics.parameter_error(rf.network.Network(got["U"], got["V"]), net)
+    assert err.U < 1e-10 and err.V < 1e-10
 
 
 def test_recover_from_zarr_store(tmp_path, capsys):

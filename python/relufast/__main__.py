@@ -182,7 +182,7 @@ def _storage(X):
     return "memory-mapped" if isinstance(X, np.memmap) else "in memory"
 
 
-def _recover_options(args, comm, kind):
+def _recover_options(args, comm):
     """Keyword options of :func:`relufast.recover` from the command line."""
     options = {"random_state": args.seed}
     if args.n_jobs is not None:
@@ -191,11 +191,6 @@ def _recover_options(args, comm, kind):
         options["n_estimate"] = args.n_estimate if args.n_estimate == "all" else int(args.n_estimate)
     if comm is not None:
         options["comm"] = comm
-    if args.method == "auto" and (comm is not None or kind != "in memory"):
-        raise _CommandError(
-            "--method auto looks at the data in memory on one process; name the method "
-            "(e.g. --method bjw19-gaussian) for memory-mapped, zarr or MPI inputs"
-        )
     return options
 
 
@@ -222,7 +217,7 @@ def _recover(args):
         f"relufast: {n} samples, d = {X.shape[1]}, m = {1 if Y.ndim == 1 else Y.shape[1]} ({kind}"
         f"{f', {size} MPI ranks' if size > 1 else ''}); recovering with {args.method}, k = {args.n_hidden} ..."
     )
-    options = _recover_options(args, comm, kind)
+    options = _recover_options(args, comm)
     with _Warnings() as caught:
         res = rf.recover(X, Y, n_hidden=args.n_hidden, method=args.method, **options)
     say(f"relufast: done in {time.perf_counter() - t0:.2f} s")
