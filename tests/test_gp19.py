@@ -406,6 +406,11 @@ def test_validation_errors():
         rf.recover(X, y, n_hidden=4, method="gp19", threshold=2.0, eps=-1)
     with pytest.raises(ValueError, match="activation must be one of"):
         rf.recover(X, y, n_hidden=4, method="gp19-even", activation="relu")
+    # restarts = 0 used to end in an AttributeError on None (one-by-one) or a NumPy
+    # zero-size reduction error (tpm, gp19-even), found by mypy.
+    for method, extra in (("gp19", {"threshold": 2.0, "landscape": "one-by-one"}), ("gp19-even", {})):
+        with pytest.raises(ValueError, match="restarts must be an integer >= 1; got 0"):
+            rf.recover(X, y, n_hidden=4, method=method, restarts=0, **extra)
 
 
 # ---- Section 2.3, Algorithm 3, Theorem 10 (Thm 6, Thm 8, Thm 10) -------------------------------------
