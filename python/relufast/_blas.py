@@ -21,6 +21,7 @@ that restores the limits need not be the one that set them.
 
 import contextlib
 import threading
+from typing import Any
 
 try:
     import threadpoolctl as _tpc
@@ -29,7 +30,7 @@ except ImportError:  # pragma: no cover - optional
 
 _lock = threading.Lock()
 _depth = 0
-_active = None  # the threadpool_limits object of the outermost entry
+_active: Any = None  # the threadpool_limits object of the outermost entry (threadpoolctl is optional)
 
 
 def _release_control():
