@@ -157,7 +157,7 @@ class _HighsSession:
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int32))
         lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), rows.shape).copy()
         upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), rows.shape).copy()
-        # changeRowsBounds is bound by highspy (>= 1.7) but missing from its type stubs.
+        # changeRowsBounds is bound by highspy but missing from its type stubs.
         _check(self._h.changeRowsBounds(len(rows), rows, lower, upper), "changeRowsBounds")  # type: ignore[attr-defined]
         self._rlo[rows], self._rup[rows] = lower, upper
 
