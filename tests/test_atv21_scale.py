@@ -1,7 +1,6 @@
 """ATV21 at scale (relufast issue 14): MPI ranks (simulated by threads), memmaps and dask
 arrays give the network of one process on the concatenated in-memory samples."""
 
-import threading
 import warnings
 
 import numpy as np
@@ -11,11 +10,11 @@ import relufast as rf
 from relufast.algorithms import atv21 as A
 from relufast.planted import PlantedNetwork
 
+from .threadcomm import run_ranks as _run_ranks
+
 #: Another container or rank split of the same samples sums the moments in another order:
 #: the networks agree to rounding (issue 14: 1e-12).
 SAME_TOL = 1e-12
-#: A two-rank run that does not finish in this many seconds has deadlocked.
-EXCHANGE_TIMEOUT = 120
 
 
 def bounded_network(d, k, m, seed, c=0.0):
@@ -33,49 +32,9 @@ def quiet(f, *a, **kw):
         return f(*a, **kw)
 
 
-class ThreadComm:
-    """One rank of a communicator whose ranks are threads of this process: ``allgather``
-    exchanges through shared slots between two barriers (what mpi4py's does across
-    processes)."""
-
-    def __init__(self, rank, size, shared):
-        self.rank, self.size, self.shared = rank, size, shared
-
-    def Get_rank(self):
-        return self.rank
-
-    def Get_size(self):
-        return self.size
-
-    def allgather(self, value):
-        slots, barrier = self.shared
-        slots[self.rank] = value
-        barrier.wait()
-        out = list(slots)
-        barrier.wait()
-        return out
-
-
 def run_ranks(size, fn):
-    """``fn(rank, comm)`` on ``size`` threads; returns their results (or raises the first error)."""
-    shared = ([None] * size, threading.Barrier(size, timeout=EXCHANGE_TIMEOUT))
-    out, errors = [None] * size, []
-
-    def target(rank):
-        try:
-            out[rank] = fn(rank, ThreadComm(rank, size, shared))
-        except BaseException as exc:  # re-raised below, in the test's thread
-            errors.append(exc)
-            shared[1].abort()
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    """``fn(rank, comm)`` on ``size`` simulated ranks (tests/threadcomm.py); their results."""
+    return _run_ranks(size, fn)[0]
 
 
 def same_network(res, ref):

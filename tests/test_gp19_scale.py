@@ -13,6 +13,9 @@ from relufast.algorithms import gp19
 from relufast.stages.reduce import Samples
 from relufast.stages.tensor import power_iteration
 
+from .threadcomm import World
+from .threadcomm import run_ranks as _run_ranks
+
 pytestmark = [
     pytest.mark.filterwarnings("ignore::relufast.RelufastWarning"),
     pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning"),
@@ -23,67 +26,12 @@ pytestmark = [
 SAME_TOL = 1e-12
 #: The unified ascent rounds its step differently from the former loop (measured 2.2e-16).
 EVEN_REPRO_TOL = 1e-13
-#: Seconds a simulated rank may wait in a collective before the test fails (no deadlock).
-BARRIER_TIMEOUT = 120
-
-
-class ThreadComm:
-    """R ranks simulated by R threads of this process: ``allgather`` is a real collective
-    (every rank blocks at a barrier until all have contributed), so iterative pipelines
-    whose later messages depend on earlier ones run as they would under mpiexec."""
-
-    def __init__(self, size):
-        self.size = size
-        self.slots = [None] * size
-        self.barrier = threading.Barrier(size, timeout=BARRIER_TIMEOUT)
-        self.calls = 0
-
-    def rank(self, r):
-        return _Rank(self, r)
-
-
-class _Rank:
-    def __init__(self, shared, rank):
-        self.shared, self.r = shared, rank
-
-    def Get_rank(self):
-        return self.r
-
-    def Get_size(self):
-        return self.shared.size
-
-    def allgather(self, value):
-        sh = self.shared
-        sh.slots[self.r] = value
-        sh.barrier.wait()
-        out = list(sh.slots)
-        if self.r == 0:
-            sh.calls += 1
-        sh.barrier.wait()
-        return out
 
 
 def run_ranks(fn, parts):
-    """fn(X_r, y_r, comm_r) on every rank in its own thread; returns the results (or raises
-    the first rank's exception)."""
-    comm = ThreadComm(len(parts))
-    out = [None] * len(parts)
-
-    def work(r):
-        try:
-            out[r] = fn(*parts[r], comm.rank(r))
-        except BaseException as exc:  # reported to the test below
-            out[r] = exc
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(parts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for o in out:
-        if isinstance(o, BaseException):
-            raise o
-    return out, comm
+    """fn(X_r, y_r, comm_r) on every rank in its own thread (tests/threadcomm.py); returns
+    the results and the shared world (its ``calls`` counts the collectives)."""
+    return _run_ranks(len(parts), lambda r, comm: fn(*parts[r], comm))
 
 
 def _split(X, y, cut):
@@ -198,11 +146,11 @@ def test_median_over_ranks_and_blocks_is_exact(n):
 def test_bad_combinations_raise_on_every_rank(teacher_data):
     T, X, y = teacher_data
     with pytest.raises(ValueError, match="query mode"):
-        rf.recover(None, None, n_hidden=4, method="gp19", f=T, n_features=4, threshold=2.0, comm=ThreadComm(1).rank(0))
+        rf.recover(None, None, n_hidden=4, method="gp19", f=T, n_features=4, threshold=2.0, comm=World(1).rank(0))
     with pytest.raises(TypeError, match="comm must be None or an mpi4py communicator"):
         gp19.lowest_layer(X, y, 4, threshold=2.0, comm="world")
     parts = [(X[:1000], y[:1000]), (X[1000:2000, :3], y[1000:2000])]
-    comm = ThreadComm(2)
+    comm = World(2)
     errors = [None, None]
 
     def work(r):

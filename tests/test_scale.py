@@ -11,6 +11,7 @@ import relufast as rf
 from relufast.stages.reduce import Samples, allreduce_state, check_comm
 
 from .conftest import EXACT_TOL
+from .threadcomm import run_ranks as _run_ranks
 
 #: A network recovered from other containers of the same samples agrees to rounding.
 SAME_TOL = 1e-12
@@ -169,53 +170,9 @@ def test_dask_refused_where_not_supported():
         rf.recover(X, X[:, :3], n_hidden=2, method="bjw19-noisy", polish_steps=2)
 
 
-class ThreadComm:
-    """A communicator of ``size`` ranks simulated by threads of one process: ``allgather``
-    waits for every rank's value and returns them in rank order (enough for the work split
-    of the enumeration, where each rank computes something different)."""
-
-    def __init__(self, rank, shared):
-        self.rank, self.shared = rank, shared
-
-    @classmethod
-    def world(cls, size):
-        shared = {"size": size, "slots": [None] * size, "barrier": threading.Barrier(size, timeout=120)}
-        return [cls(r, shared) for r in range(size)]
-
-    def Get_rank(self):
-        return self.rank
-
-    def Get_size(self):
-        return self.shared["size"]
-
-    def allgather(self, value):
-        self.shared["slots"][self.rank] = value
-        self.shared["barrier"].wait()
-        out = list(self.shared["slots"])
-        self.shared["barrier"].wait()  # nobody overwrites a slot before every rank has read it
-        return out
-
-
 def _on_threads(size, run):
-    """``run(comm, rank)`` on ``size`` simulated ranks; returns their results in rank order."""
-    comms = ThreadComm.world(size)
-    out, errors = [None] * size, []
-
-    def one(r):
-        try:
-            out[r] = run(comms[r], r)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            errors.append(exc)
-            comms[r].shared["barrier"].abort()
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    """``run(comm, rank)`` on ``size`` simulated ranks (tests/threadcomm.py), in rank order."""
+    return _run_ranks(size, lambda r, comm: run(comm, r))[0]
 
 
 def _enumeration_case():
