@@ -222,6 +222,12 @@ def test_deep_teacher_evaluates_its_polynomial():
         rf.planted.deep_teacher(3, 4)
     with pytest.raises(ValueError, match="distinct hidden-unit"):
         rf.planted.deep_teacher(3, 3, terms={(0, 0): 1.0})
+    # Built directly without linear terms (linear=None): P has none (was H @ None, a TypeError).
+    D = rf.planted.DeepTeacher(W=T.W, t=1.0, constant=0.25, terms=(((0, 1, 2), -0.7),))
+    X = np.random.default_rng(2).standard_normal((50, 6))
+    H = np.maximum(X @ T.W.T - 1.0, 0.0)
+    np.testing.assert_allclose(D(X), 0.25 - 0.7 * H[:, 0] * H[:, 1] * H[:, 2], rtol=1e-13)
+    assert D.coefficient([1]) == 0.0
 
 
 # ---- Step 1 and Step 2 (Algorithms 1 and 2) -------------------------------------------------------------
@@ -406,6 +412,11 @@ def test_validation_errors():
         rf.recover(X, y, n_hidden=4, method="gp19", threshold=2.0, eps=-1)
     with pytest.raises(ValueError, match="activation must be one of"):
         rf.recover(X, y, n_hidden=4, method="gp19-even", activation="relu")
+    # restarts = 0 used to end in an AttributeError on None (one-by-one) or a NumPy
+    # zero-size reduction error (tpm, gp19-even), found by mypy.
+    for method, extra in (("gp19", {"threshold": 2.0, "landscape": "one-by-one"}), ("gp19-even", {})):
+        with pytest.raises(ValueError, match="restarts must be an integer >= 1; got 0"):
+            rf.recover(X, y, n_hidden=4, method=method, restarts=0, **extra)
 
 
 # ---- Section 2.3, Algorithm 3, Theorem 10 (Thm 6, Thm 8, Thm 10) -------------------------------------

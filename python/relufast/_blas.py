@@ -29,7 +29,7 @@ except ImportError:  # pragma: no cover - optional
 
 _lock = threading.Lock()
 _depth = 0
-_active = None  # the threadpool_limits object of the outermost entry
+_active: "_tpc.threadpool_limits | None" = None  # the limits object of the outermost entry
 
 
 def _release_control():
@@ -53,6 +53,7 @@ def _single_threaded():
             _depth -= 1
             if _depth == 0:
                 active, _active = _active, None
+                assert active is not None  # set when _depth went 0 -> 1
                 active.restore_original_limits()
                 _release_control()
 

@@ -1,6 +1,6 @@
 """Type stub for relufast._core (and relufast._core_avx2, the same API built for AVX2/FMA)."""
 
-from typing import Any, Optional, TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 from numpy.typing import NDArray
@@ -140,7 +140,7 @@ class Hermite4Contraction:
     ) -> None: ...
     def update(self, X: NDArray[np.float64], f: NDArray[np.float64], n_jobs: int = 0, block: int = 1024) -> None: ...
     def merge(self, other: Hermite4Contraction) -> None: ...
-    def state(self) -> dict: ...
+    def state(self) -> dict[str, float | NDArray[np.float64]]: ...
     def set_state(
         self,
         count: float,
@@ -186,7 +186,7 @@ def certify(
     X: NDArray[np.float64],
     Y: NDArray[np.float64],
     V: NDArray[np.float64],
-    U: Optional[NDArray[np.float64]] = None,
+    U: NDArray[np.float64] | None = None,
     n_jobs: int = 0,
     block: int = 4096,
     power: float = 1.0,

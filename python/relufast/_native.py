@@ -15,7 +15,8 @@ if os.environ.get("RELUFAST_BACKEND", "auto") != "baseline" and _baseline.cpu_ha
     except ImportError:  # built without dispatch (non-x86 or RELUFAST_DISPATCH=OFF)
         pass
     else:
-        core = _avx2
+        # The AVX2 build is the same API (its stub re-exports _core's); mypy sees two modules.
+        core = _avx2  # type: ignore[misc]
         BACKEND = "avx2"
 
 __all__ = ["core", "BACKEND"]

@@ -99,7 +99,8 @@ def check_random_state(random_state):
     if isinstance(random_state, np.random.Generator):
         return random_state
     if random_state is None or isinstance(random_state, (numbers.Integral, np.random.SeedSequence)):
-        return np.random.default_rng(random_state)
+        # numbers.Integral (np.int64, ...) is a valid seed; numpy's stubs name only int.
+        return np.random.default_rng(random_state)  # type: ignore[arg-type]
     raise TypeError(
         "random_state must be None, an int, a numpy SeedSequence or a numpy Generator; "
         f"got {type(random_state).__name__}"
@@ -115,7 +116,7 @@ def resolve_n_jobs(n_jobs):
         return 0
     if isinstance(n_jobs, (bool, np.bool_)) or not isinstance(n_jobs, numbers.Integral) or n_jobs < 1:
         raise ValueError(f"n_jobs must be None, -1 or a positive integer; got {n_jobs!r}")
-    return int(min(n_jobs, 4 * (os.cpu_count() or 1)))
+    return min(int(n_jobs), 4 * (os.cpu_count() or 1))
 
 
 def check_problem(X, Y, n_hidden, *, k_at_most_d=True):

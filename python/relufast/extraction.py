@@ -218,7 +218,8 @@ def extract(
     f, dtype_name = as_query_function(model)
     rng = check_random_state(random_state)
 
-    Xs, Ys = [], []
+    Xs: list[np.ndarray] = []
+    Ys: list[np.ndarray] = []
     out_dtype = [dtype_name]
 
     def draw(n_more, bar):
@@ -256,6 +257,7 @@ def extract(
                     result = res
                 if res.exact:
                     break
+            assert result is not None  # names is never empty
             history.append((len(X), result.status.value, float(result.residual)))
             if result.exact or 2 * n_total > max_queries:
                 break

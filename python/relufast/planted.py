@@ -550,14 +550,16 @@ class DeepTeacher:
         The common threshold.
     activation : str
         A key of :data:`GP19_ACTIVATIONS`.
+    linear, pairs : ndarray or None
+        Coefficients of P's degree-1 and degree-2 terms; None means P has none.
     """
 
     W: np.ndarray
     t: float
     activation: str = "relu"
     constant: float = 0.0
-    linear: np.ndarray = None
-    pairs: np.ndarray = None
+    linear: np.ndarray | None = None
+    pairs: np.ndarray | None = None
     terms: tuple = ()
     polynomial: str = "multilinear"
     rho: float = 1.0
@@ -585,7 +587,7 @@ class DeepTeacher:
         H = self.hidden(X)
         if self.polynomial == "or":
             return 1.0 - np.prod(1.0 - H, axis=1)
-        out = self.constant + H @ self.linear
+        out = self.constant + (H @ self.linear if self.linear is not None else np.zeros(H.shape[0]))
         if self.pairs is not None:
             out += 0.5 * np.einsum("ij,ij->i", H, H @ (self.pairs + self.pairs.T))
         for S, c in self.terms:
@@ -610,7 +612,7 @@ class DeepTeacher:
         if len(S) == 0:
             return self.constant
         if len(S) == 1:
-            return float(self.linear[S[0]])
+            return float(self.linear[S[0]]) if self.linear is not None else 0.0
         c = float(self.pairs[S[0], S[1]]) if (len(S) == 2 and self.pairs is not None) else 0.0
         return c + sum(v for T, v in self.terms if tuple(sorted(T)) == S)
 
@@ -713,8 +715,8 @@ def deep_teacher(
     k = W.shape[0]
     lin = np.broadcast_to(np.asarray(linear, dtype=np.float64), (k,)).copy()
     P = np.asarray(pair, dtype=np.float64)
-    pairs = np.triu(np.full((k, k), float(P)) if P.ndim == 0 else np.broadcast_to(P, (k, k)), 1)
-    pairs = pairs if np.any(pairs) else None
+    upper = np.triu(np.full((k, k), float(P)) if P.ndim == 0 else np.broadcast_to(P, (k, k)), 1)
+    pairs = upper if np.any(upper) else None
     extra = tuple((tuple(int(j) for j in S), float(c)) for S, c in (terms or {}).items())
     for S, _ in extra:
         if len(set(S)) != len(S) or any(not 0 <= j < k for j in S):

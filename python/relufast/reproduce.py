@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ def _trial(d, n, seed, *, input="gaussian", noise=0.0, condition_A=None, conditi
 
 def _grid(name, full):
     """The list of (panel, x-name, x, trial-kwargs) points of one figure."""
-    pts = []
+    pts: list[tuple[str, str, float, dict[str, Any]]] = []
     if name == "gklw19-fig2":  # sample efficiency, Gaussian input
         sizes = (
             [(10, [500, 1000, 2000, 5000, 10000, 20000, 50000]), (32, [2000, 5000, 10000, 20000, 50000])]

@@ -59,7 +59,8 @@ class Visibility(NamedTuple):
         Singular values of the stacked moments ``[T_2(y_1) ... T_2(y_m)]``, decreasing.
     """
 
-    count: int
+    # The field shadows tuple.count (public name, kept); mypy flags the override.
+    count: int  # type: ignore[assignment]
     output_rank: int
     moment_count: int | None
     moment_spectrum: np.ndarray

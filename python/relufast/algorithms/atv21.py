@@ -239,8 +239,8 @@ def _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish):
     diag = dict(
         flattening_singular_values_T3=s3, flattening_singular_values_T4=s4, flattening_rank_T3=r3, flattening_rank_T4=r4
     )
-    w3 = 1.0 / noise3 if noise3 > 0 else 1.0 / max(np.linalg.norm(T3), 1e-300)
-    w4 = 1.0 / noise4 if noise4 > 0 else 1.0 / max(np.linalg.norm(T4), 1e-300)
+    w3 = 1.0 / noise3 if noise3 > 0 else 1.0 / max(float(np.linalg.norm(T3)), 1e-300)
+    w4 = 1.0 / noise4 if noise4 > 0 else 1.0 / max(float(np.linalg.norm(T4)), 1e-300)
     P = np.concatenate([w3 * T3, w4 * T4.reshape(k * k, k, k)], axis=0)
     Z0, gap = _jennrich_t2(P, T2, rng, n_draws)
     A, Bf, Cf = cp_als(P, Z0)
@@ -841,8 +841,8 @@ def _algorithm4_l2(T, k, rng, noise5=0.0, noise6=0.0, n_draws=10):
     diagnostics).
     """
     d = T[1].shape[0]
-    w5 = 1.0 / noise5 if noise5 > 0 else 1.0 / max(np.linalg.norm(T[5]), 1e-300)
-    w6 = 1.0 / noise6 if noise6 > 0 else 1.0 / max(np.linalg.norm(T[6]), 1e-300)
+    w5 = 1.0 / noise5 if noise5 > 0 else 1.0 / max(float(np.linalg.norm(T[5])), 1e-300)
+    w6 = 1.0 / noise6 if noise6 > 0 else 1.0 / max(float(np.linalg.norm(T[6])), 1e-300)
     F = np.hstack([w5 * T[5].reshape(d * d, -1), w6 * T[6].reshape(d * d, -1)])
     Ul, sv, _ = np.linalg.svd(F, full_matrices=False)
     P = Ul[:, :k]

@@ -534,7 +534,7 @@ def _outcome(run, data, fit, refined, alg4, prec, opt, probe):
     V, A, residual = final.V, final.A, final.residual
     if final.exact and not prec.is_double:
         with run.stage("polish"):
-            V, A, residual = _polish(data, final, *probe, opt)
+            V, A, residual = _polish(data, final, probe[0], probe[1], opt)
         msg += f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
     status = Status.EXACT if final.exact else Status.APPROXIMATE
     return run.result(status, msg, U=A, V=V, exact=final.exact, residual=residual, warn_user=False)

@@ -577,7 +577,9 @@ def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, t
     """Sec. 2.1 one-by-one landscape G~(z) = -A4/u4 + kappa (A2/u2 - 1)^2, deflated, z = U v."""
     k = U.shape[1]
     Mk = U.T @ M2 @ U
-    found, zs, evals = [], [], 0
+    found: list[np.ndarray] = []
+    zs: list[np.ndarray] = []
+    evals = 0
 
     def fun_grad(y, B, v0):
         nonlocal evals
@@ -632,6 +634,7 @@ def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, t
                 )
             if best is None or res.fun < best.fun:
                 best = res
+        assert best is not None  # restarts >= 1 (validated)
         v = B @ best.x
         found.append(v)
         zs.append(U @ v)
@@ -1060,6 +1063,7 @@ def lowest_layer(
     """
     run = Run("gp19-halfspaces" if _negate else "gp19")
     k = check_positive_int(n_hidden, "n_hidden")
+    restarts = check_positive_int(restarts, "restarts")
     t = _check_common(k, threshold, activation, _STEP1_ACTIVATIONS)
     if landscape not in ("tpm", "one-by-one", "simultaneous"):
         raise ValueError(f"landscape must be 'tpm', 'one-by-one' or 'simultaneous'; got {landscape!r}")
@@ -1079,7 +1083,7 @@ def lowest_layer(
     refused = _refusal(run, activation, t, u)
     if refused is not None:
         return refused
-    notes = []
+    notes: list[str] = []
     opts = dict(restarts=restarts, max_iter=max_iter, tol=tol, shift=shift, kappa_lambda=kappa_lambda, gamma=gamma)
     with single_threaded_blas():
         check_median = mode == "samples" and activation in ("relu", "step")
@@ -1299,6 +1303,7 @@ def even_activation(
     if activation not in _EVEN:
         raise ValueError(f"activation must be one of {_EVEN}; got {activation!r}")
     k = check_positive_int(n_hidden, "n_hidden")
+    restarts = check_positive_int(restarts, "restarts")
     samples = _samples(X, y, comm, n_jobs)
     n = samples.d
     if k > n:

@@ -96,7 +96,7 @@ def _check_law(bias, *, allow_point=True, name="bias"):
     if hasattr(bias, "cdf") and hasattr(bias, "pdf") and hasattr(bias, "expect"):
         return bias
     if isinstance(bias, numbers.Real) and not isinstance(bias, (bool, np.bool_)):
-        if not np.isfinite(bias):
+        if not np.isfinite(float(bias)):
             raise ValueError(f"{name} must be finite; got {bias!r}")
         if not allow_point:
             raise ValueError(

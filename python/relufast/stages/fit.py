@@ -436,7 +436,7 @@ def minimum_norm_rows(X, V, U, directions, input_null=None):
         v = V[i] - (V[i] @ N.T) @ N
         z0, z = X @ V[i], X @ v
         off = z0 <= ACTIVE_TOL * max_abs(z0)
-        ok = bool(np.all(z[off] <= ACTIVE_TOL * max_abs(z0))) and np.linalg.norm(v) > 0
+        ok = bool(np.all(z[off] <= ACTIVE_TOL * max_abs(z0))) and bool(np.linalg.norm(v) > 0)
         if ok:
             V[i] = v
         elif input_null is not None and input_null.shape[0]:

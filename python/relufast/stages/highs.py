@@ -157,7 +157,8 @@ class _HighsSession:
         rows = np.atleast_1d(np.asarray(rows, dtype=np.int32))
         lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), rows.shape).copy()
         upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), rows.shape).copy()
-        _check(self._h.changeRowsBounds(len(rows), rows, lower, upper), "changeRowsBounds")
+        # changeRowsBounds is bound by highspy but missing from its type stubs.
+        _check(self._h.changeRowsBounds(len(rows), rows, lower, upper), "changeRowsBounds")  # type: ignore[attr-defined]
         self._rlo[rows], self._rup[rows] = lower, upper
 
     def delete_rows(self, rows):
@@ -340,7 +341,8 @@ class QPSession(_HighsSession):
         L = _lower_triangle_csc(hessian, n)
         self._Q = (L + sp.tril(L, k=-1, format="csc").T).tocsr()
         _check(
-            self._h.passHessian(
+            # highspy's stub types the format as int; the binding takes the HessianFormat enum.
+            self._h.passHessian(  # type: ignore[call-overload]
                 n,
                 L.nnz,
                 highspy.HessianFormat.kTriangular,

@@ -75,7 +75,7 @@ def _seconds(time_limit):
 def sign_patterns_reference(B, *, mode="vertices", tol=1e-9):
     """Pure NumPy version of :func:`sign_patterns` over all subsets (small n only, for tests)."""
     k, n = B.shape
-    found = {}
+    found: dict[bytes, np.ndarray] = {}
     if mode == "vertices":
         for J in itertools.combinations(range(n), k):
             M = B[:, J].T
@@ -102,7 +102,7 @@ def sign_patterns_reference(B, *, mode="vertices", tol=1e-9):
                     S = r > tol * np.abs(r).max()
                     if S.any():
                         found.setdefault(S.tobytes(), S)
-    return np.array(list(found.values()), dtype=bool).reshape(-1, n)
+    return np.array(list(found.values()), dtype=np.bool_).reshape(-1, n)
 
 
 def cell_count(n, k):

@@ -99,7 +99,7 @@ def resolve_precision(Y, precision=None) -> Precision:
     try:
         name = np.dtype(precision).name if not isinstance(precision, str) or precision != "bfloat16" else "bfloat16"
     except TypeError:
-        name = None
+        name = ""  # not a dtype: rejected just below
     if name not in UNIT_ROUNDOFF:
         raise ValueError(
             "precision must be None, one of "

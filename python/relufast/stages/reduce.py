@@ -205,9 +205,10 @@ class Samples:
                 kind = {"TypeError": TypeError, "ImportError": ImportError}.get(err[0], ValueError)
                 where = f" (on rank {rank})" if comm is not None else ""
                 raise kind(err[1] + where)
-        dims = {(s[1], s[2]) for _, s, _ in summaries}
+        shapes = [s for _, s, _ in summaries if s is not None]  # all set: no rank raised
+        dims = {(s[1], s[2]) for s in shapes}
         if len(dims) > 1:
-            got = ", ".join(f"rank {r}: d = {s[1]}, m = {s[2]}" for r, (_, s, _) in enumerate(summaries))
+            got = ", ".join(f"rank {r}: d = {s[1]}, m = {s[2]}" for r, s in enumerate(shapes))
             raise ValueError(
                 f"every rank must pass samples with the same number of features d and outputs m; got {got}"
             )
@@ -217,7 +218,7 @@ class Samples:
             raise ValueError(
                 f"X and Y must contain only finite values; found {bad_total} NaN or infinite entries{where}"
             )
-        out = cls(Xl, Yl, comm=comm, n_jobs=n_jobs, counts=[s[0] for _, s, _ in summaries])
+        out = cls(Xl, Yl, comm=comm, n_jobs=n_jobs, counts=[s[0] for s in shapes])
         out.finite_checked = check_finite and not out.lazy
         return out
 

@@ -176,7 +176,7 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol
     v = v / np.linalg.norm(v)
     p = X @ v
     for gamma in margins:
-        probes = {}
+        probes: dict[int, tuple | None] = {}
         for q in (+1, -1):
             Z = np.flatnonzero(q * p < -gamma)
             if Z.size < 2 * k + 5:

@@ -119,7 +119,7 @@ def cp_als(P, B0, *, n_iter=100, tol=1e-13):
         B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
         C = np.einsum("ijk,ir,jr->kr", P, A, B) @ np.linalg.pinv((A.T @ A) * (B.T @ B))
         C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
-        fit = np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, B, C))
+        fit = float(np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, B, C)))
         if abs(prev - fit) <= tol * max(fit, 1e-300):
             break
         prev = fit
@@ -313,6 +313,6 @@ def _power_step(U, G, found, p, sign, shift):
     if p == 4 and sign is None:  # order 4: T(I,u,u,u) keeps the sign of w
         Un = np.where((cos < 0)[:, None], -Un, Un)
         cos = np.abs(cos)
-    s = np.where(cos < 0, -1.0, 1.0) if p == 4 else 1.0
-    change = float(np.max(np.linalg.norm(Un - s[:, None] * U if p == 4 else Un - U, axis=1)))
+    moved = Un - np.where(cos < 0, -1.0, 1.0)[:, None] * U if p == 4 else Un - U
+    change = float(np.max(np.linalg.norm(moved, axis=1)))
     return Un, change

@@ -319,8 +319,8 @@ class _Probe:
     adaptive: bool
     noise_ratio: float = 0.0
     Wh: object = None
-    B: np.ndarray = None
-    Q: np.ndarray = None  #: the compression of the outputs to k columns (from step 1, kept)
+    B: np.ndarray | None = None
+    Q: np.ndarray | None = None  #: the compression of the outputs to k columns (from step 1, kept)
 
     @property
     def Xr(self):

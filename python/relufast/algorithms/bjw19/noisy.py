@@ -221,6 +221,7 @@ def _estimate(run, data, k, n_sign, n_restarts, polish_steps, rng, threads, bloc
         cand, gap, fit = draw_candidates(P, W, rng)
         if best is None or fit < best[2]:
             best = (cand[:k], gap, fit)
+    assert best is not None  # n_restarts >= 1 (validated)
     Vhat, gap, fit = best
     diag.update({"tensor_fit": fit, "jennrich_gap": gap})
     seconds["tensor"] = time.perf_counter() - t
