@@ -82,6 +82,12 @@ _DEGENERATE_RATIO = 1e-3
 #: Condition number of W (estimated from the top block of M_2) from which Step 1 warns:
 #: a kappa = 11 teacher failed in our measurements (max angle > 1 rad), kappa = 1.6 worked.
 _KAPPA_WARN = 10.0
+#: Step 1 (TPM) stops once 1 - |cos| between iterates < 1e-24 (a move < 1.4e-12): the rows
+#: are then at their fixed points to rounding, so one process, ranks and dask agree to 1e-13
+#: at d = 10; with 1e-10 (a move of 1.4e-5) the stops fell on rounding-amplified paths (1e-8).
+_TPM_TOL = 1e-24
+#: L-BFGS's gtol for the landscapes of Sec. 2.1 and App. B.4.
+_LANDSCAPE_GTOL = 1e-10
 
 _STEP1_ACTIVATIONS = ("relu", "step", "sigmoid", "square")
 #: The Stein update's background band sits this far below the band at (t_1 + t_2) / 2.
@@ -966,7 +972,7 @@ def lowest_layer(
     band_width=None,
     restarts=5,
     max_iter=100,
-    tol=1e-10,
+    tol=None,
     shift=0.0,
     kappa_lambda=4.0,
     gamma=0.01,
@@ -1023,6 +1029,11 @@ def lowest_layer(
         row count per band is in ``diagnostics["band_rows"]``).
     restarts, max_iter, tol, shift
         Step 1 restarts per row, iterations, convergence tolerance and SS-HOPM shift.
+        ``tol`` (default None): for "tpm" the largest ``1 - |cos|`` between iterates,
+        default ``_TPM_TOL`` = 1e-24 (a move below 1.4e-12, near the fixed point: looser
+        stops leave the rows on paths that differ by rounding between one process, ranks and
+        dask blocks, up to 1e-8 at d = 10; see docs/gp19.md); for the landscapes L-BFGS's
+        ``gtol``, default 1e-10.
     kappa_lambda : float, default=4.0
         lambda / (|u_4| / u_2^2) of the landscapes (normalised form; must exceed 2 / c_min).
     gamma : float, default=0.01
@@ -1084,6 +1095,8 @@ def lowest_layer(
     if refused is not None:
         return refused
     notes: list[str] = []
+    if tol is None:
+        tol = _TPM_TOL if landscape == "tpm" else _LANDSCAPE_GTOL
     opts = dict(restarts=restarts, max_iter=max_iter, tol=tol, shift=shift, kappa_lambda=kappa_lambda, gamma=gamma)
     with single_threaded_blas():
         check_median = mode == "samples" and activation in ("relu", "step")
