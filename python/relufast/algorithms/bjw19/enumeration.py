@@ -300,8 +300,6 @@ def _setup(run, X, Y, n_hidden, tol, max_patterns, time_limit, n_jobs, random_st
         raise ValueError(f"time_limit must be a positive number of seconds; got {time_limit!r}")
     threads = resolve_n_jobs(n_jobs)
     rng = check_random_state(random_state)
-    if comm is not None and random_state is None:  # every rank must draw the same rows: rank 0's seed
-        rng = np.random.default_rng(comm.allgather(int(rng.integers(2**63)))[0])
     run.counts.update(n_samples=n, n_hidden=k)
     if comm is not None:
         run.counts["ranks"] = int(comm.Get_size())
