@@ -339,3 +339,42 @@ def test_comm_without_mpi4py_names_the_extra(monkeypatch):
         check_comm("COMM_WORLD")
     with pytest.raises(TypeError, match="comm must be None or an mpi4py communicator"):
         check_comm(object())
+
+
+@pytest.mark.parametrize("method", ["bjw19-gaussian", "bjw19-noisy", "atv21"])
+def test_ranks_agree_on_a_seed_when_none_is_given(method):
+    """random_state=None under comm: every rank draws with rank 0's seed (same bits)."""
+    net = rf.planted.two_layer(d=8, k=3, m=5, random_state=1, max_cos=0.7)
+    X, Y = net.sample(30000, random_state=2)
+    half = [slice(0, 13000), slice(13000, None)]
+    r0, r1 = _on_threads(2, lambda comm, r: _quiet(X[half[r]], Y[half[r]], 3, method, comm=comm))
+    assert r0.status == r1.status
+    assert np.array_equal(r0.U, r1.U) and np.array_equal(r0.V, r1.V)
+
+
+def test_an_error_on_one_rank_of_the_enumeration_is_raised_on_every_rank(monkeypatch):
+    """A failure inside one rank's share of the pattern trials (here an injected one) reaches
+    every rank as the same error, instead of leaving the others waiting in a collective."""
+    import importlib
+
+    E = importlib.import_module("relufast.algorithms.bjw19.enumeration")  # the module, not the function
+    real, where = E._try_pattern, threading.local()
+
+    def flaky(*args):
+        if getattr(where, "rank", 0) == 1:
+            raise ValueError("injected failure on rank 1")
+        return real(*args)
+
+    monkeypatch.setattr(E, "_try_pattern", flaky)
+    _, X, Y = _enumeration_case()
+
+    def rank(r, comm):
+        where.rank = r
+        try:
+            _quiet(X[r::2], Y[r::2], 3, "bjw19-enumeration", comm=comm, random_state=0, n_jobs=1)
+        except ValueError as exc:
+            return str(exc)
+        return "no error"
+
+    got, _ = _run_ranks(2, rank)  # a rank left waiting would end in BrokenBarrierError instead
+    assert got == ["injected failure on rank 1"] * 2

@@ -255,9 +255,31 @@ class Run:
         return res
 
 
+def _agreed_seed(function, options):
+    """Options with ``random_state=None`` replaced, under an MPI ``comm``, by rank 0's fresh
+    seed: every rank must draw the same random numbers, or the ranks take different paths and
+    wait for each other in different collectives. Other options are returned unchanged (an
+    invalid comm is left to the method's own check, which names what was expected)."""
+    comm = options.get("comm")
+    if comm is None or not hasattr(comm, "allgather") or options.get("random_state") is not None:
+        return options
+    import inspect
+
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return options
+    if "random_state" not in params:
+        return options
+    seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+    return {**options, "random_state": int(comm.allgather(seed)[0])}
+
+
 def call_method(name, function, X, Y, n_hidden, options):
     """``function(X, Y, n_hidden, **options)``, with a numerical breakdown inside it (numpy or
-    scipy ``LinAlgError``) returned as a ``failed`` result naming the cause."""
+    scipy ``LinAlgError``) returned as a ``failed`` result naming the cause. Under an MPI
+    ``comm`` an unset ``random_state`` becomes one seed agreed by every rank."""
+    options = _agreed_seed(function, options)
     try:
         return function(X, Y, n_hidden, **options)
     except np.linalg.LinAlgError as exc:

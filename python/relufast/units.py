@@ -254,7 +254,9 @@ def merge_near_duplicates(X, Y, network, *, threshold=NEAR_DUPLICATE_COS, n_jobs
     biased = net.has_bias
     fit = fit_network(X, Y, V, b if biased else None, intercept=biased, threads=threads)
     U, c = fit.U, fit.c
-    U, V, b2, c2, residual = polish_at_precision(X, Y, U, V, b if biased else None, c, threads=threads, n_iter=10)
+    U, V, b2, c2, residual = polish_at_precision(
+        X, Y, U, V, b if biased else None, c, threads=threads, n_iter=10, how="gauss-newton"
+    )
     return Merged(Network(U, V, b2, c2), float(residual), pairs)
 
 

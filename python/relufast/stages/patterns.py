@@ -24,6 +24,7 @@ import numpy as np
 
 from .._native import core
 from .._progress import Progress as _Progress
+from .reduce import allgather_checked
 
 __all__ = ["unpack_patterns", "sign_patterns", "sign_patterns_reference", "cell_count", "PatternStream"]
 
@@ -230,8 +231,10 @@ class PatternStream:
         count = len(subsets) if phase == "random" else end - begin
         lo, hi = count * rank // size, count * (rank + 1) // size
         n_words = (self.n + 63) // 64
-        words, coeffs, systems, timed_out = np.zeros((0, n_words), np.uint64), np.zeros((0, self.k)), 0, False
-        if hi > lo:
+
+        def share():
+            if hi <= lo:
+                return np.zeros((0, n_words), np.uint64), np.zeros((0, self.k)), 0, False
             try:
                 if phase == "random":
                     out = core.enumerate_patterns_for(
@@ -247,11 +250,14 @@ class PatternStream:
                         int(self.n_jobs),
                         _seconds(self._remaining()),
                     )
-                words, coeffs, systems = out["words"], out["coeffs"], int(out["systems"])
             except TimeoutError:
-                timed_out = True
-        if self.comm is not None:
-            parts = self.comm.allgather((words, coeffs, systems, timed_out))
+                return np.zeros((0, n_words), np.uint64), np.zeros((0, self.k)), 0, True
+            return out["words"], out["coeffs"], int(out["systems"]), False
+
+        if self.comm is None:
+            words, coeffs, systems, timed_out = share()
+        else:  # an error on one rank (bad workspace, interrupt) is raised on every rank
+            parts = allgather_checked(self.comm, share)
             words = np.concatenate([np.asarray(w, dtype=np.uint64).reshape(-1, n_words) for w, _, _, _ in parts])
             coeffs = np.concatenate([np.asarray(c, dtype=np.float64).reshape(-1, self.k) for _, c, _, _ in parts])
             systems = sum(sy for _, _, sy, _ in parts)

@@ -27,7 +27,16 @@ import numpy as np
 
 from .._native import core
 
-__all__ = ["is_dask", "row_blocks", "allreduce_state", "check_comm", "Samples", "SampleStream", "count_nonfinite"]
+__all__ = [
+    "is_dask",
+    "row_blocks",
+    "allreduce_state",
+    "allgather_checked",
+    "check_comm",
+    "Samples",
+    "SampleStream",
+    "count_nonfinite",
+]
 
 #: Rows per block when a NumPy-side check walks a large array (bounded temporaries).
 CHECK_ROWS = 1 << 15
@@ -95,6 +104,33 @@ def allreduce_state(state, comm):
     if comm is None:
         return dict(state)
     return _sum_in_order(comm.allgather(dict(state)))
+
+
+def allgather_checked(comm, work):
+    """``comm.allgather(work())``, where an error on any rank is raised on every rank.
+
+    Each rank runs ``work()`` (its share of a split computation) and the ranks exchange
+    either the value or the error; if a rank failed, every rank raises the error of the
+    lowest failing rank (the same type and message) instead of leaving the others waiting
+    forever in the next collective. Returns the values in rank order.
+    """
+    import pickle
+
+    try:
+        value, error = work(), None
+    except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+        value, error = None, exc
+        try:
+            pickle.dumps(exc)
+        except Exception:  # noqa: BLE001 - an error that cannot travel is sent as text
+            error = RuntimeError(f"{type(exc).__name__}: {exc}")
+    parts = comm.allgather((value, error))
+    for rank, (_, err) in enumerate(parts):
+        if err is not None:
+            if rank == int(comm.Get_rank()) and error is not None:
+                raise error
+            raise err
+    return [v for v, _ in parts]
 
 
 def count_nonfinite(A, n_jobs=0):

@@ -27,7 +27,7 @@ from ...stages.fit import fit_and_certify, minimum_norm_rows, relative_residual,
 from ...stages.highs import INF, LPSession
 from ...stages.patterns import PatternStream
 from ...stages.precision import polish_at_precision, resolve_precision
-from ...stages.reduce import Samples, check_comm, is_dask
+from ...stages.reduce import Samples, allgather_checked, check_comm, is_dask
 
 __all__ = ["enumeration", "iterative_lp"]
 
@@ -300,8 +300,6 @@ def _setup(run, X, Y, n_hidden, tol, max_patterns, time_limit, n_jobs, random_st
         raise ValueError(f"time_limit must be a positive number of seconds; got {time_limit!r}")
     threads = resolve_n_jobs(n_jobs)
     rng = check_random_state(random_state)
-    if comm is not None and random_state is None:  # every rank must draw the same rows: rank 0's seed
-        rng = np.random.default_rng(comm.allgather(int(rng.integers(2**63)))[0])
     run.counts.update(n_samples=n, n_hidden=k)
     if comm is not None:
         run.counts["ranks"] = int(comm.Get_size())
@@ -478,11 +476,13 @@ class _RowSearch:
             return list(pool.map(lambda a: _try_pattern(*a), args)) if pool else [_try_pattern(*a) for a in args]
         size, rank = int(comm.Get_size()), int(comm.Get_rank())
         mine = list(range(rank, len(args), size))
-        outs = (
-            list(pool.map(lambda i: _try_pattern(*args[i]), mine)) if pool else [_try_pattern(*args[i]) for i in mine]
-        )
+
+        def share():
+            outs = pool.map(lambda i: _try_pattern(*args[i]), mine) if pool else [_try_pattern(*args[i]) for i in mine]
+            return list(zip(mine, outs))
+
         merged = [None] * len(args)
-        for part in comm.allgather(list(zip(mine, outs))):
+        for part in allgather_checked(comm, share):  # an error on one rank is raised on all
             for i, out in part:
                 merged[i] = out
         return merged
