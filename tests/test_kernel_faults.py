@@ -188,6 +188,7 @@ def test_detector_shared_by_threads_loses_no_update():
 
 _SIGINT_CHILD = """
 import os, signal, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a SIG_IGN inherited from a background parent
 import numpy as np
 from relufast._native import core
 
@@ -221,6 +222,7 @@ def test_ctrl_c_stops_a_running_kernel():
 
 _SIGINT_ENUM_CHILD = """
 import os, signal, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a SIG_IGN inherited from a background parent
 import numpy as np
 from relufast._native import core
 
