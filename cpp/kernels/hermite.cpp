@@ -13,6 +13,32 @@ Index ipow(Index k, int r) {
   for (int i = 0; i < r; ++i) p *= k;
   return p;
 }
+
+// out[s, a*c + b] = A[s, a] B[s, b]: the row-wise Kronecker product (c = B.cols()).
+void kron_rows(const RowMatrixXd& A, const RowMatrixXd& B, RowMatrixXd& out) {
+  const Index c = B.cols();
+  out.resize(A.rows(), A.cols() * c);
+  for (Index s = 0; s < A.rows(); ++s)
+    for (Index a = 0; a < A.cols(); ++a) out.row(s).segment(a * c, c).noalias() = A(s, a) * B.row(s);
+}
+
+// out[s, i*c + b] = y_si C[s, b]: every output's weighting of C's rows.
+template <class Rows>
+void weight_rows(const Rows& Yb, const RowMatrixXd& C, RowMatrixXd& out) {
+  const Index c = C.cols(), m = Yb.cols();
+  out.resize(C.rows(), m * c);
+  for (Index s = 0; s < C.rows(); ++s)
+    for (Index i = 0; i < m; ++i) out.row(s).segment(i * c, c).noalias() = Yb(s, i) * C.row(s);
+}
+
+// S[i][a*c + b] += sum_s A[s, a] W[s, i*c + b] with W = weight_rows(Y, C): one GEMM A^T W,
+// its (a, i) blocks scattered into output i's row (c = W.cols() / m).
+void add_gram(RowMatrixXd& S, const RowMatrixXd& A, const RowMatrixXd& W) {
+  const Index m = S.rows(), c = W.cols() / m;
+  const RowMatrixXd G = A.transpose() * W;
+  for (Index i = 0; i < m; ++i)
+    for (Index a = 0; a < A.cols(); ++a) S.row(i).segment(a * c, c) += G.row(a).segment(i * c, c);
+}
 }  // namespace
 
 HermiteSums::HermiteSums(Index k, Index m, int order) : k_(k), m_(m), order_(order) {
@@ -50,7 +76,6 @@ void HermiteSums::update(const ConstRowRef& X, const ConstRowRef& Y, const RowMa
   const Index n = X.rows();
   if (n == 0) return;
   const int order = order_;
-  const Index k2 = k * k;
 
   struct Local {
     std::vector<RowMatrixXd> s;
@@ -76,54 +101,22 @@ void HermiteSums::update(const ConstRowRef& X, const ConstRowRef& Y, const RowMa
         L.s[0].col(0).noalias() += Yb.colwise().sum().transpose();
         if (order >= 1) L.s[1].noalias() += Yb.transpose() * L.Z;
         if (order < 2) return;
-        // W[s, i*k + a] = y_si z_sa; S_2[i] = Z^T W_i.
-        L.W.resize(len, m * k);
-        for (Index s = 0; s < len; ++s)
-          for (Index i = 0; i < m; ++i) L.W.row(s).segment(i * k, k).noalias() = Yb(s, i) * L.Z.row(s);
-        {
-          const RowMatrixXd G = L.Z.transpose() * L.W;  // (k, m k)
-          for (Index i = 0; i < m; ++i)
-            for (Index a = 0; a < k; ++a) L.s[2].row(i).segment(a * k, k) += G.row(a).segment(i * k, k);
-        }
+        // S_r[i] holds sum_s y_si z_s^{(x) r} flattened; Z2, Z3 are row-wise Kronecker powers
+        // of Z and W, W2, W3 the outputs' weightings of Z, Z2, Z3: S_r = Z_p^T W_q, p + q = r.
+        weight_rows(Yb, L.Z, L.W);
+        add_gram(L.s[2], L.Z, L.W);
         if (order < 3) return;
-        // Z2[s, a*k + b] = z_sa z_sb (the row-wise Kronecker square).
-        L.Z2.resize(len, k2);
-        for (Index s = 0; s < len; ++s)
-          for (Index a = 0; a < k; ++a) L.Z2.row(s).segment(a * k, k).noalias() = L.Z(s, a) * L.Z.row(s);
-        {
-          const RowMatrixXd G = L.Z2.transpose() * L.W;  // (k^2, m k): S_3[i][ab, c]
-          for (Index i = 0; i < m; ++i)
-            for (Index ab = 0; ab < k2; ++ab) L.s[3].row(i).segment(ab * k, k) += G.row(ab).segment(i * k, k);
-        }
+        kron_rows(L.Z, L.Z, L.Z2);
+        add_gram(L.s[3], L.Z2, L.W);
         if (order < 4) return;
-        L.W2.resize(len, m * k2);
-        for (Index s = 0; s < len; ++s)
-          for (Index i = 0; i < m; ++i) L.W2.row(s).segment(i * k2, k2).noalias() = Yb(s, i) * L.Z2.row(s);
-        {
-          const RowMatrixXd G = L.Z2.transpose() * L.W2;  // (k^2, m k^2): S_4[i][ab, cd]
-          for (Index i = 0; i < m; ++i)
-            for (Index ab = 0; ab < k2; ++ab) L.s[4].row(i).segment(ab * k2, k2) += G.row(ab).segment(i * k2, k2);
-        }
-        if (order < 5) return;
-        // Orders 5 and 6 (ATV21 Alg. 4 with l = 2): Z3 = row-wise Kronecker cube.
-        const Index k3 = k2 * k;
-        L.Z3.resize(len, k3);
-        for (Index s = 0; s < len; ++s)
-          for (Index ab = 0; ab < k2; ++ab) L.Z3.row(s).segment(ab * k, k).noalias() = L.Z2(s, ab) * L.Z.row(s);
-        {
-          const RowMatrixXd G = L.Z3.transpose() * L.W2;  // (k^3, m k^2): S_5[i][abc, de]
-          for (Index i = 0; i < m; ++i)
-            for (Index abc = 0; abc < k3; ++abc) L.s[5].row(i).segment(abc * k2, k2) += G.row(abc).segment(i * k2, k2);
-        }
+        weight_rows(Yb, L.Z2, L.W2);
+        add_gram(L.s[4], L.Z2, L.W2);
+        if (order < 5) return;  // orders 5 and 6: ATV21 Alg. 4 with l = 2
+        kron_rows(L.Z2, L.Z, L.Z3);
+        add_gram(L.s[5], L.Z3, L.W2);
         if (order < 6) return;
-        L.W3.resize(len, m * k3);
-        for (Index s = 0; s < len; ++s)
-          for (Index i = 0; i < m; ++i) L.W3.row(s).segment(i * k3, k3).noalias() = Yb(s, i) * L.Z3.row(s);
-        {
-          const RowMatrixXd G = L.Z3.transpose() * L.W3;  // (k^3, m k^3): S_6[i][abc, def]
-          for (Index i = 0; i < m; ++i)
-            for (Index abc = 0; abc < k3; ++abc) L.s[6].row(i).segment(abc * k3, k3) += G.row(abc).segment(i * k3, k3);
-        }
+        weight_rows(Yb, L.Z3, L.W3);
+        add_gram(L.s[6], L.Z3, L.W3);
       },
       [&](const Local& L) {
         for (int r = 0; r <= order; ++r) sums_[r] += L.s[r];
