@@ -1,5 +1,6 @@
 """ATV21 benchmarks: projected Hermite moment throughput by order; error and time vs n with
-and without the activation-region refinement; refinement rounds and time vs (d, k).
+and without the activation-region refinement; refinement rounds and time vs (d, k);
+success on random teachers; adaptive estimation against the moments over every sample.
 
 Run: python -m pytest bench/test_bench_atv21.py --benchmark-only. Threads: the C++ kernels
 use all cores (n_jobs=None) unless a test says otherwise; NumPy runs single-threaded
@@ -158,3 +159,44 @@ def test_success_on_random_teachers(benchmark, machine, d, k, m):
         }
     )
     assert wrong_exact == 0
+
+
+@pytest.mark.parametrize("mode", [None, "all"], ids=["adaptive", "all"])
+@pytest.mark.parametrize("n", [200_000, 1_000_000, 3_000_000])
+def test_adaptive_vs_all(benchmark, machine, n, mode):
+    """Adaptive estimation (moments on a growing random sample, certificate over all
+    samples) against the moments over every sample: random teachers
+    ``two_layer(20, 8, 2, bias="random", offset="random")``, seeds 0..4, kernels on all
+    cores, NumPy single-threaded inside the pipeline. Recorded: time per fit, statuses,
+    errors, estimation sizes, doublings and tensor steps."""
+    d, k, m = 20, 8, 2
+    nets = [rf.planted.two_layer(d, k, m, random_state=s, bias="random", offset="random") for s in range(5)]
+    data = [net.sample(n, random_state=2000 + s) for s, net in enumerate(nets)]
+    results = []
+
+    def run():
+        results.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rf.RelufastWarning)
+            for s, (X, Y) in enumerate(data):
+                results.append(A.atv21(X, Y, k, random_state=s, n_estimate=mode))
+
+    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    errs = [rf.metrics.parameter_error(r, net) for r, net in zip(results, nets)]
+    right = [r.exact and max(e.U, e.V, e.b, e.c) < 1e-8 for r, e in zip(results, errs)]
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update(
+        {
+            "n": n,
+            "mode": mode or "adaptive",
+            "seconds_per_fit": benchmark.stats.stats.min / len(results),
+            "exact": int(sum(right)),
+            "of": len(results),
+            "max_error": float(max(max(e.U, e.V, e.b, e.c) for e in errs)),
+            "n_estimate": [r.counts["n_estimate"] for r in results],
+            "doublings": [r.counts["doublings"] for r in results],
+            "tensor_steps": [r.counts["restarts"] for r in results],
+            "seconds_by_stage": [dict(r.seconds) for r in results],
+        }
+    )
+    assert all(r.exact for r in results) and not any(r.exact and not ok for r, ok in zip(results, right))

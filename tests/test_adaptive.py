@@ -182,3 +182,63 @@ def test_certify_kernel_does_not_depend_on_threads(rng, block):
     two = core.certify(X, Y, V, U, 2, block, 1.0)
     for key in one:
         assert np.array_equal(one[key], two[key]), key
+
+
+# ATV21 (biases and an offset): the same adaptive scheme, moments on a growing sample.
+
+
+def _quiet_atv21(X, Y, k, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        return rf.recover(X, Y, n_hidden=k, method="atv21", **kw)
+
+
+def _biased(d, k, m, seed):
+    return rf.planted.two_layer(d, k, m, bias="random", offset="random", random_state=seed)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_atv21_adaptive_and_all_give_the_same_exact_network(seed):
+    from relufast.algorithms.atv21 import start_size as atv21_start
+
+    d, k, m, n = 6, 3, 2, 200000
+    net = _biased(d, k, m, seed)
+    X, Y = net.sample(n, random_state=seed + 10)
+    ada = _quiet_atv21(X, Y, k, random_state=seed)
+    full = _quiet_atv21(X, Y, k, random_state=seed, n_estimate="all")
+    for res in (ada, full):
+        err = rf.metrics.parameter_error(res, net)
+        assert res.exact and err.V < EXACT_TOL and err.b < EXACT_TOL and err.c < EXACT_TOL
+    # The moments of the adaptive run read a random sample, the certificate every sample.
+    assert atv21_start(d, k) <= ada.counts["n_estimate"] < n == full.counts["n_estimate"]
+    assert ada.counts["n_estimate"] == atv21_start(d, k) * 2 ** ada.counts["doublings"]
+    assert ada.counts["n_certify"] == n and ada.counts["certify_passes"] >= 1
+    assert full.counts["doublings"] == 0
+
+
+def test_atv21_too_small_a_start_escalates_and_ends_exact():
+    # 200 samples do not give the order-4 moments within the refinement's basin: the sample
+    # doubles (visible in counts) until the estimate is good enough, and ends exact.
+    net = _biased(6, 3, 2, 3)
+    X, Y = net.sample(400000, random_state=4)
+    res = _quiet_atv21(X, Y, 3, random_state=0, n_estimate=200, n_refine=4000)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and err.V < EXACT_TOL and err.b < EXACT_TOL
+    assert res.counts["doublings"] >= 1 and res.counts["restarts"] > 2
+    assert res.counts["n_estimate"] == 200 * 2 ** res.counts["doublings"] < 400000
+
+
+def test_atv21_noisy_outputs_use_every_sample():
+    # refine=False (noisy outputs): the statistics need every sample, no adaptive sample.
+    net = _biased(5, 2, 1, 0)
+    X, Y = net.sample(60000, random_state=1)
+    res = _quiet_atv21(X, Y, 2, random_state=0, refine=False)
+    assert res.counts["n_estimate"] == 60000 and res.counts["doublings"] == 0
+
+
+@pytest.mark.parametrize("bad", ["half", -1, 10, 2.5])
+def test_atv21_n_estimate_validation(bad):
+    net = _biased(5, 2, 1, 0)
+    X, Y = net.sample(3000, random_state=1)
+    with pytest.raises((ValueError, TypeError), match="n_estimate"):
+        rf.recover(X, Y, n_hidden=2, method="atv21", n_estimate=bad)

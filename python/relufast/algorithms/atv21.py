@@ -57,7 +57,7 @@ from ..stages.diagnostics import GAUSS_ROWS, gaussianity
 from ..stages.fit import certify, relative_residual
 from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ..stages.precision import resolve_precision
-from ..stages.reduce import Samples, SampleStream
+from ..stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
 from ..stages.refine import region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
@@ -354,6 +354,7 @@ class _Setup(NamedTuple):
     tol: float
     n_restarts: int
     n_refine: Optional[int]
+    n_estimate: object
     max_rounds: int
     margin: float
     n_jobs: Optional[int]
@@ -362,7 +363,21 @@ class _Setup(NamedTuple):
 
 
 def _validate(
-    X, Y, n_hidden, *, tol, block_size, n_restarts, n_refine, max_rounds, margin, n_jobs, random_state, comm, prec
+    X,
+    Y,
+    n_hidden,
+    *,
+    tol,
+    block_size,
+    n_restarts,
+    n_refine,
+    n_estimate,
+    max_rounds,
+    margin,
+    n_jobs,
+    random_state,
+    comm,
+    prec,
 ):
     """The samples (:class:`relufast.stages.reduce.Samples`, agreed on by every rank) and
     the checked options; raises ValueError / TypeError saying what was expected."""
@@ -380,11 +395,16 @@ def _validate(
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     if n_refine is not None:
         n_refine = check_positive_int(n_refine, "n_refine", minimum=n_min)
+    if not (n_estimate is None or isinstance(n_estimate, str) or np.ndim(n_estimate) == 0):
+        raise TypeError(f"n_estimate must be None, 'all' or an integer; got {type(n_estimate).__name__}")
+    n_estimate = check_n_estimate(n_estimate, n_min)
     max_rounds = check_positive_int(max_rounds, "max_rounds", minimum=0)
     if not (np.isfinite(margin) and margin >= 0):
         raise ValueError(f"margin must be a number >= 0; got {margin!r}")
     rng = check_random_state(random_state)
-    setup = _Setup(k, prec.tol(tol, d, k), n_restarts, n_refine, max_rounds, float(margin), n_jobs, block_size, rng)
+    setup = _Setup(
+        k, prec.tol(tol, d, k), n_restarts, n_refine, n_estimate, max_rounds, float(margin), n_jobs, block_size, rng
+    )
     return data, setup
 
 
@@ -555,8 +575,10 @@ def _estimate(T, W, s, noise, polish):
 def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine):
     """Step 7: (U, c) for every output by least squares and the activation-region
     refinement (relufast's own, :func:`relufast.stages.refine.region_refine`) on the
-    refinement sample; the certificate is the relative residual over all samples (a
-    reduction over the blocks and ranks of ``data``)."""
+    refinement sample. Returns (rr, whether rr.residual is over all samples): the
+    certificate over all samples (a reduction over the blocks and ranks of ``data``) is
+    only run when the refinement sample is fitted to ``tol``; a residual above it on the
+    sample already rules the network out."""
     Xs, Ys = sample
     rr = region_refine(
         Xs,
@@ -569,18 +591,24 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine):
         block_size=4096,
         tol=min(1e-14, s.tol),
     )
-    if covers_all:
-        return rr
+    if covers_all or rr.residual > s.tol:
+        return rr, covers_all
+    return _certify_all(data, rr), True
+
+
+def _certify_all(data, rr):
+    """``rr`` with its residual over all samples of ``data`` (one reduction pass)."""
     residual = relative_residual(data, None, rr.V, rr.U, data.n_jobs, RELU, b=rr.b, c=rr.c)
     return rr._replace(residual=residual, history=rr.history + (residual,))
 
 
-def _restarts(run, data, s, T, W, noise, sample, covers_all, refine):
+def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts):
     """Steps 4-7, restarted with new random contractions (CP-ALS polish on every other
     one) until the certificate passes: the residual over all samples decides, so a
-    restart can only help. Returns (best (rr, diagnostics, a, b, c0) or None, residuals)."""
+    restart can only help. Returns (best (rr, diagnostics, a, b, c0, over_all) or None,
+    residuals)."""
     best, attempts = None, []
-    for attempt in range(s.n_restarts if refine else 1):
+    for attempt in range(n_restarts if refine else 1):
         with run.stage("tensor"):
             est = _estimate(T, W, s, noise, "cp" if attempt % 2 == 0 else "jennrich")
         if est is None:
@@ -588,11 +616,12 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine):
             continue
         V0, a, bb, c0, d6 = est
         with run.stage("refine"):
-            rr = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine)
+            rr, over_all = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine)
+        run.counts["certify_passes"] += over_all
         attempts.append(rr.residual)
         if best is None or rr.residual < best[0].residual:
-            best = (rr, d6, a, bb, c0)
-        if rr.residual <= s.tol:
+            best = (rr, d6, a, bb, c0, over_all)
+        if over_all and rr.residual <= s.tol:
             break
     return best, attempts
 
@@ -633,8 +662,8 @@ def _outcome(run, data, s, rr, attempts, note, refine, prec):
     if residual <= s.tol and not rr.undetermined:
         return run.result(
             Status.EXACT,
-            f"recovered {k} hidden units with biases exactly: ATV21 estimate (residual "
-            f"{start:.2e}, tensor step {len(attempts)} of at most {s.n_restarts}) made exact by "
+            f"recovered {k} hidden units with biases exactly: ATV21 estimate from "
+            f"{run.counts['n_estimate']} samples (residual {start:.2e}, tensor step {len(attempts)}) made exact by "
             f"{rr.rounds} rounds of activation-region refinement; relative residual "
             f"{residual:.2e} over {n} samples"
             + (
@@ -666,35 +695,102 @@ def _outcome(run, data, s, rr, attempts, note, refine, prec):
     )
 
 
+def start_size(d, k):
+    """First size of the adaptive estimation sample: ``max(20000, 500 d k)``. Measured on
+    random teachers (``docs/atv21.md``): at (d, k, m) = (20, 8, 2), n = 1e6, a start of
+    500 d k = 80,000 was exact after 0-1 doublings in 5 of 5 seeds, 1.3x faster than
+    reading every sample; a start of 200 d k needed 2-3 doublings and was slower."""
+    return max(20000, 500 * d * k)
+
+
+#: Tensor steps tried at an estimation size below all samples before doubling it (the
+#: full ``n_restarts`` are tried once every sample is used).
+ADAPTIVE_RESTARTS = 2
+
+#: At an adaptive estimation size n_e, the refinement runs on the first REFINE_FACTOR n_e
+#: rows of the same random sample (at most ``n_refine``).
+REFINE_FACTOR = 4
+
+
+def _estimation_samples(data, s, stream, size, have):
+    """The samples at estimation size ``size``: the first ``size`` rows of the random
+    ``stream`` for the moments, gathered in memory on every rank (a one-process
+    :class:`Samples`), and its first REFINE_FACTOR ``size`` rows (at most ``n_refine``)
+    for the refinement; or, once ``size`` passes GATHER_FRACTION of n, ``data`` itself
+    and the refinement sample of the last size (:func:`_refinement_sample`). Returns
+    (moment samples, rows used, (refinement sample, whether it is all samples), gathered
+    rows so far)."""
+    if size > GATHER_FRACTION * data.n:
+        return data, data.n, _refinement_sample(data, s), have
+    ell = REFINE_FACTOR * size if s.n_refine is None else min(REFINE_FACTOR * size, s.n_refine)
+    have = data.extend(stream, max(size, ell), have)
+    sample = (have[0][:ell], have[1][:ell]), False
+    return Samples(have[0][:size], have[1][:size], n_jobs=data.n_jobs), size, sample, have
+
+
+def _estimate_and_refine(run, data, s, refine):
+    """Steps 2-7 on a growing random sample (relufast's adaptive estimation, as in
+    bjw19-gaussian): the moments of the first ``start_size(d, k)`` rows (or
+    ``n_estimate``), the tensor steps and the refinement on the same rows (at most
+    ``n_refine`` of them); while no network is certified over all samples (and
+    determined), the estimation sample doubles, until it is every sample, where the
+    refinement takes its own ``n_refine`` random rows. With ``refine=False`` or
+    ``n_estimate="all"`` the moments read every sample at once. Returns (best or None,
+    residuals of every tensor step)."""
+    n, k = data.n, s.k
+    adaptive = refine and s.n_estimate != "all"
+    size = min(n, s.n_estimate or start_size(data.d, k)) if adaptive else n
+    stream, have, attempts = SampleStream(n, s.rng), None, []
+    best = None
+    while True:
+        est, size, (sample, covers_all), have = _estimation_samples(data, s, stream, size, have)
+        final = size >= n
+        with run.stage("moments"):
+            W, g = _span_and_combination(run, est, s)
+            T, noise = _hermite_tensors(run, est, s, W, g)
+        run.counts.update(n_estimate=size, n_refine=len(sample[0]))
+        if run.diag["span_eigenvalue_ratio"] >= 1e-12:
+            restarts = s.n_restarts if final else min(s.n_restarts, ADAPTIVE_RESTARTS)
+            found, tried = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, restarts)
+            attempts += tried
+            if found is not None and (best is None or found[0].residual <= best[0].residual):
+                best = found
+            if best is not None and best[5] and best[0].residual <= s.tol and not best[0].undetermined:
+                break
+        if final:
+            break
+        size *= 2
+        run.counts["doublings"] += 1
+    return best, attempts
+
+
 def _atv21(X, Y, n_hidden, *, refine, comm, prec, **options):
     """The pipeline of :func:`atv21` (steps 1-7 of its Notes), one named step per call."""
     run = Run("atv21")
     data, s = _validate(X, Y, n_hidden, comm=comm, prec=prec, **options)
     run.precision = prec.name
-    run.counts.update(n_samples=data.n, n_hidden=s.k)
+    run.counts.update(n_samples=data.n, n_hidden=s.k, n_certify=data.n, doublings=0, certify_passes=0)
     diag = run.diag
     diag.update(backend=BACKEND, threads=data.n_jobs)
     _check_gaussian(run, data)
-    with run.stage("moments"):
-        W, g = _span_and_combination(run, data, s)
-        T, noise = _hermite_tensors(run, data, s, W, g)
-    if diag["span_eigenvalue_ratio"] < 1e-12:
+    best, attempts = _estimate_and_refine(run, data, s, refine)
+    if best is None and diag["span_eigenvalue_ratio"] < 1e-12:
         return run.result(
             Status.FAILED,
             f"T_2 has fewer than k = {s.k} nonzero eigenvalues (ratio "
             f"{diag['span_eigenvalue_ratio']:.1e}): some unit is invisible (a_i = 0 or "
             "|b_i| very large) or two units are parallel",
         )
-    sample, covers_all = _refinement_sample(data, s)
-    run.counts["n_refine"] = len(sample[0])
-    best, attempts = _restarts(run, data, s, T, W, noise, sample, covers_all, refine)
     if best is None:
         return run.result(
             Status.FAILED,
             "the tensor step produced non-finite parameters (degenerate "
             "Jennrich pencil) in every restart; try more samples or another random_state",
         )
-    rr, d6, a, bb, c0 = best
+    rr, d6, a, bb, c0, over_all = best
+    if not over_all:
+        rr = _certify_all(data, rr)
+        run.counts["certify_passes"] += 1
     diag.update(d6)
     diag.update(
         estimate_a=a,
@@ -727,6 +823,7 @@ def atv21(
     margin=0.1,
     n_restarts=8,
     n_refine=200000,
+    n_estimate=None,
     n_jobs=None,
     random_state=None,
     block_size=256,
@@ -757,7 +854,16 @@ def atv21(
         fit of (U, c) and the certificate use all samples. None: all samples throughout.
     n_restarts : int, default=8
         Tensor steps (new random contractions; CP-ALS polish on every other one) tried
-        until the refinement certifies the network; the best is returned.
+        until the refinement certifies the network; the best is returned. At an adaptive
+        estimation size below all samples at most 2 are tried before the size doubles.
+    n_estimate : None, int or "all", default=None
+        Samples of the moment estimate (steps 2-3). None: adaptive, starting from a random
+        sample of :func:`start_size` ``= max(20000, 500 d k)`` rows and doubling it while no
+        network is certified over all samples, up to all of them; an int sets the start
+        size; "all" reads every sample in the moments (the behaviour before adaptive
+        estimation). ``refine=False`` (noisy outputs: the statistics need every sample)
+        always uses all. ``counts["n_estimate"]``, ``counts["doublings"]`` and
+        ``counts["certify_passes"]`` report what was used.
     n_jobs : int or None, default=None
         Threads for the C++ kernels (None or -1: all cores).
     random_state : None, int or numpy Generator
@@ -775,8 +881,13 @@ def atv21(
         fits in float64.
 
     X and Y may be NumPy memmaps (read in place, block by block) or dask arrays (row
-    blocks); only the refinement sample (``n_refine`` rows) and the Gaussianity probe are
-    gathered in memory.
+    blocks); only the refinement sample (``n_refine`` rows), the adaptive estimation
+    sample (below a quarter of n) and the Gaussianity probe are gathered in memory.
+
+    Which stages read every sample: the certificate (the residual of the refined network,
+    one pass per network fitted to ``tol`` on the refinement sample) and the finiteness
+    check always; the moments only with ``n_estimate="all"``, ``refine=False``, or once the
+    adaptive sample has doubled past a quarter of n.
 
     Returns
     -------
@@ -802,6 +913,10 @@ def atv21(
     6. Alg. 3 (FixSigns) from T_1; ``c = T_0 - sum_i a_i c_0(b_i)``.
     7. (U, c) for all outputs by least squares; region refinement (beyond the paper);
        the residual over all samples is the certificate.
+
+    Steps 2-3 run on the adaptive estimation sample n_e (``n_estimate``): their cost is
+    2 n_e (m d^2 + k^4) flops, and steps 2-7 repeat with n_e doubled until a network is
+    certified over all samples.
     """
     prec = resolve_precision(Y, precision)
     with single_threaded_blas():
@@ -815,6 +930,7 @@ def atv21(
             margin=margin,
             n_restarts=n_restarts,
             n_refine=n_refine,
+            n_estimate=n_estimate,
             n_jobs=n_jobs,
             random_state=random_state,
             block_size=block_size,

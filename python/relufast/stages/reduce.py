@@ -36,6 +36,8 @@ __all__ = [
     "Samples",
     "SampleStream",
     "count_nonfinite",
+    "GATHER_FRACTION",
+    "check_n_estimate",
 ]
 
 #: Rows per block when a NumPy-side check walks a large array (bounded temporaries).
@@ -43,6 +45,22 @@ CHECK_ROWS = 1 << 15
 
 #: Rows per block of NumPy-side work on local arrays (temporaries stay O(block), not O(n)).
 BLOCK_ROWS = 1 << 16
+
+#: An adaptive estimation sample is gathered in memory only up to this fraction of n; beyond
+#: it the estimate reads all samples by reduction instead (no copy of the data).
+GATHER_FRACTION = 0.25
+
+
+def check_n_estimate(n_estimate, n_min):
+    """The ``n_estimate=`` option of the adaptive pipelines: None (adaptive from the
+    method's start size), "all" (every sample), or an int >= n_min (the start size)."""
+    from .._validation import check_positive_int
+
+    if n_estimate is None or (isinstance(n_estimate, str) and n_estimate == "all"):
+        return n_estimate
+    if isinstance(n_estimate, str):
+        raise ValueError(f"n_estimate must be None, 'all' or an integer >= {n_min}; got {n_estimate!r}")
+    return check_positive_int(n_estimate, "n_estimate", minimum=n_min)
 
 
 def is_dask(a):

@@ -11,8 +11,7 @@ from ..._result import Run, Status, recovery_method
 from ..._validation import check_n_hidden, check_positive_int, check_random_state
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, resolve_precision
-from ...stages.reduce import Samples, SampleStream
-from .gaussian import check_n_estimate
+from ...stages.reduce import Samples, SampleStream, check_n_estimate
 
 __all__ = ["fpt"]
 

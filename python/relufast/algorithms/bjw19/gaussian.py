@@ -30,7 +30,7 @@ from ...stages.diagnostics import (
 from ...stages.fit import BIAS_FREE_TOL, certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
 from ...stages.moments import SecondMomentAccumulator, moment_span
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
-from ...stages.reduce import Samples, SampleStream
+from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
 from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
@@ -67,20 +67,6 @@ def start_size(d, k):
 
 #: Certificate passes over all samples before giving up (each failure doubles the sample).
 MAX_CERTIFY_PASSES = 3
-
-
-#: The adaptive sample is gathered in memory only up to this fraction of n; beyond it the
-#: moment is a reduction over all samples instead (no copy of the data).
-GATHER_FRACTION = 0.25
-
-
-def check_n_estimate(n_estimate, n_min):
-    """None (adaptive), "all", or an int >= n_min."""
-    if n_estimate is None or (isinstance(n_estimate, str) and n_estimate == "all"):
-        return n_estimate
-    if isinstance(n_estimate, str):
-        raise ValueError(f"n_estimate must be None, 'all' or an integer >= {n_min}; got {n_estimate!r}")
-    return check_positive_int(n_estimate, "n_estimate", minimum=n_min)
 
 
 @recovery_method("bjw19-gaussian")

@@ -10,9 +10,9 @@ from ..._validation import check_n_hidden, check_positive_int, check_random_stat
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
-from ...stages.reduce import Samples, SampleStream
+from ...stages.reduce import Samples, SampleStream, check_n_estimate
 from ...stages.refine import RowPool, output_basis, refine_rows
-from .gaussian import check_n_estimate, start_size
+from .gaussian import start_size
 
 __all__ = ["fastica", "ica"]
 
