@@ -424,3 +424,62 @@ def test_error_is_linear_in_tensor_perturbation():
     assert np.all(errs / etas <= 300)
     slope = np.polyfit(np.log(etas), np.log(errs), 1)[0]
     assert 0.8 <= slope <= 1.2
+
+
+# ---- several outputs: directions from the output pencil (relufast's own) ----------------
+
+
+def test_output_pencil_recovers_exact_directions():
+    # P2[q] = sum_i C_qi w_i w_i^T and T_2 = sum_i beta_i w_i w_i^T: Jennrich with T_2 as the
+    # second matrix gives the w_i (up to sign) from two outputs on.
+    rng = np.random.default_rng(3)
+    k, q = 5, 2
+    Wt = rng.standard_normal((k, k))
+    Wt /= np.linalg.norm(Wt, axis=0)
+    C, beta = rng.standard_normal((q, k)), rng.uniform(0.5, 1.5, k)
+    P2 = np.einsum("qi,ai,bi->qab", C, Wt, Wt)
+    T2 = (Wt * beta) @ Wt.T
+    for polish in ("cp", "jennrich"):
+        Z, diag = A._output_pencil(P2, T2, np.random.default_rng(0), 10, polish)
+        cos = np.abs(Z.T @ Wt).max(axis=0)
+        assert np.all(1.0 - cos < 1e-10), (polish, cos)
+        assert "output pencil" in diag["directions_from"]
+
+
+def test_several_outputs_start_from_the_output_pencil():
+    net = bounded_network(10, 5, 3, 2, c=0.3)
+    X, Y = net.sample(60000, random_state=3)
+    res = rf.recover(X, Y, n_hidden=5, method="atv21", random_state=0)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and max(err.U, err.V, err.b, err.c) <= EXACT_TOL
+    assert res.diagnostics["restarts"] == 1 and "output pencil" in res.diagnostics["directions_from"]
+    # One output: ATV21's own Jennrich on T_3 and T_4; refine=False keeps the paper's estimate.
+    one = quiet(A.atv21, X, Y[:, 0], 5, random_state=0)
+    assert "T_3 and T_4" in one.diagnostics["directions_from"]
+    paper = quiet(A.atv21, X, Y, 5, random_state=0, refine=False)
+    assert "T_3 and T_4" in paper.diagnostics["directions_from"]
+
+
+def test_too_many_regions_refines_on_fewer_rows(monkeypatch):
+    # More populated activation regions than the region pass allows (at k near 20 nearly
+    # every sample has its own): the refinement runs on REGION_ROWS rows (never more regions
+    # than rows) instead of raising, and the certificate still reads every sample.
+    from relufast.stages import refine as R
+
+    calls = []
+
+    def small_limit(X, Y, V, b, **kw):
+        calls.append(len(X))
+        return R.region_refine(X, Y, V, b, max_regions=LIMIT, **kw)
+
+    LIMIT = 300
+    monkeypatch.setattr(A, "region_refine", small_limit)
+    monkeypatch.setattr(A, "REGION_ROWS", LIMIT)
+    net = bounded_network(12, 9, 3, 1)
+    X, Y = net.sample(60000, random_state=2)
+    res = quiet(A.atv21, X, Y, 9, random_state=0, n_estimate="all")
+    assert calls[0] > LIMIT and LIMIT in calls  # the fallback ran
+    assert res.status in ("exact", "failed", "non_identifiable")
+    assert not res.exact or rf.metrics.parameter_error(res, net).V <= EXACT_TOL
+    with pytest.raises(R.TooManyRegions, match="max_regions"):
+        R.region_refine(X, Y, net.V, net.b, max_regions=5)

@@ -58,7 +58,7 @@ from ..stages.fit import certify, relative_residual
 from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ..stages.precision import resolve_precision
 from ..stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
-from ..stages.refine import region_refine
+from ..stages.refine import TooManyRegions, region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
 __all__ = [
@@ -248,8 +248,26 @@ def _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish):
     fit0 = np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, Bf, Cf)) / max(np.linalg.norm(P), 1e-300)
     if polish == "jennrich" or not np.all(np.isfinite(Z)):
         Z = Z0
-    diag.update(jennrich_gap=gap, cp_relative_error=float(fit0))
+    diag.update(jennrich_gap=gap, cp_relative_error=float(fit0), directions_from="Jennrich on T_3 and T_4")
     return Z, diag
+
+
+def _output_pencil(P2, T2, rng, n_draws, polish):
+    """The directions from the second moments of several outputs (relufast's own, beyond
+    the paper, whose model has one output): in the span, the slices
+    ``P2[q] = W^T T_2(y_q) W = sum_i (Q^T U)_qi phi(b_i) w_i w_i^T`` of the (compressed)
+    outputs are a rank-k pencil, so Jennrich with T_2 of ``y = Y g`` as the second matrix
+    (:func:`_jennrich_t2`) gives the w_i whenever the ratios ``(Q^T U)_qi / a_i`` differ
+    between units, from m = 2 outputs on. Second moments are far less noisy than T_3 and
+    T_4, so for m >= 2 this needs many fewer samples at large k. CP-ALS polish with
+    ``polish="cp"``. Returns (Z (k, k) unit columns up to sign, diagnostics)."""
+    Z0, gap = _jennrich_t2(P2, T2, rng, n_draws)
+    Z = Z0
+    if polish == "cp":
+        _, Bf, Cf = cp_als(P2, Z0)
+        Zc = merge_symmetric_factors(Bf, Cf)
+        Z = Zc if np.all(np.isfinite(Zc)) else Z0
+    return Z, dict(jennrich_gap=gap, directions_from="output pencil (T_2 of every output)")
 
 
 def _recover_scalars(T, Z, noise3, noise4):
@@ -284,16 +302,20 @@ def _fix_signs(T0, T1, Z, at, bt):
     return Z * xi[None, :], bb, c0, diag
 
 
-def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp"):
+def _algorithm6(T, k, rng, noise3=0.0, noise4=0.0, n_draws=10, polish="cp", directions=None):
     """ATV21 Algorithm 6 in a k-dimensional basis: T = [T_0 (), T_1 (k,), ..., T_4 (k,)*4].
 
     Algorithm 4 steps 1-4 (:func:`_jennrich_step`), Algorithm 2 (:func:`_recover_scalars`),
-    Algorithm 3 and the offset (:func:`_fix_signs`).
+    Algorithm 3 and the offset (:func:`_fix_signs`). ``directions`` = (Z, diagnostics)
+    replaces steps 1-4 (the output pencil, :func:`_output_pencil`).
 
     Returns (Z (k, k) unit directions as columns with signs fixed, a (k,), b (k,), c0,
     diagnostics dict).
     """
-    Z, diag = _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish)
+    if directions is None:
+        Z, diag = _jennrich_step(T, k, rng, noise3, noise4, n_draws, polish)
+    else:
+        Z, diag = directions
     # From too few samples the scalars can be absurd (|b| ~ 30, a ~ 1e300): they overflow to
     # inf here, the estimate is non-finite and the caller reports it (never a raw warning).
     with np.errstate(over="ignore", invalid="ignore"):
@@ -340,6 +362,17 @@ def recover_from_tensors(tensors, n_hidden, *, random_state=None):
         Z, a, b, c0, diag = _algorithm6(Tp, k, rng)
     return a, (W @ Z).T, b, c0, diag
 
+
+#: Rows of the refinement when its sample populates more activation regions than the region
+#: pass allows (its default ``max_regions``; regions are never more than rows).
+REGION_ROWS = 1 << 16
+
+#: Where the directions of the tensor steps come from, in turn, with m >= k outputs: the
+#: output pencil (T_2 of every output; relufast's own) with and without CP-ALS, then
+#: ATV21's Jennrich on T_3 and T_4 with and without CP-ALS. With 2 <= m < k the T_3/T_4
+#: steps come first (measured: a two-slice pencil at (d, k) = (20, 8) needed more tensor
+#: steps); with one output only the T_3/T_4 steps run.
+DIRECTION_MODES = ("pencil-cp", "cp", "pencil", "jennrich")
 
 #: Rows (the first ones) whose centred outputs give the output basis Q when m > k (step 1).
 COMBINATION_ROWS = 20000
@@ -428,7 +461,8 @@ def _span_and_combination(run, data, s):
 
     The paper has one output. With m > 1, ``a_j = U_j . g``; of N_COMBINATIONS random unit
     g the one whose projected T_2 (``sum_j a_j phi(b_j) w_j w_j^T``) is best conditioned
-    is kept, so that no unit is nearly invisible. Returns (W, g, eigenvalues of T_2).
+    is kept, so that no unit is nearly invisible. Returns (W, g, P2): P2 (q, k, k) are the
+    q >= 2 compressed outputs' T_2 in the span (:func:`_output_pencil`), None for one output.
     """
     d, m, k = data.d, data.m, s.k
     if m > k:
@@ -451,13 +485,14 @@ def _span_and_combination(run, data, s):
             best = (score, gq)
     g = Q @ best[1]
     g /= np.linalg.norm(g)
+    P2 = np.einsum("qab,ai,bj->qij", T2all, W, W) if T2all.shape[0] >= 2 else None
     run.diag.update(
         output_combination=g,
         combination_condition=best[0],
         span_eigenvalues=evals[: min(len(evals), k + 3)],
         span_eigenvalue_ratio=float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0,
     )
-    return W, g
+    return W, g, P2
 
 
 def _rows(data, start, stop):
@@ -561,10 +596,17 @@ def _refinement_sample(data, s):
     return (data.X, data.Y), True
 
 
-def _estimate(T, W, s, noise, polish):
-    """Steps 4-6 (ATV21 Algorithm 6) in the span, mapped back to the input space. Returns
-    (V0 (k, d) unit rows, a, b, c0, diagnostics), or None when a parameter is not finite."""
-    Z, a, bb, c0, d6 = _algorithm6(T, s.k, s.rng, noise3=noise[3], noise4=noise[4], polish=polish)
+def _estimate(T, W, s, noise, polish, P2=None):
+    """Steps 4-6 (ATV21 Algorithm 6) in the span, mapped back to the input space; with
+    ``polish`` "pencil-cp" or "pencil" the directions come from the output pencil ``P2``
+    (:func:`_output_pencil`) instead of T_3 and T_4. Returns (V0 (k, d) unit rows, a, b,
+    c0, diagnostics), or None when a parameter is not finite."""
+    directions = None
+    if polish.startswith("pencil"):
+        directions = _output_pencil(P2, T[2], s.rng, 10, "cp" if polish == "pencil-cp" else "jennrich")
+    Z, a, bb, c0, d6 = _algorithm6(
+        T, s.k, s.rng, noise3=noise[3], noise4=noise[4], polish=polish, directions=directions
+    )
     V0 = (W @ Z).T
     V0 = np.ascontiguousarray(V0 / np.linalg.norm(V0, axis=1, keepdims=True))
     if not (np.all(np.isfinite(V0)) and np.all(np.isfinite(bb)) and np.all(np.isfinite(a))):
@@ -580,17 +622,16 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine):
     only run when the refinement sample is fitted to ``tol``; a residual above it on the
     sample already rules the network out."""
     Xs, Ys = sample
-    rr = region_refine(
-        Xs,
-        Ys,
-        V0,
-        b0,
-        margin=s.margin,
-        max_rounds=s.max_rounds if refine else 0,
-        n_jobs=s.n_jobs,
-        block_size=4096,
-        tol=min(1e-14, s.tol),
-    )
+    kw = dict(margin=s.margin, max_rounds=s.max_rounds if refine else 0, n_jobs=s.n_jobs, block_size=4096)
+    try:
+        rr = region_refine(Xs, Ys, V0, b0, tol=min(1e-14, s.tol), **kw)
+    except TooManyRegions:
+        # Many units (k near 20 and more): nearly every sample has its own activation
+        # pattern. The regions are never more than the rows, so refine on REGION_ROWS of
+        # them; the certificate below still reads every sample.
+        rows = min(len(Xs), REGION_ROWS)
+        rr = region_refine(Xs[:rows], Ys[:rows], V0, b0, tol=min(1e-14, s.tol), **kw)
+        covers_all = covers_all and rows == len(Xs)
     if covers_all or rr.residual > s.tol:
         return rr, covers_all
     return _certify_all(data, rr), True
@@ -602,15 +643,23 @@ def _certify_all(data, rr):
     return rr._replace(residual=residual, history=rr.history + (residual,))
 
 
-def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts):
-    """Steps 4-7, restarted with new random contractions (CP-ALS polish on every other
-    one) until the certificate passes: the residual over all samples decides, so a
-    restart can only help. Returns (best (rr, diagnostics, a, b, c0, over_all) or None,
-    residuals)."""
+def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts, P2=None):
+    """Steps 4-7, restarted with new random contractions until the certificate passes:
+    the residual over all samples decides, so a restart can only help. With one output
+    the directions alternate between Jennrich on T_3/T_4 with and without a CP-ALS
+    polish; with several (``P2``) and ``refine`` the output pencil joins them, first when
+    m >= k (:data:`DIRECTION_MODES`). Returns (best (rr, diagnostics, a, b,
+    c0, over_all) or None, residuals)."""
     best, attempts = None, []
+    if P2 is None or not refine:
+        modes: tuple = ("cp", "jennrich")
+    elif P2.shape[0] >= s.k:
+        modes = DIRECTION_MODES
+    else:  # 2 <= m < k: a pencil of fewer than k slices is worse conditioned; T_3/T_4 first
+        modes = ("cp", "pencil-cp", "jennrich", "pencil")
     for attempt in range(n_restarts if refine else 1):
         with run.stage("tensor"):
-            est = _estimate(T, W, s, noise, "cp" if attempt % 2 == 0 else "jennrich")
+            est = _estimate(T, W, s, noise, modes[attempt % len(modes)], P2)
         if est is None:
             attempts.append(float("nan"))
             continue
@@ -746,12 +795,12 @@ def _estimate_and_refine(run, data, s, refine):
         est, size, (sample, covers_all), have = _estimation_samples(data, s, stream, size, have)
         final = size >= n
         with run.stage("moments"):
-            W, g = _span_and_combination(run, est, s)
+            W, g, P2 = _span_and_combination(run, est, s)
             T, noise = _hermite_tensors(run, est, s, W, g)
         run.counts.update(n_estimate=size, n_refine=len(sample[0]))
         if run.diag["span_eigenvalue_ratio"] >= 1e-12:
             restarts = s.n_restarts if final else min(s.n_restarts, ADAPTIVE_RESTARTS)
-            found, tried = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, restarts)
+            found, tried = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, restarts, P2)
             attempts += tried
             if found is not None and (best is None or found[0].residual <= best[0].residual):
                 best = found

@@ -35,6 +35,7 @@ __all__ = [
     "refine_rows_reference",
     "RegionRefinement",
     "region_refine",
+    "TooManyRegions",
     "refine_if_noiseless",
     "region_systems_reference",
     "RowPool",
@@ -517,6 +518,12 @@ def _check_region_inputs(X, Y, V, b, U, c, margin, max_rounds, trim, n_jobs, blo
     return X, Y, (None if not np.any(Uin) else U), V, b, c, opts
 
 
+class TooManyRegions(ValueError):
+    """More activation regions are populated than ``max_regions`` allows (a ValueError, so
+    direct callers see the kernel's message; pipelines catch it and refine on fewer rows:
+    the regions are never more than the rows)."""
+
+
 class _RegionPass:
     """The C++ region passes over fixed samples (X, Y) with fixed threads and block size."""
 
@@ -527,19 +534,24 @@ class _RegionPass:
 
     def systems(self, U, V, b, c, marg, mask=None):
         """Per-region normal equations of the certain samples, and the residual over all."""
-        return core.region_systems(
-            self.X,
-            self.Y,
-            np.ascontiguousarray(V),
-            b,
-            np.ascontiguousarray(U),
-            c,
-            marg,
-            mask,
-            self.max_regions,
-            self.threads,
-            self.block,
-        )
+        try:
+            return core.region_systems(
+                self.X,
+                self.Y,
+                np.ascontiguousarray(V),
+                b,
+                np.ascontiguousarray(U),
+                c,
+                marg,
+                mask,
+                self.max_regions,
+                self.threads,
+                self.block,
+            )
+        except ValueError as err:
+            if "max_regions" in str(err):
+                raise TooManyRegions(str(err)) from None
+            raise
 
     def residuals(self, U, V, b, c, marg, dC, dc):
         """Per-sample residual after the update ``(dC, dc)`` (inf for uncertain samples)."""
