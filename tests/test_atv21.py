@@ -447,15 +447,18 @@ def test_output_pencil_recovers_exact_directions():
 
 
 def test_several_outputs_start_from_the_output_pencil():
-    net = bounded_network(10, 5, 3, 2, c=0.3)
+    net = bounded_network(10, 5, 6, 2, c=0.3)
     X, Y = net.sample(60000, random_state=3)
     res = rf.recover(X, Y, n_hidden=5, method="atv21", random_state=0)
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and max(err.U, err.V, err.b, err.c) <= EXACT_TOL
     assert res.diagnostics["restarts"] == 1 and "output pencil" in res.diagnostics["directions_from"]
-    # One output: ATV21's own Jennrich on T_3 and T_4; refine=False keeps the paper's estimate.
-    one = quiet(A.atv21, X, Y[:, 0], 5, random_state=0)
-    assert "T_3 and T_4" in one.diagnostics["directions_from"]
+    # 2 <= m < k: T_3/T_4 first; one output: only T_3/T_4; refine=False: the paper's estimate.
+    for Ys in (Y[:, :3], Y[:, 0]):
+        first = quiet(A.atv21, X, Ys, 5, random_state=0)
+        assert first.diagnostics["restart_residuals"].size >= 1
+        if first.diagnostics["restarts"] == 1:
+            assert "T_3 and T_4" in first.diagnostics["directions_from"]
     paper = quiet(A.atv21, X, Y, 5, random_state=0, refine=False)
     assert "T_3 and T_4" in paper.diagnostics["directions_from"]
 
