@@ -166,7 +166,10 @@ def polish_at_precision(X, Y, U, V, b=None, c=None, *, threads=0, n_iter=4, how=
         if fit.residual <= r0 and not rr.undetermined:
             return fit.U, rr.V, None, None, fit.residual
         return U, V, b, c, r0
-    rr = region_refine(X, Y, V, np.zeros(V.shape[0]) if b is None else b, U, c, max_rounds=n_iter, n_jobs=threads)
+    try:
+        rr = region_refine(X, Y, V, np.zeros(V.shape[0]) if b is None else b, U, c, max_rounds=n_iter, n_jobs=threads)
+    except (np.linalg.LinAlgError, ValueError):  # e.g. more activation regions than allowed
+        return U, V, b, c, r0
     if rr.residual <= r0:
         return rr.U, rr.V, rr.b, rr.c, rr.residual
     return U, V, b, c, r0
