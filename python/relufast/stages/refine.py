@@ -666,10 +666,11 @@ def refine_if_noiseless(X, Y, U, V, b=None, c=None, *, tol, bias=True, offset=Tr
     Runs :func:`region_refine` from an approximate network. When the refined network
     reproduces ``(X, Y)`` to the relative residual ``tol`` with every unit determined by
     the populated regions, the data are noiseless and the refinement is returned;
-    otherwise (noisy data, an estimate outside the basin, too few certain samples) the
-    caller keeps its own estimate. This step is relufast's own, not in any of the papers.
-    Pass a probe sample to keep it cheap, and certify the returned network over all
-    samples afterwards: the residual here is over ``(X, Y)`` only.
+    otherwise (noisy data, an estimate outside the basin, too few certain samples, more
+    activation regions than the region pass allows) the caller keeps its own estimate.
+    This step is relufast's own, not in any of the papers. Pass a probe sample to keep it
+    cheap, and certify the returned network over all samples afterwards: the residual here
+    is over ``(X, Y)`` only.
 
     Parameters
     ----------
@@ -698,7 +699,7 @@ def refine_if_noiseless(X, Y, U, V, b=None, c=None, *, tol, bias=True, offset=Tr
     """
     try:
         rr = region_refine(X, Y, V, b, U, c, max_rounds=max_rounds, n_jobs=n_jobs, bias=bias, offset=offset)
-    except np.linalg.LinAlgError:
+    except (np.linalg.LinAlgError, TooManyRegions):
         return None, float("nan")
     if not (rr.residual <= tol) or rr.undetermined:
         return None, rr.residual
