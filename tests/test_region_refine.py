@@ -175,3 +175,18 @@ def test_region_pass_property(n, d, k, m, margin, seed, block):
     np.testing.assert_array_equal(got["keys"], ref["keys"])
     for key in ("counts", "gram", "cross", "fgram", "fcross", "sq_residual", "n_certain"):
         np.testing.assert_allclose(got[key], ref[key], rtol=SUM_TOL, atol=SUM_TOL, err_msg=key)
+
+
+def test_too_many_regions_in_refine_if_noiseless_keeps_the_estimate(monkeypatch):
+    # More populated regions than the region pass allows: no refinement (None, NaN), the
+    # caller keeps its estimate; never an error out of a pipeline.
+    from relufast.stages import refine as R
+
+    original = R.region_refine
+    monkeypatch.setattr(R, "region_refine", lambda *a, **kw: original(*a, max_regions=3, **kw))
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((2000, 6))
+    V, U = rng.standard_normal((4, 6)), rng.standard_normal((2, 4))
+    Y = np.maximum(X @ V.T, 0.0) @ U.T
+    rr, residual = R.refine_if_noiseless(X, Y, U, V, tol=1e-10, bias=False, offset=False)
+    assert rr is None and np.isnan(residual)
