@@ -957,7 +957,10 @@ def atv21(
     3. T_0..T_4 of y in the span, z = W^T x (C++, ~2 n k^4 flops), in 8 mergeable batches
        whose spread gives the noise of T_3 and T_4.
     4. Alg. 4 steps 1-4: Jennrich on the joint pencil of the flattenings of T_3 and T_4,
-       CP-ALS polish: directions up to sign.
+       CP-ALS polish: directions up to sign. With m >= k outputs (and ``refine``) the
+       first tensor step takes the directions from the second moments of every output
+       instead (relufast's own, beyond the paper: :func:`_output_pencil`), the later ones
+       alternate (:data:`DIRECTION_MODES`); ``diagnostics["directions_from"]`` says which.
     5. Alg. 2: zeta_j = SymPowLS(T_j), ``b = -zeta_3 / zeta_2``, ``a = sqrt(2 pi) e^{b^2/2} zeta_2``.
     6. Alg. 3 (FixSigns) from T_1; ``c = T_0 - sum_i a_i c_0(b_i)``.
     7. (U, c) for all outputs by least squares; region refinement (beyond the paper);
