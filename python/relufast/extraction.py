@@ -98,6 +98,22 @@ def _sklearn_function(mlp):
 CENTRED_TOL = 1e-12
 
 
+def _auto_methods(X, Y, k):
+    """The methods ``method="auto"`` tries, in order: atv21 alone when m < k or when the
+    first queries show biases or an offset (atv21 also fits bias-free networks, so a wrong
+    call costs time, never the certificate); else bjw19-gaussian, then atv21."""
+    from .stages.diagnostics import bias_evidence
+
+    head = slice(0, min(len(X), AUTO_PROBE))
+    if Y.shape[1] < k or bias_evidence(X[head], Y[head])["biased"]:
+        return ["atv21"]
+    return ["bjw19-gaussian", "atv21"]
+
+
+#: Queries (the first ones) on which ``method="auto"`` looks for biases.
+AUTO_PROBE = 20000
+
+
 def _drop_centred_column(Y):
     """(Y without its last column, True) when every row of Y sums to zero, as the centred
     log-probabilities of a softmax classifier do: the last column is then minus the sum of
@@ -193,7 +209,10 @@ def extract(
     batch_size : int, default=16384
         Queries per call of the model.
     method : {"auto", "bjw19-gaussian", "atv21"}
-        "auto": bjw19-gaussian when m >= k, then atv21 if that is not exact.
+        "auto": atv21 when m < k or when the queries show hidden biases or an output offset
+        (:func:`relufast.stages.diagnostics.bias_evidence`: the bias-free method cannot fit
+        them, and trying it cost 25 of 45 s at d = 40, k = m = 20); otherwise
+        bjw19-gaussian, then atv21 if that is not exact.
     progress : bool or None
         Progress on stderr (None: on a terminal only).
     random_state : None, int or numpy Generator
@@ -248,7 +267,7 @@ def extract(
             visible = vis.count
             # Dead or pruned units leave no trace: recover the visible ones.
             k = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
-            names = [method] if method != "auto" else (["bjw19-gaussian", "atv21"] if Y.shape[1] >= k else ["atv21"])
+            names = [method] if method != "auto" else _auto_methods(X, Y, k)
             for name in names:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RelufastWarning)
