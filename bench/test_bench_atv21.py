@@ -27,6 +27,22 @@ def bounded_network(d, k, m, seed, c=0.0):
     return PlantedNetwork(U=U, V=V, b=r.uniform(-1, 1, k), c=np.full(m, c))
 
 
+def fit_each(benchmark, data, k, **options):
+    """One benchmarked round of ``atv21`` on every (X, Y) of ``data`` (random_state = its
+    index, warnings silenced); returns the results."""
+    results = []
+
+    def run():
+        results.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rf.RelufastWarning)
+            for s, (X, Y) in enumerate(data):
+                results.append(A.atv21(X, Y, k, random_state=s, **options))
+
+    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    return results
+
+
 @pytest.mark.parametrize("order", [2, 3, 4])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_moment_throughput(benchmark, machine, order, threads):
@@ -63,16 +79,7 @@ def test_error_and_time_vs_n(benchmark, machine, n, refine):
     """d = 10, k = 5, m = 1, B-bounded teacher with offset 0.5 (3 seeds: median error)."""
     nets = [bounded_network(10, 5, 1, s, c=0.5) for s in range(3)]
     data = [net.sample(n, random_state=100 + s) for s, net in enumerate(nets)]
-    results = []
-
-    def run():
-        results.clear()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rf.RelufastWarning)
-            for s, (X, Y) in enumerate(data):
-                results.append(A.atv21(X, Y, 5, refine=refine, random_state=s))
-
-    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    results = fit_each(benchmark, data, 5, refine=refine)
     errs = [rf.metrics.parameter_error(r, net) for r, net in zip(results, nets)]
     benchmark.extra_info.update(machine)
     benchmark.extra_info.update(
@@ -131,16 +138,7 @@ def test_success_on_random_teachers(benchmark, machine, d, k, m):
     for s in seeds:
         net = rf.planted.two_layer(d, k, m, random_state=s, bias="random", offset="random")
         cases.append((net, *net.sample(200_000, random_state=1000 + s)))
-    results = []
-
-    def run():
-        results.clear()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rf.RelufastWarning)
-            for s, (net, X, Y) in zip(seeds, cases):
-                results.append(A.atv21(X, Y, k, random_state=s))
-
-    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    results = fit_each(benchmark, [(X, Y) for _, X, Y in cases], k)
     errs = [rf.metrics.parameter_error(r, net) for r, (net, _, _) in zip(results, cases)]
     right = [r.exact and max(e.U, e.V, e.b, e.c) < 1e-8 for r, e in zip(results, errs)]
     wrong_exact = sum(r.exact and not ok for r, ok in zip(results, right))
@@ -172,16 +170,7 @@ def test_adaptive_vs_all(benchmark, machine, n, mode):
     d, k, m = 20, 8, 2
     nets = [rf.planted.two_layer(d, k, m, random_state=s, bias="random", offset="random") for s in range(5)]
     data = [net.sample(n, random_state=2000 + s) for s, net in enumerate(nets)]
-    results = []
-
-    def run():
-        results.clear()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", rf.RelufastWarning)
-            for s, (X, Y) in enumerate(data):
-                results.append(A.atv21(X, Y, k, random_state=s, n_estimate=mode))
-
-    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    results = fit_each(benchmark, data, k, n_estimate=mode)
     errs = [rf.metrics.parameter_error(r, net) for r, net in zip(results, nets)]
     right = [r.exact and max(e.U, e.V, e.b, e.c) < 1e-8 for r, e in zip(results, errs)]
     benchmark.extra_info.update(machine)
