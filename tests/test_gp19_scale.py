@@ -298,30 +298,10 @@ def mpi_case():
 
 
 def test_real_mpi_two_ranks_match_one_process(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
-    from .test_mpi import _mpiexec
+    from .test_mpi import run_two_ranks
 
-    exe = _mpiexec()
-    if exe is None:
-        pytest.skip("mpiexec not found (pip install 'relufast[mpi]' provides it)")
-    root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    out = str(tmp_path / "run")
-    proc = subprocess.run(
-        [exe, "-n", "2", sys.executable, "-c", _MPI_SCRIPT, out],
-        capture_output=True,
-        text=True,
-        timeout=MPI_TIMEOUT,
-        cwd=root,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    r0, r1 = (dict(np.load(f"{out}.rank{r}.npz")) for r in range(2))
+    r0, r1 = run_two_ranks(["-c", _MPI_SCRIPT], tmp_path / "run", timeout=MPI_TIMEOUT)
     for key in r0:
         assert np.array_equal(r0[key], r1[key], equal_nan=True), key
     X, y, kw = mpi_case()

@@ -31,12 +31,12 @@ def _mpiexec():
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
+def run_two_ranks(args, out, timeout=MPI_TIMEOUT):
+    """``mpiexec -n 2 python *args out`` from the repository root (skips when mpiexec is
+    missing); each rank writes ``{out}.rank{r}.npz``. Returns the two ranks' arrays."""
     exe = _mpiexec()
     if exe is None:
         pytest.skip("mpiexec not found (pip install 'relufast[mpi]' provides it)")
-    out = tmp_path_factory.mktemp("mpi") / "run"
     root = Path(__file__).resolve().parent.parent
     env = dict(
         os.environ,
@@ -45,15 +45,21 @@ def two_ranks(tmp_path_factory):
         OPENBLAS_NUM_THREADS="1",
     )
     proc = subprocess.run(
-        [exe, "-n", "2", sys.executable, str(root / "tests" / "mpi_worker.py"), str(out)],
+        [exe, "-n", "2", sys.executable, *args, str(out)],
         capture_output=True,
         text=True,
-        timeout=MPI_TIMEOUT,
+        timeout=timeout,
         cwd=root,
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return [dict(np.load(f"{out}.rank{r}.npz")) for r in range(2)]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    worker = Path(__file__).resolve().parent / "mpi_worker.py"
+    return run_two_ranks([str(worker)], tmp_path_factory.mktemp("mpi") / "run")
 
 
 def test_every_rank_gets_the_same_bits(two_ranks):
