@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+from scipy.linalg import subspace_angles
 
 import relufast
 from relufast import metrics, planted
@@ -62,7 +63,8 @@ def test_gaussian_inputs_with_zero_columns(subspace_case):
 
 def test_rotated_subspace_every_units_free_method(subspace_case):
     """A null space that is not coordinate-aligned (X times a projector of rank 10), for
-    bjw19-gaussian and atv21 (which ran on such data as non_identifiable without a network)."""
+    bjw19-gaussian and atv21 (which ran on such data as non_identifiable without a network).
+    The reported null directions may be any orthonormal basis of span(Q)."""
     net, _, _ = subspace_case
     rng = np.random.default_rng(2)
     Q = np.linalg.qr(rng.standard_normal((12, 2)))[0]
@@ -74,7 +76,9 @@ def test_rotated_subspace_every_units_free_method(subspace_case):
             res = relufast.recover(X, Y, n_hidden=4, method=method, random_state=0)
         assert res.status == "non_identifiable" and res.residual < SPAN_TOL, (method, res.message)
         N = res.diagnostics["unidentifiable_directions"]
-        assert N.shape == (2, 12) and np.abs(N @ Q).max() > 0.99 and np.abs(X @ N.T).max() < 1e-10
+        # Any orthonormal basis of span(Q) is right: compare the spans by principal angles.
+        assert N.shape == (2, 12) and np.allclose(N @ N.T, np.eye(2), atol=1e-12)
+        assert subspace_angles(N.T, Q).max() < 1e-8 and np.abs(X @ N.T).max() < 1e-10
         assert np.abs(res.V @ N.T).max() < 1e-12
         err = metrics.parameter_error(_project_out(net, N), res)
         assert err.V < SPAN_TOL, (method, err)
@@ -189,3 +193,17 @@ def test_extract_softmax_classifier_trained_on_wine():
     assert res.exact and res.n_hidden == 4 and res.U.shape == (3, 4), res.message
     logits = relufast.from_sklearn(mlp).predict(X)
     np.testing.assert_allclose(res.predict(X), logits - logits.mean(axis=1, keepdims=True), atol=1e-12)
+
+
+def test_parameter_error_names_what_to_compare_for_a_deep_teacher():
+    """GP19's teacher f = P(u(W x - t)) has no output layer: parameter_error(res, teacher)
+    says to compare rows (it raised AttributeError: 'str' object has no attribute 'degree')."""
+    from relufast.algorithms.gp19 import row_angles
+
+    teacher = planted.deep_teacher(6, 3, threshold=2.0, random_state=0)
+    estimate = Network(np.ones((1, 3)), teacher.W + 1e-3)
+    with pytest.raises(TypeError, match="row_angles"):
+        metrics.parameter_error(estimate, teacher)
+    with pytest.raises(TypeError, match="not a two-layer network"):
+        metrics.parameter_error(teacher, estimate)
+    assert 0 < row_angles(estimate.V, teacher.W).max() < 1e-2

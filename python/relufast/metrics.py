@@ -94,6 +94,13 @@ def parameter_error(estimate: Any, truth: Any) -> ParameterError:
     -------
     ParameterError
     """
+    for name, obj in (("estimate", estimate), ("truth", truth)):
+        if not isinstance(obj, tuple) and getattr(obj, "U", None) is None and getattr(obj, "W", None) is not None:
+            # A GP19 DeepTeacher: f = P(u(W x - t)) has no output layer U to compare.
+            raise TypeError(
+                f"the {name} is a {type(obj).__name__} (f = P(u(W x - t))), not a two-layer network; "
+                "compare the rows of W: relufast.algorithms.gp19.row_angles(result.V, teacher.W)"
+            )
     degree = _degree(truth)
     est, tru = as_network(estimate), as_network(truth)
     if est.U.shape != tru.U.shape:
