@@ -40,7 +40,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-_FENCE = re.compile(r"^(\s*)```\s*([\w+-]*)\s*$")
+_FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 _DIRECTIVE = re.compile(r"^\s*<!--\s*(requires|skip|warns)\s*:\s*(.*?)\s*-->\s*$")
 _ARROW = "# ->"
 
@@ -63,12 +63,15 @@ def blocks_of(path: Path, language: str = "python") -> list:
     found, i = [], 0
     while i < len(lines):
         m = _FENCE.match(lines[i])
-        if not m or not m.group(2):
+        if not m:
             i += 1
             continue
-        start, lang, indent = i, m.group(2).lower(), len(m.group(1))
+        start, ticks, lang, indent = i, m.group(2), m.group(3).lower(), len(m.group(1))
         j = i + 1
-        while j < len(lines) and not (_FENCE.match(lines[j]) and not _FENCE.match(lines[j]).group(2)):
+        while j < len(lines):  # closed by as many backticks or more, without a language
+            c = _FENCE.match(lines[j])
+            if c and not c.group(3) and len(c.group(2)) >= len(ticks):
+                break
             j += 1
         if lang == language:
             directives, k = [], start - 1
@@ -330,7 +333,8 @@ def test_annotations_are_checked_as_documented(tmp_path):
         "'exact', 1e-13  # -> ('exact', <= 1e-12)\n"
         "x, y = 0.06, True  # -> (0.058 +- 0.01, True)\n"
         "```\n\n<!-- skip: needs a cluster -->\n```python\nraise SystemExit\n```\n"
-        "```bash\nnot python\n```\n",
+        "```bash\nnot python\n```\n"
+        "````markdown\n```python\nan example, not run\n```\n````\n",
         encoding="utf-8",
     )
     found = blocks_of(md)
