@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -153,7 +154,8 @@ def test_recover_never_saves_none_arrays(tmp_path, capsys):
     np.savez(data, X=rng.standard_normal((300, 3)), Y=np.zeros((300, 1)))
     main(["recover", str(data), "--n-hidden", "1", "--method", "bjw19-gaussian", "--out", str(out)])
     got = np.load(out)  # allow_pickle=False: an object array (a saved None) would raise here
-    assert "U" not in got and str(got["status"]) == "rank_deficient"
+    # rank_deficient, or non_identifiable once zero outputs are reported as determining nothing (issue 21)
+    assert "U" not in got and str(got["status"]) in ("rank_deficient", "non_identifiable")
     assert "warning:" in capsys.readouterr().err
 
 
@@ -208,3 +210,126 @@ def test_recover_gklw19_on_noiseless_samples_is_exact_and_written(tmp_path, caps
     report = json.loads(diag.read_text())
     assert report["counts"]["region_rounds"] >= 1 and report["diagnostics"]["region_refine_residual"] < 1e-9
     assert "activation-region refinement" in capsys.readouterr().out
+
+
+# ---- issue 20 (a newcomer's first hour) and issue 21 item 10: one-line errors, exit code 2
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A planted (d = 6, k = 2, m = 3) data set as .npy, .csv, .txt and .npz in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    net = rf.planted.two_layer(d=6, k=2, m=3, random_state=0)
+    X, Y = net.sample(4000, random_state=1)
+    np.save("X.npy", X)
+    np.save("Y.npy", Y)
+    np.savez("data.npz", X=X, Y=Y)
+    return net, X, Y
+
+
+def test_one_dimensional_x_is_a_one_line_error(files, capsys):
+    _, X, _ = files
+    np.save("x1.npy", X[:, 0])
+    assert main(["recover", "--x", "x1.npy", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "shape (4000,)", "2-D", "reshape(-1, 1)")
+
+
+def test_csv_and_txt_are_read_and_other_files_named(files, capsys):
+    net, X, Y = files
+    np.savetxt("X.csv", X, delimiter=",", header="x0,x1,x2,x3,x4,x5")  # a header line is skipped
+    np.savetxt("Y.txt", Y)
+    args = ["recover", "--x", "X.csv", "--y", "Y.txt", "--n-hidden", "2", "--method", "bjw19-gaussian", "--quiet"]
+    assert main(args + ["--out", "net.npz"]) == 0
+    got = np.load("net.npz")
+    assert str(got["status"]) == "exact" and rf.metrics.parameter_error((got["U"], got["V"]), net).V < 1e-10
+    capsys.readouterr()
+    with open("X.dat", "w") as f:
+        f.write("1,2\n3,4\n")
+    assert main(["recover", "--x", "X.dat", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "X.dat is not a .npy file", ".csv and .txt")
+    assert main(["recover", "X.csv", "--n-hidden", "2"]) == 2  # DATA must be an .npz or a zarr store
+    _one_line_error(capsys, "not an .npz archive", "--x and --y")
+    with open("words.csv", "w") as f:
+        f.write("a,b\nc,d\n")
+    assert main(["recover", "--x", "words.csv", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "not a table of numbers")
+
+
+@pytest.mark.parametrize("value, shown", [("foo", "'foo'"), ("0", "got 0"), ("-3", "got -3")])
+def test_n_estimate_is_checked_when_parsing(files, capsys, value, shown):
+    with pytest.raises(SystemExit) as stop:
+        main(["recover", "--x", "X.npy", "--y", "Y.npy", "--n-hidden", "2", "--n-estimate", value])
+    assert stop.value.code == 2
+    _one_line_error(capsys, "--n-estimate", "an integer >= 1 or 'all'", shown)
+
+
+def test_out_must_be_a_writable_file_checked_before_any_work(files, capsys, tmp_path):
+    for out in (".", str(tmp_path), "sub/"):
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        assert main(["recover", "data.npz", "--n-hidden", "2", "--out", out]) == 2
+        _one_line_error(capsys, f"--out {out} is a folder", "give a file name")
+    assert main(["recover", "data.npz", "--n-hidden", "2", "--diagnostics", "."]) == 2
+    _one_line_error(capsys, "--diagnostics . is a folder")
+    assert not list(tmp_path.glob("*.npz.npz")) and not (tmp_path / "..npz").exists()
+    if os.path.isdir("/proc"):  # a file no one can create, root included
+        assert main(["recover", "data.npz", "--n-hidden", "2", "--out", "/proc/relufast-net.npz"]) == 2
+        err = _one_line_error(capsys, "cannot write --out /proc/relufast-net.npz")
+        assert "recovering" not in err  # refused before reading or recovering anything
+    assert main(["recover", "data.npz", "--n-hidden", "2", "--out", "net", "--quiet"]) == 0
+    assert "wrote net.npz" in capsys.readouterr().out and os.path.exists("net.npz")  # np.savez's name
+
+
+def test_data_together_with_x_and_y_is_an_error(files, capsys):
+    assert main(["recover", "data.npz", "--x", "X.npy", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "either DATA", "not both")
+    assert main(["recover", "--x", "data.npz", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "is an .npz archive (give it as DATA)")
+
+
+def test_corrupt_npz_and_empty_npy_are_one_line_errors(files, capsys):
+    with open("bad.npz", "wb") as f:
+        f.write(b"PK\x03\x04 not a zip archive")
+    assert main(["recover", "bad.npz", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "bad.npz is a corrupt .npz archive")
+    open("empty.npy", "wb").close()
+    assert main(["recover", "--x", "empty.npy", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "empty.npy is an empty file")
+    with open("X.npy", "r+b") as f:  # a header without its data
+        f.truncate(200)
+    assert main(["recover", "--x", "X.npy", "--y", "Y.npy", "--n-hidden", "2"]) == 2
+    _one_line_error(capsys, "cannot read the inputs")
+
+
+def test_parse_errors_are_one_line():
+    r = subprocess.run(
+        [sys.executable, "-m", "relufast", "recover", "--n-hidden", "2"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--x and --y" in r.stderr, r.stderr
+
+
+def test_demo_on_few_samples_prints_no_solver_banner():
+    """HiGHS prints a banner on fd 1 when the first solver of a process is created; the CLI
+    sends it to /dev/null (checked in a fresh process: the banner is printed once per process)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "relufast", "demo", "--n", "5"], capture_output=True, text=True, check=False
+    )
+    assert "status:" in r.stdout and r.returncode in (0, 1), r.stderr
+    assert "HiGHS" not in r.stdout and "HiGHS" not in r.stderr and "Copyright" not in r.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="relufast.units.visible_units counts the rank of the centred outputs, at most n - 1 = 4 "
+    "with n = 5 samples, so rank(Y) = 5 = k reads as one unit never active (units.py)",
+)
+def test_demo_on_few_samples_does_not_call_a_unit_dead(capsys):
+    main(["demo", "--n", "5"])
+    assert "never active" not in capsys.readouterr().out

@@ -24,6 +24,26 @@ def _positive_int(text):
     return value
 
 
+def _n_estimate(text):
+    """argparse type of --n-estimate: an integer >= 1 or 'all'."""
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'all'; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'all'; got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit code 2), not the usage."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _nonnegative_float(text):
     try:
         value = float(text)
@@ -112,37 +132,99 @@ def _jsonable(value):
     return str(value)
 
 
-def _load_inputs(args, rank, size):
-    """This rank's rows of X and Y: .npy pairs are memory-mapped (never loaded whole), a
-    zarr store becomes dask arrays, an .npz is read (it cannot be mapped)."""
-    import os
+#: File types that --x and --y read, besides .npy (memory-mapped).
+TEXT_FORMATS = {".csv": ",", ".txt": None}
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _read_array(path, option):
+    """One array from --x or --y: a .npy file memory-mapped, a .csv or .txt file read by
+    numpy.loadtxt (a header line is skipped); anything else is a one-line error."""
+    import numpy as np
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext in TEXT_FORMATS:
+        delimiter = TEXT_FORMATS[ext]
+        try:
+            return np.loadtxt(path, delimiter=delimiter, dtype=np.float64)
+        except ValueError:
+            try:  # a header line
+                return np.loadtxt(path, delimiter=delimiter, dtype=np.float64, skiprows=1)
+            except ValueError as exc:
+                raise ValueError(f"{option} {path}: not a table of numbers ({exc})") from None
+    with open(path, "rb") as f:
+        magic = f.read(len(_NPY_MAGIC))
+    if not magic:
+        raise ValueError(f"{option} {path} is an empty file")
+    if magic != _NPY_MAGIC:
+        what = "an .npz archive (give it as DATA)" if magic[:2] == b"PK" else "not a .npy file"
+        raise ValueError(
+            f"{option} {path} is {what}; {option} reads .npy (memory-mapped), .csv and .txt (numpy.loadtxt)"
+        )
+    try:
+        return np.load(path, mmap_mode="r")
+    except EOFError:
+        raise ValueError(f"{option} {path} is an empty or truncated .npy file") from None
+
+
+def _read_npz(path):
+    """X and Y of an .npz archive (read whole: it cannot be mapped)."""
+    import zipfile
+    import zlib
 
     import numpy as np
+
+    with open(path, "rb") as f:
+        magic = f.read(len(_NPY_MAGIC))
+    if magic == _NPY_MAGIC:
+        raise ValueError(f"{path} holds one array; give an .npz with X and Y, or --x and --y")
+    if magic[:2] != b"PK":
+        raise ValueError(
+            f"{path} is not an .npz archive; DATA is an .npz with arrays X and Y or a zarr store "
+            "(for .npy, .csv or .txt files use --x and --y)"
+        )
+    try:
+        with open(path, "rb") as f, np.load(f) as data:  # closed however the archive fails
+            missing = [key for key in ("X", "Y") if key not in data]
+            if missing:
+                raise ValueError(f"{path} has arrays {list(data.keys())}; expected ones named 'X' and 'Y'")
+            return data["X"], data["Y"]
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ValueError(f"{path} is a corrupt .npz archive ({exc})") from None
+
+
+def _check_shapes(X, Y, x_source, y_source):
+    """X of shape (n, d) and Y of shape (n, m) or (n,), with as many rows."""
+    if X.ndim != 2:
+        hint = ": for one feature, save X.reshape(-1, 1)" if X.ndim == 1 else ""
+        raise ValueError(f"X ({x_source}) has shape {tuple(X.shape)}; expected a 2-D array (n, d){hint}")
+    if Y.ndim not in (1, 2):
+        raise ValueError(f"Y ({y_source}) has shape {tuple(Y.shape)}; expected (n, m) or (n,)")
+    if len(X) != len(Y):
+        raise ValueError(f"X has {len(X)} rows and Y {len(Y)}; they must match")
+
+
+def _load_inputs(args, rank, size):
+    """This rank's rows of X and Y: .npy pairs are memory-mapped (never loaded whole), .csv
+    and .txt pairs read by numpy.loadtxt, a zarr store becomes dask arrays, an .npz is read
+    (it cannot be mapped)."""
 
     def share(n):
         return slice(n * rank // size, n * (rank + 1) // size)
 
     if args.x or args.y:
-        X = np.load(args.x, mmap_mode="r")
-        Y = np.load(args.y, mmap_mode="r")
-        if not isinstance(X, np.ndarray) or not isinstance(Y, np.ndarray):
-            raise ValueError("--x and --y must be .npy files (one array each); use an .npz as DATA")
+        X, Y = _read_array(args.x, "--x"), _read_array(args.y, "--y")
+        sources = (f"--x {args.x}", f"--y {args.y}")
     elif args.data.rstrip("/").endswith(".zarr") or os.path.isdir(args.data):
         try:
             import dask.array as da
         except ImportError:
             raise ValueError("reading a zarr store needs dask and zarr: pip install 'relufast[dask]' zarr") from None
         X, Y = da.from_zarr(args.data, component="X"), da.from_zarr(args.data, component="Y")
+        sources = (args.data, args.data)
     else:
-        data = np.load(args.data)
-        if isinstance(data, np.ndarray):
-            raise ValueError(f"{args.data} holds one array; give an .npz with X and Y, or --x and --y")
-        missing = [key for key in ("X", "Y") if key not in data]
-        if missing:
-            raise ValueError(f"{args.data} has arrays {list(data.keys())}; expected ones named 'X' and 'Y'")
-        X, Y = data["X"], data["Y"]
-    if len(X) != len(Y):
-        raise ValueError(f"X has {len(X)} rows and Y {len(Y)}; they must match")
+        (X, Y), sources = _read_npz(args.data), (args.data, args.data)
+    _check_shapes(X, Y, *sources)
     part = share(len(X))
     return X[part], Y[part], len(X)
 
@@ -161,16 +243,50 @@ def _connect_mpi(args):
     return comm, comm.Get_rank(), comm.Get_size()
 
 
-def _check_paths(args):
-    """Input files that do not exist and output folders that do not exist are user errors."""
-    for path in (args.out, args.diagnostics):
-        if path:
-            folder = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(folder):
-                raise _CommandError(f"the output folder {folder} does not exist")
+def _out_path(args):
+    """The file --out writes (np.savez adds .npz to a name without it)."""
+    return args.out if args.out is None or args.out.endswith(".npz") else args.out + ".npz"
+
+
+def _output_problem(given, option, path=None, example="net.npz"):
+    """Why an output file cannot be written (None when it can): checked before any work by
+    opening it for appending (an existing file is left as it is, a new one removed).
+    ``given`` is the name on the command line, ``path`` the file written (default: given)."""
+    if os.path.isdir(given) or given.endswith(("/", os.sep)):
+        return f"{option} {given} is a folder; give a file name, e.g. {os.path.join(given, example)}"
+    path = path or given
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"the output folder {folder} does not exist"
+    existed = os.path.exists(path)
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as exc:
+        return f"cannot write {option} {path}: {exc.strerror or exc}"
+    if not existed:
+        os.remove(path)
+    return None
+
+
+def _check_paths(args, comm=None, rank=0):
+    """Input files that do not exist, and outputs that cannot be written, are user errors,
+    found before any work (rank 0 probes the outputs and tells every rank)."""
+    if args.data and (args.x or args.y):
+        raise _CommandError("give either DATA (an .npz or a zarr store) or --x and --y, not both")
     for path in (args.data, args.x, args.y):
         if path and not os.path.exists(path):
             raise _CommandError(f"no such input file: {path}")
+    problem = None
+    if rank == 0:
+        if args.out:
+            problem = _output_problem(args.out, "--out", _out_path(args))
+        if args.diagnostics and not problem:
+            problem = _output_problem(args.diagnostics, "--diagnostics", example="diagnostics.json")
+    if comm is not None:
+        problem = comm.bcast(problem, root=0)
+    if problem:
+        raise _CommandError(problem)
 
 
 def _storage(X):
@@ -188,7 +304,7 @@ def _recover_options(args, comm):
     if args.n_jobs is not None:
         options["n_jobs"] = args.n_jobs
     if args.n_estimate is not None:
-        options["n_estimate"] = args.n_estimate if args.n_estimate == "all" else int(args.n_estimate)
+        options["n_estimate"] = args.n_estimate
     if comm is not None:
         options["comm"] = comm
     return options
@@ -206,11 +322,11 @@ def _recover(args):
         if rank == 0 and not args.quiet:
             print(msg, file=sys.stderr, flush=True)
 
-    _check_paths(args)
+    _check_paths(args, comm, rank)
     t0 = time.perf_counter()
     try:
         X, Y, n = _load_inputs(args, rank, size)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError) as exc:
         raise _CommandError(f"cannot read the inputs: {exc}") from None
     kind = _storage(X)
     say(
@@ -238,8 +354,9 @@ def _write_outputs(args, res, n, size):
     if args.out:
         # Only the arrays the result has (never None saved as an object array).
         arrays = {name: getattr(res, name) for name in ("U", "V", "b", "c") if getattr(res, name) is not None}
+        out = _out_path(args)
         np.savez(
-            args.out,
+            out,
             status=res.status.value,
             message=res.message,
             exact=res.exact,
@@ -247,7 +364,7 @@ def _write_outputs(args, res, n, size):
             method=res.method,
             **arrays,
         )
-        print(f"wrote {args.out}" + ("" if arrays else " (status and message only: no network returned)"))
+        print(f"wrote {out}" + ("" if arrays else " (status and message only: no network returned)"))
     if args.diagnostics:
         report = {
             "method": res.method,
@@ -333,14 +450,23 @@ def _add_recover(sub, methods, method_help):
         help=".npz file holding arrays named X and Y, or a zarr store "
         "(folder) with arrays X and Y (read as dask arrays)",
     )
-    p.add_argument("--x", help=".npy file of inputs X of shape (n, d), memory-mapped (with --y, instead of DATA)")
-    p.add_argument("--y", help=".npy file of outputs Y of shape (n, m), memory-mapped (with --x, instead of DATA)")
+    p.add_argument(
+        "--x",
+        help="inputs X of shape (n, d) (with --y, instead of DATA): a .npy file, memory-mapped, or a .csv or "
+        ".txt file (numpy.loadtxt)",
+    )
+    p.add_argument("--y", help="outputs Y of shape (n, m) or (n,) (with --x, instead of DATA): .npy, .csv or .txt")
     p.add_argument("--n-hidden", type=_positive_int, required=True, help="number of hidden units k")
     p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
-    p.add_argument("--out", help="write U, V (when recovered), b, c, status, message and residual to this .npz file")
+    p.add_argument(
+        "--out", help="write U, V (when recovered), b, c, status, message and residual to this .npz file (a file name)"
+    )
     p.add_argument("--diagnostics", help="write status, timings, counts and diagnostics to this JSON file")
     p.add_argument(
-        "--n-estimate", default=None, help="samples of the moment estimate: an integer or 'all' (default: adaptive)"
+        "--n-estimate",
+        type=_n_estimate,
+        default=None,
+        help="samples of the moment estimate: an integer >= 1 or 'all' (default: adaptive)",
     )
     p.add_argument(
         "--mpi",
@@ -381,7 +507,7 @@ def _parser():
         "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
         "order of cost; docs/results.md)"
     )
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="relufast",
         description="Provable weight recovery of two-layer ReLU networks y = U relu(V x + b) + c from inputs X and "
         "outputs Y.",
@@ -396,6 +522,26 @@ def _parser():
     return parser
 
 
+def _quiet_highs():
+    """HiGHS prints a banner on the process's standard output (fd 1, from C++) when the
+    first solver of the process is created, before any option can turn it off. Create
+    that first solver with fd 1 pointed at /dev/null, so the banner never reaches the
+    command's output (later solvers run with output_flag off, relufast.stages.highs)."""
+    try:
+        import highspy
+    except ImportError:
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv=None):
     """Run the command line; returns the exit code (0 success, 1 no network, 2 user error,
     130 interrupted)."""
@@ -403,6 +549,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "recover" and not (args.data or (args.x and args.y)):
         parser.error("recover needs an .npz file with X and Y, or both --x and --y")
+    _quiet_highs()
     try:
         return args.func(args)
     except (ValueError, TypeError, _CommandError) as exc:
