@@ -21,6 +21,7 @@ References
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import warnings
 from typing import Any
 
@@ -170,13 +171,38 @@ def _units_note(vis, k_given, k, m):
     )
 
 
+def _chosen(model, d, n_hidden, max_queries, precision, random_state):
+    """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen`."""
+    from .chosen.driver import extract_chosen
+
+    if n_hidden is None:
+        raise ValueError("queries='chosen' needs n_hidden: an int or a tuple of hidden widths (k1, ..., kL)")
+    widths = (n_hidden,) if isinstance(n_hidden, numbers.Integral) else tuple(n_hidden)
+    if len(widths) == 0:
+        raise ValueError("n_hidden must name at least one hidden layer; got ()")
+    widths = tuple(check_positive_int(k, "n_hidden") for k in widths)
+    if max_queries is not None:
+        max_queries = check_positive_int(max_queries, "max_queries")
+    f, dtype_name = as_query_function(model)
+    return extract_chosen(
+        f,
+        d,
+        widths,
+        max_queries=max_queries,
+        dtype_name=dtype_name,
+        precision=precision,
+        random_state=check_random_state(random_state),
+    )
+
+
 def extract(
     model: Any,
     n_features: int,
-    n_hidden: int | None = None,
+    n_hidden: Any = None,
     *,
+    queries: str = "random",
     n_queries: int = 20000,
-    max_queries: int = 2_000_000,
+    max_queries: int | None = None,
     precision: Any = None,
     batch_size: int = 16384,
     method: str = "auto",
@@ -184,7 +210,8 @@ def extract(
     random_state: Any = None,
     n_jobs: int | None = None,
 ) -> RecoveryResult:
-    """Extract ``y = U relu(V x + b) + c`` from a model by Gaussian queries.
+    """Extract a ReLU network from a model: ``y = U relu(V x + b) + c`` by Gaussian
+    queries (default), or a network with several hidden layers by chosen queries.
 
     Parameters
     ----------
@@ -195,14 +222,26 @@ def extract(
         or (n,).
     n_features : int
         Input dimension d.
-    n_hidden : int, optional
+    n_hidden : int or tuple of int, optional
         Hidden units k; default: the number visible in the outputs
         (:func:`relufast.units.visible_units`). When fewer units are visible than given
         (dead or pruned units), the visible ones are recovered and the message says so.
+        With ``queries="chosen"``: required, an int (one hidden layer) or the widths
+        ``(k1, ..., kL)`` of L hidden layers.
+    queries : {"random", "chosen"}, default="random"
+        "random": standard Gaussian queries, one hidden layer (the methods below).
+        "chosen": the inputs are chosen (critical points on lines, their hyperplanes, layer
+        by layer; :mod:`relufast.chosen`, after [3, 4]); the model must accept arbitrary real
+        inputs and return outputs at full precision or at the precision of their dtype. One
+        hidden layer gives a :class:`RecoveryResult`, several a
+        :class:`relufast.chosen.result.DeepResult` (``layers``, ``predict``). ``exact``
+        only when the network reproduces the model on fresh queries at scales 1 and 10 to
+        the precision of its outputs.
     n_queries : int, default=20000
         Queries of the first attempt; doubled (new queries added) until the certificate
         holds or ``max_queries`` is reached.
-    max_queries : int, default=2000000
+    max_queries : int or None
+        Budget of queries (None: 2,000,000 for random queries, no budget for chosen ones).
     precision : None, str or float
         Precision of the outputs (default: from the model's output dtype; torch float32
         modules are certified at float32).
@@ -220,7 +259,7 @@ def extract(
 
     Returns
     -------
-    RecoveryResult
+    RecoveryResult or DeepResult
         ``counts["queries"]`` is the number of queries used;
         ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude estimate of the query count of
         differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
@@ -228,6 +267,18 @@ def extract(
     from ._api import METHODS
 
     d = check_positive_int(n_features, "n_features")
+    if queries not in ("random", "chosen"):
+        raise ValueError(f"queries must be 'random' or 'chosen'; got {queries!r}")
+    if queries == "chosen":
+        return _chosen(model, d, n_hidden, max_queries, precision, random_state)
+    if n_hidden is not None and not isinstance(n_hidden, numbers.Integral):
+        widths = tuple(n_hidden)
+        if len(widths) != 1:
+            raise ValueError(
+                f"queries='random' extracts one hidden layer; got n_hidden={widths} (use queries='chosen')"
+            )
+        n_hidden = widths[0]
+    max_queries = 2_000_000 if max_queries is None else max_queries
     n0 = check_positive_int(n_queries, "n_queries", minimum=2 * (d + 1))
     max_queries = check_positive_int(max_queries, "max_queries", minimum=n0)
     batch = check_positive_int(batch_size, "batch_size")

@@ -1,0 +1,228 @@
+"""Chosen-query extraction of a deep ReLU network: the stages in order, and the certificate.
+
+1. First layer: kinks on random lines, their hyperplanes, verified as global hyperplanes
+   (:mod:`.first_layer`; [CJM20] Sec. 4, [RK20] Sec. 3).
+2. Layers 2..L, peeled one at a time with the earlier layers known: each unit's bent
+   boundary is followed across the known boundaries and fitted as a hyperplane in
+   ``phi = [relu(z~_l), h_{l-1}]`` (:mod:`.deep`; [CJM20] Sec. 5, [RK20] Sec. 4).
+3. Signs of each layer from the linear term of the next one; the output layer by least
+   squares (:mod:`.fit`; relufast's own exact route where [CCHRSS24] uses neuron wiggles).
+4. Exact polish: Gauss-Newton on all weights on points of known activation pattern.
+5. Certificate: fresh queries at scales 1 and 10, compared at the precision of the outputs.
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+.. [RK20] D. Rolnick, K. Kording, "Reverse-Engineering Deep ReLU Networks", ICML 2020.
+.. [CCHRSS24] I. A. Canales-Martinez, J. Chavez-Saab, A. Hambitzer, F. Rodriguez-Henriquez,
+   N. Satpute, A. Shamir, "Polynomial Time Cryptanalytic Extraction of Neural Network
+   Models", EUROCRYPT 2024.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from .._result import RecoveryResult, Status, warn
+from .deep import next_layer
+from .first_layer import KinkPool, first_layer
+from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
+from .net import pre_activations
+from .oracle import BudgetSpent, Oracle
+from .result import DeepResult
+
+__all__ = ["extract_chosen"]
+
+
+class _Clock:
+    def __init__(self):
+        self.seconds = {}
+        self.t0 = time.perf_counter()
+
+    @contextmanager
+    def stage(self, name):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+
+
+def _normalise(hidden, out):
+    """Unit rows in every hidden layer, the scale moved into the next layer."""
+    layers = [(W.copy(), b.copy()) for W, b in [*hidden, out]]
+    for i in range(len(layers) - 1):
+        W, b = layers[i]
+        s = np.linalg.norm(W, axis=1)
+        s = np.where(s > 0, s, 1.0)
+        layers[i] = (W / s[:, None], b / s)
+        Wn, bn = layers[i + 1]
+        layers[i + 1] = (Wn * s[None, :], bn)
+    return layers
+
+
+def _fit_points(known, tent, n, d, rng):
+    """Points for the output layer and the polish: half at scale 1, half at scale 3, then
+    more at scale 3 until every unit is active on at least twice its fan-in (a unit active on
+    fewer points is underdetermined, and the polish would fit the points, not the model)."""
+    X = np.vstack([rng.standard_normal((n - n // 2, d)), 3.0 * rng.standard_normal((n // 2, d))])
+    for _ in range(FIT_ROUNDS):
+        Z, _ = pre_activations([*known, tent], X)
+        need = [2 * (W.shape[1] + 1) for W, _ in [*known, tent]]
+        if all((z > 0).sum(axis=0).min() >= k for z, k in zip(Z, need)):
+            break
+        X = np.vstack([X, 3.0 * rng.standard_normal((n, d))])
+    return X
+
+
+#: Extra batches of fit points drawn for rarely active units.
+FIT_ROUNDS = 3
+
+
+def _stages(oracle, widths, rng, clock, diag):
+    """The extraction proper; returns (hidden, out, ok, note)."""
+    d, L = oracle.d, len(widths)
+    pool = KinkPool(d)
+    with clock.stage("first_layer"):
+        W, b, r, rounds = first_layer(oracle, widths[0], widths, rng, pool)
+    diag["line_rounds"] = rounds
+    if len(W) < widths[0]:
+        return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
+    known, tent, signs_ok = [], (W, b), True
+    for li in range(1, L):
+        with clock.stage(f"layer_{li + 1}"):
+            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, r)
+        if found is None:
+            return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
+        coef, beta, const = found
+        with clock.stage("signs"):
+            W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], coef, beta, const)
+        signs_ok &= ok
+        s = np.linalg.norm(Wn, axis=1)
+        known, tent = known + [(W, b)], (Wn / s[:, None], bn / s)
+    m = oracle.n_outputs
+    n_par = sum(k * (p + 1) for k, p in zip([*widths, m], [d, *widths]))
+    n_fit = int(max(4 * (widths[-1] + (widths[-2] if L > 1 else d) + 1), np.ceil(3 * n_par / m))) + 2 * d
+    with clock.stage("output_layer"):
+        X = _fit_points(known, tent, n_fit, d, rng)
+        Y = oracle(X)
+        last, out, ok = output_layer(known, tent, X, Y)
+    signs_ok &= ok
+    diag["signs_resolved"] = signs_ok
+    with clock.stage("polish"):
+        hidden, out, res, used = polish(
+            known + [last],
+            out,
+            X,
+            Y,
+            margin=oracle.eps ** (1.0 / 3.0) / 4,
+            target=cert_tolerance(oracle.eps, (d, *widths)) / 16,
+        )
+    diag["polish_residual"], diag["polish_points"] = res, used
+    return hidden, out, True, ""
+
+
+def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, precision=None, random_state=None):
+    """Extract a ReLU network with ``len(widths)`` hidden layers from a query function.
+
+    Parameters
+    ----------
+    f : callable
+        float64 (n, d) -> (n, m) outputs (any float dtype).
+    n_features : int
+    widths : tuple of int
+        Hidden widths (k_1, ..., k_L).
+    max_queries : int or None
+    dtype_name : str or None
+        Output dtype when known before the first call (torch modules).
+    precision : None, str or float
+        Precision of the outputs (default: their dtype).
+    random_state : numpy Generator
+
+    Returns
+    -------
+    RecoveryResult (one hidden layer) or DeepResult
+    """
+    rng = random_state
+    clock = _Clock()
+    oracle = Oracle(f, n_features, max_queries, dtype_name, precision)
+    diag: dict = {}
+    hidden = out = None
+    note = ""
+    try:
+        hidden, out, ok, note = _stages(oracle, tuple(widths), rng, clock, diag)
+        errs = [np.inf, np.inf]
+        if ok:
+            with clock.stage("certificate"):
+                errs = certify(oracle, hidden, out, rng)
+    except BudgetSpent as exc:
+        note, errs = f"{exc}: stopped before the network was complete", [np.inf, np.inf]
+        hidden = out = None
+    clock.seconds["total"] = time.perf_counter() - clock.t0
+    prec = oracle.precision.name if oracle.precision is not None else "float64"
+    tol = cert_tolerance(oracle.eps, (n_features, *widths))
+    residual = float(max(errs))
+    exact = hidden is not None and residual <= tol
+    diag.update(certificate_errors=tuple(errs), certificate_tolerance=tol)
+    if exact:
+        status = Status.EXACT
+        message = (
+            f"chosen queries: network {n_features}-{'-'.join(map(str, widths))}-{oracle.n_outputs} reproduces the "
+            f"model on fresh queries at scales 1 and 10 to {residual:.2g} (tolerance {tol:.2g} at {prec})"
+        )
+    elif hidden is not None:
+        status = Status.APPROXIMATE if np.isfinite(residual) and residual < 1e-2 else Status.FAILED
+        message = (
+            f"chosen queries: the extracted network misses the model by {residual:.2g} on fresh queries "
+            f"(tolerance {tol:.2g} at {prec}): the model is outside the class (not a ReLU network of "
+            f"widths {tuple(widths)}, e.g. another activation or wrong widths)"
+        )
+    else:
+        status = Status.FAILED
+        message = (
+            f"chosen queries: {note}. The model may be outside the class (not a ReLU network with hidden "
+            f"widths {tuple(widths)}), or max_queries too small"
+        )
+    counts = {"queries": oracle.n_queries, "calls": oracle.n_calls}
+    if out is not None:
+        layers = _normalise(hidden, out)
+    else:
+        layers = None
+    if len(widths) == 1:
+        U = V = b = c = None
+        if layers is not None:
+            (V, b), (U, c) = layers
+        res = RecoveryResult(
+            U=U,
+            V=V,
+            b=b,
+            c=c,
+            status=status,
+            message=message,
+            method="chosen",
+            exact=exact,
+            residual=residual,
+            seconds=clock.seconds,
+            counts=counts,
+            diagnostics=diag,
+            precision=prec,
+        )
+    else:
+        res = DeepResult(
+            layers=layers,
+            status=status,
+            message=message,
+            exact=exact,
+            residual=residual,
+            seconds=clock.seconds,
+            counts=counts,
+            diagnostics=diag,
+            precision=prec,
+        )
+    if not exact:
+        warn(message)
+    return res

@@ -1,0 +1,124 @@
+"""The first hidden layer: kinks on random lines whose local boundary is a global hyperplane.
+
+A unit of the first layer switches on the hyperplane ``w.x + b = 0`` everywhere; a unit of a
+deeper layer switches on a surface bent at the boundaries of the layers before it
+([RK20] Sec. 3). A kink's local boundary (:mod:`.hyperplanes`) is therefore a first-layer
+unit when the model has a kink on the same hyperplane at random points far from the kink
+(window test, :func:`.lines.window_kinks`), checked at four points, two needed (in a deep
+network a first-layer kink is invisible where every path after the unit is inactive).
+Lines are drawn in batches until the given number of units is verified; kinks already on a
+verified unit cost no further queries; kinks that fail the test are kept for the deeper
+layers (:mod:`.deep`).
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020 (Sec. 4: critical points, their hyperplanes, first-layer weights).
+.. [RK20] D. Rolnick, K. Kording, "Reverse-Engineering Deep ReLU Networks", ICML 2020
+   (Sec. 3-4: first-layer boundaries are hyperplanes, deeper ones bend).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .hyperplanes import jump_normals
+from .lines import find_kinks, window_kinks
+
+__all__ = ["KinkPool", "first_layer", "random_lines"]
+
+#: Random far points at which a candidate hyperplane is tested, and hits needed.
+VERIFY_POINTS, VERIFY_HITS = 4, 2
+
+
+class KinkPool:
+    """Kinks with their local boundaries that no verified unit explains yet."""
+
+    def __init__(self, d):
+        self.x = np.zeros((0, d))
+        self.n = np.zeros((0, d))
+
+    def add(self, x, n):
+        self.x = np.vstack([self.x, x])
+        self.n = np.vstack([self.n, n])
+
+    def keep(self, mask):
+        self.x, self.n = self.x[mask], self.n[mask]
+
+    def __len__(self):
+        return len(self.x)
+
+
+def grid_size(widths):
+    """Grid points per line: about 24 per unit, so that most kinks sit in cells of their own."""
+    return int(min(4096, 2 ** np.ceil(np.log2(max(256, 24 * sum(widths))))))
+
+
+def random_lines(oracle, n_lines, widths, rng, r):
+    """Kinks on ``n_lines`` random lines ``0.5 z + t u``, z, u standard normal, t in [-3, 3]:
+    Gaussian-scale inputs, one model call."""
+    d = oracle.d
+    base = 0.5 * rng.standard_normal((n_lines, d))
+    dirs = rng.standard_normal((n_lines, d))
+    return find_kinks(oracle, base, dirs, np.linspace(-3.0, 3.0, grid_size(widths)), r)
+
+
+def _dedupe(H, tol):
+    """Indices of the first of each group of rows of H (unit rows) equal up to sign."""
+    keep = []
+    for i in range(len(H)):
+        if not keep or np.max(np.abs(H[keep] @ H[i])) < 1 - tol:
+            keep.append(i)
+    return np.array(keep, dtype=int)
+
+
+def _verify(oracle, n, c, x, rng, r):
+    """Hits of the window test at VERIFY_POINTS random points on each hyperplane n.x + c = 0."""
+    K, d = n.shape
+    Z = x[:, None, :] + rng.standard_normal((K, VERIFY_POINTS, d))
+    Z -= (np.einsum("kpd,kd->kp", Z, n) + c[:, None])[:, :, None] * n[:, None, :]
+    hit, _ = window_kinks(oracle, Z.reshape(-1, d), np.repeat(n, VERIFY_POINTS, axis=0), oracle.window(), r)
+    return hit.reshape(K, VERIFY_POINTS).sum(axis=1)
+
+
+def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
+    """Hyperplanes ``(W (k, d) unit rows, b (k,))`` of the first layer, signs open.
+
+    Returns (W, b, r, rounds); fewer than k rows when ``max_rounds`` rounds of lines ran out.
+    The kinks that are not first-layer ones go to ``pool``.
+    """
+    d = oracle.d
+    W, b, r = np.zeros((0, d)), np.zeros(0), None
+    tol_dup = 8.0 * oracle.eps ** (1.0 / 3.0)
+    rounds = 0
+    while len(W) < k and rounds < max_rounds:
+        rounds += 1
+        kinks, r = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, r)
+        if len(W):
+            z = np.abs(kinks.x @ W.T + b)
+            fresh = np.nonzero(z.min(axis=1) > 0.5 * oracle.window())[0]
+            kinks = type(kinks)(*(a[fresh] for a in kinks[:4]), kinks.step, kinks.slope_jump[fresh])
+        if len(kinks.t) == 0:
+            continue
+        nrm = jump_normals(oracle, kinks, rng)
+        if len(nrm.keep) == 0:
+            continue
+        c = -np.einsum("kd,kd->k", nrm.n, nrm.x)
+        H = np.hstack([nrm.n, c[:, None]])
+        H /= np.linalg.norm(H, axis=1, keepdims=True)
+        first = _dedupe(H, tol_dup)
+        hits = _verify(oracle, nrm.n[first], c[first], nrm.x[first], rng, r)
+        good = first[hits >= VERIFY_HITS]
+        bad = np.setdiff1d(np.arange(len(nrm.keep)), good)
+        pool.add(nrm.x[bad], nrm.n[bad])
+        for i in good:
+            if len(W) >= k:
+                break
+            h = np.append(nrm.n[i], c[i])
+            Hk = np.hstack([W, b[:, None]])
+            if len(W) and np.max(np.abs(Hk @ h) / np.linalg.norm(Hk, axis=1) / np.linalg.norm(h)) >= 1 - tol_dup:
+                continue
+            W, b = np.vstack([W, nrm.n[i]]), np.append(b, c[i])
+    if len(W) and len(pool):
+        pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
+    return W, b, r, rounds

@@ -1,0 +1,167 @@
+"""Signs, the output layer, the exact polish and the certificate of a chosen-query extraction.
+
+Signs ([CCHRSS24] solve sign recovery in polynomial time by neuron wiggles; relufast uses an
+exact linear identity instead). A unit found with the wrong sign gives ``relu(-z) =
+relu(z) - z``: the layer after it is then affine in ``phi = [relu(z~), h]`` with a term
+``beta . h = -sum_{j wrong} v_j w~_j . h``. Fitting that layer in phi-space (the output layer
+by least squares, a hidden layer from its boundaries, :mod:`.deep`) and solving
+``beta = -sum_j delta_j v_j w~_j`` for delta in {0, 1} gives the units to flip
+(:func:`resolve_signs`). For one hidden layer this is the least-squares trick of the
+chosen-query note: the fitted linear term is minus the sum of the flipped units.
+
+Polish (beyond the papers, as the activation-region refinement of two-layer relufast
+methods): with every layer estimated, points far from every boundary have a known
+activation pattern, on which the network is a polynomial in its weights; Gauss-Newton on
+all layers at once (float64 least squares) takes the weights from finite-difference
+accuracy to the rounding of the outputs (:func:`polish`).
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+.. [CCHRSS24] I. A. Canales-Martinez, J. Chavez-Saab, A. Hambitzer, F. Rodriguez-Henriquez,
+   N. Satpute, A. Shamir, "Polynomial Time Cryptanalytic Extraction of Neural Network
+   Models", EUROCRYPT 2024.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .net import features, forward, pre_activations
+
+__all__ = ["resolve_signs", "output_layer", "polish", "certify", "cert_tolerance"]
+
+#: delta of a unit must lie within this distance of 0 or 1 for its sign to count as resolved.
+DELTA_TOL = 0.2
+
+
+def resolve_signs(Wt, bt, coef, beta, const):
+    """Flip the units of a tentative layer whose sign the next layer shows to be wrong.
+
+    Parameters
+    ----------
+    Wt, bt : tentative layer (k, k_prev), (k,)
+    coef : ndarray of shape (q, k)
+        Next layer's coefficients on relu(z~).
+    beta : ndarray of shape (q, k_prev)
+        Next layer's coefficients on h (the linear term).
+    const : ndarray of shape (q,)
+
+    Returns
+    -------
+    W, b, next_W, next_b, ok
+        The layer with signs fixed, the next layer on relu(z) alone, and whether every
+        delta was near 0 or 1 and the linear term vanished after the flip.
+    """
+    q, k = coef.shape
+    B = -(coef[:, None, :] * Wt.T[None, :, :]).reshape(q * Wt.shape[1], k)
+    delta, *_ = np.linalg.lstsq(B, beta.reshape(-1), rcond=None)
+    flip = delta > 0.5
+    ok = bool(np.all(np.minimum(np.abs(delta), np.abs(delta - 1)) <= DELTA_TOL))
+    rest = float(np.linalg.norm(beta.reshape(-1) - B @ flip.astype(float)))
+    ok = ok and rest <= DELTA_TOL * float(np.linalg.norm(B, 2)) * 1e-2 + DELTA_TOL * float(np.linalg.norm(beta))
+    s = np.where(flip, -1.0, 1.0)
+    next_b = const + coef[:, flip] @ bt[flip]
+    return Wt * s[:, None], bt * s, coef.copy(), next_b, ok
+
+
+def output_layer(known, tentative, X, Y):
+    """The output layer by least squares on ``[relu(z~_L), h_{L-1}, 1]``, and the signs of
+    the last hidden layer from its linear term (:func:`resolve_signs`).
+
+    Returns (last hidden layer (W, b), output layer (W_o, c), ok)."""
+    Phi, _ = features(known, tentative, X)
+    A = np.hstack([Phi, np.ones((len(X), 1))])
+    C, *_ = np.linalg.lstsq(A, Y, rcond=None)
+    k = tentative[0].shape[0]
+    coef, beta, const = C[:k].T, C[k:-1].T, C[-1]
+    W, b, _, _, ok = resolve_signs(tentative[0], tentative[1], coef, beta, const)
+    Z, H = pre_activations([*known, (W, b)], X)
+    C, *_ = np.linalg.lstsq(np.hstack([H, np.ones((len(X), 1))]), Y, rcond=None)
+    return (W, b), (C[:-1].T, C[-1]), ok
+
+
+def _params(hidden, out):
+    return np.concatenate([np.concatenate([W.ravel(), b]) for W, b in [*hidden, out]])
+
+
+def _unpack(theta, shapes):
+    layers, i = [], 0
+    for o, n in shapes:
+        W = theta[i : i + o * n].reshape(o, n)
+        i += o * n
+        layers.append((W, theta[i : i + o]))
+        i += o
+    return layers[:-1], layers[-1]
+
+
+def _jacobian(hidden, out, X):
+    """Jacobian (n m, P) of the outputs in all weights, activation patterns held fixed."""
+    Z, H_last = pre_activations(hidden, X)
+    Hs = [np.asarray(X, dtype=np.float64)] + [np.maximum(z, 0.0) for z in Z]
+    n, m = len(X), out[0].shape[0]
+    G = np.broadcast_to(np.eye(m), (n, m, m))  # d y / d z of the current layer
+    blocks = [np.concatenate([np.einsum("nmi,nj->nmij", G, Hs[-1]).reshape(n, m, -1), G], axis=2)]
+    Wn = out[0]
+    for li in range(len(hidden) - 1, -1, -1):
+        G = np.einsum("nmi,ij->nmj", G, Wn) * (Z[li] > 0)[:, None, :]
+        blocks.append(np.concatenate([np.einsum("nmi,nj->nmij", G, Hs[li]).reshape(n, m, -1), G], axis=2))
+        Wn = hidden[li][0]
+    return np.concatenate(blocks[::-1], axis=2).reshape(n * m, -1)
+
+
+def polish(hidden, out, X, Y, *, margin, target=0.0, n_iter=4):
+    """Gauss-Newton on all weights over the points whose pattern is certain (every
+    pre-activation at least ``margin`` times its layer's scale from zero), stopping once
+    the relative residual is at most ``target``. The normal equations are solved with a
+    ridge at the rounding level (the positive scaling of each unit leaves J^T J singular).
+
+    Returns (hidden, out, relative residual on the points used, points used)."""
+    shapes = [W.shape for W, _ in [*hidden, out]]
+    best = (hidden, out, np.inf, 0)
+    for _ in range(n_iter + 1):
+        Z, _ = pre_activations(hidden, X)
+        safe = np.ones(len(X), dtype=bool)
+        for z in Z:
+            safe &= (np.abs(z) > margin * (np.abs(z).max(axis=0) + 1e-300)).all(axis=1)
+        Xs, Ys = X[safe], Y[safe]
+        if len(Xs) == 0:
+            break
+        R = (Ys - forward(hidden, out, Xs)).ravel()
+        res = float(np.linalg.norm(R) / max(np.linalg.norm(Ys), 1e-300))
+        if res < best[2]:
+            best = (hidden, out, res, int(safe.sum()))
+        if res <= target or res >= 0.5 * best[2] and res > best[2]:
+            break
+        J = _jacobian(hidden, out, Xs)
+        A = J.T @ J
+        A[np.diag_indices_from(A)] += 1e-13 * float(np.max(np.diag(A)))
+        step = np.linalg.solve(A, J.T @ R)
+        hidden, out = _unpack(_params(hidden, out) + step, shapes)
+    return best
+
+
+def cert_tolerance(eps, widths):
+    """Relative error under which the extraction reproduces the model to the precision of
+    its outputs: CERT_FACTOR * eps * sqrt(d + sum of widths) * depth."""
+    return CERT_FACTOR * eps * float(np.sqrt(sum(widths))) * (len(widths) - 1)
+
+
+#: Margin of the certificate over the rounding of a forward pass (float32 residuals of the
+#: true network measured at 0.3-0.5 eps sqrt(d) per layer, :mod:`relufast.stages.precision`).
+CERT_FACTOR = 16.0
+
+
+def certify(oracle, hidden, out, rng, *, n_points=256, scales=(1.0, 10.0)):
+    """Max relative error ``max |f^(x) - f(x)| / max |f(x)|`` of the extracted network on
+    fresh standard normal queries at each scale (one model call)."""
+    d = oracle.d
+    X = np.vstack([s * rng.standard_normal((n_points, d)) for s in scales])
+    Y = oracle(X)
+    P = forward(hidden, out, X)
+    errs = []
+    for i in range(len(scales)):
+        sl = slice(i * n_points, (i + 1) * n_points)
+        errs.append(float(np.abs(P[sl] - Y[sl]).max() / max(np.abs(Y[sl]).max(), 1e-300)))
+    return errs

@@ -1,0 +1,83 @@
+"""The hyperplane of a critical point from the change of the local linear map across it.
+
+On the two sides of a kink x* of a ReLU network the model is affine, with Jacobians J- and
+J+ (m, d). A single unit switches at x*, so ``J+ - J- = a n^T`` has rank one ([CJM20]
+Sec. 4.3, [RK20] Sec. 3): n is the normal of the unit's boundary at x*, and the boundary is
+``{x : n.(x - x*) = 0}`` in the linear region of x*. J+ and J- are read by forward
+differences from one point on each side, d + 1 queries a side for all m outputs at once;
+all kinks of a batch go in one model call. In exact arithmetic a piecewise-linear function
+has exact forward differences, so the step is as large as the region allows (set by the
+output precision, :meth:`Oracle.fd_fraction`), and the result is checked against the
+slope jump measured on the line.
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+.. [RK20] D. Rolnick, K. Kording, "Reverse-Engineering Deep ReLU Networks", ICML 2020.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Normals", "jump_normals"]
+
+
+class Normals(NamedTuple):
+    """Local boundaries at kinks (only those that passed the checks).
+
+    Attributes
+    ----------
+    keep : ndarray of int
+        Indices (into the kinks given) of the kinks kept.
+    x : ndarray of shape (K, d)
+    n : ndarray of shape (K, d)
+        Unit normals (sign arbitrary).
+    error : ndarray of shape (K,)
+        Relative mismatch of the jump with the slope jump on the line.
+    """
+
+    keep: np.ndarray
+    x: np.ndarray
+    n: np.ndarray
+    error: np.ndarray
+
+
+def jump_normals(oracle, kinks, rng):
+    """Normals of the kinks from one-sided Jacobians (one model call for all kinks).
+
+    A kink is kept when the jump has rank one (m > 1) and reproduces the slope jump on its
+    line to the finite-difference accuracy of the output precision; otherwise two units
+    switched in one grid cell, or the step left the region, and the kink is dropped.
+    """
+    K = len(kinks.t)
+    d = kinks.x.shape[1] if K else oracle.d
+    if K == 0:
+        return Normals(np.zeros(0, int), np.zeros((0, d)), np.zeros((0, d)), np.zeros(0))
+    side = kinks.step * kinks.u  # one grid step along the line: linear up to there
+    h = oracle.fd_fraction() * kinks.step * np.linalg.norm(kinks.u, axis=1)
+    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    pts = []
+    for sgn in (-1.0, 1.0):
+        xs = kinks.x + sgn * side
+        pts.append(xs[:, None, :])
+        pts.append(xs[:, None, :] + h[:, None, None] * Q.T[None, :, :])
+    P = np.concatenate(pts, axis=1)  # (K, 2 (d + 1), d)
+    Y = oracle(P.reshape(-1, d)).reshape(K, 2 * (d + 1), -1)
+    Jm = (Y[:, 1 : d + 1] - Y[:, :1]) / h[:, None, None]  # (K, d, m): derivatives along Q
+    Jp = (Y[:, d + 2 :] - Y[:, d + 1 : d + 2]) / h[:, None, None]
+    jump = np.einsum("ij,kjm->kmi", Q, Jp - Jm)  # (K, m, d): J+ - J-
+    _, s, Vt = np.linalg.svd(jump, full_matrices=False)
+    n = Vt[:, 0, :]
+    along = np.einsum("kmd,kd->km", jump, kinks.u)
+    ref = np.maximum(np.linalg.norm(kinks.slope_jump, axis=1), 1e-300)
+    err = np.linalg.norm(along - kinks.slope_jump, axis=1) / ref
+    fscale = np.abs(Y).max(axis=(1, 2))
+    fd_err = 8.0 * oracle.eps * fscale / h / np.maximum(s[:, 0], 1e-300)
+    tol = np.maximum(64.0 * fd_err * np.sqrt(d), 1e-7)
+    rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(K, dtype=bool)
+    keep = np.nonzero((err <= tol) & rank1 & (s[:, 0] > 0))[0]
+    return Normals(keep, kinks.x[keep], n[keep], err[keep])

@@ -1,0 +1,111 @@
+"""Critical points on lines, found in batches (after [CJM20] Sec. 4.2, relufast's own search).
+
+Along a line ``x(t) = a + t u`` a ReLU network is piecewise linear in t; a critical point
+(a unit switching) is a kink. All lines of a batch are evaluated on one grid in one model
+call; a grid cell holds exactly one kink when the second differences on both of its ends
+are non-zero and those one step further out are zero (the two outer pieces are linear).
+The kink is then the intersection of the two outer pieces, exact up to the rounding of the
+outputs (no bisection, no per-point search as in [CJM20]). Several outputs are combined
+with one random vector for the search; the slopes of every output on both sides are kept.
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["Kinks", "find_kinks"]
+
+
+class Kinks(NamedTuple):
+    """Kinks found on a batch of lines.
+
+    Attributes
+    ----------
+    line : ndarray of int, shape (K,)
+        Index of the line each kink lies on.
+    t : ndarray of shape (K,)
+        Parameter of the kink on its line.
+    x : ndarray of shape (K, d)
+        The kinks ``a + t u``.
+    u : ndarray of shape (K, d)
+        Direction of the line.
+    step : float
+        Grid step in t: the line is linear for at least one step on both sides of the kink.
+    slope_jump : ndarray of shape (K, m)
+        Change of the derivative along u of every output across the kink.
+    """
+
+    line: np.ndarray
+    t: np.ndarray
+    x: np.ndarray
+    u: np.ndarray
+    step: float
+    slope_jump: np.ndarray
+
+
+def find_kinks(oracle, base, dirs, t_grid, r, *, noise_scale=None):
+    """Isolated kinks of the model on the lines ``base[i] + t dirs[i]``, t in ``t_grid``.
+
+    Parameters
+    ----------
+    oracle : Oracle
+    base, dirs : ndarray of shape (n_lines, d)
+    t_grid : ndarray of shape (G,)
+        Uniform grid (G >= 6); the kinks are searched in cells 2..G-4.
+    r : ndarray of shape (m,) or None
+        Combination of the outputs for the search (None: drawn on the first answer).
+    noise_scale : float, optional
+        Output scale for the zero test (default: the largest output on each line).
+
+    Returns
+    -------
+    Kinks, r
+    """
+    base = np.asarray(base, dtype=np.float64)
+    dirs = np.asarray(dirs, dtype=np.float64)
+    n_lines, d = base.shape
+    G = len(t_grid)
+    X = base[:, None, :] + t_grid[None, :, None] * dirs[:, None, :]
+    Y = oracle(X.reshape(-1, d)).reshape(n_lines, G, -1)
+    if r is None:
+        r = np.random.default_rng(Y.shape[2]).standard_normal(Y.shape[2])
+    g = Y @ r
+    scale = np.abs(g).max(axis=1, keepdims=True) if noise_scale is None else noise_scale
+    thr = oracle.zero_factor() * (scale + np.abs(Y).max(axis=(1, 2))[:, None] * np.abs(r).sum()) + 1e-300
+    nz = np.abs(g[:, :-2] - 2 * g[:, 1:-1] + g[:, 2:]) > thr  # nz[:, p]: points p, p+1, p+2 not collinear
+    i = np.arange(2, G - 3)
+    ok = nz[:, i - 1] & nz[:, i] & ~nz[:, i - 2] & ~nz[:, i + 1]
+    li, ci = np.nonzero(ok)
+    cell = i[ci]
+    gm, g0, g1, g2 = (g[li, cell + s] for s in (-1, 0, 1, 2))
+    sL, sR = g0 - gm, g2 - g1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tau = (g1 - g0 - sR) / (sL - sR)
+    good = np.isfinite(tau) & (tau > 0) & (tau < 1)
+    li, cell, tau = li[good], cell[good], tau[good]
+    step = float(t_grid[1] - t_grid[0])
+    t = t_grid[cell] + tau * step
+    jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
+    x = base[li] + t[:, None] * dirs[li]
+    return Kinks(li, t, x, dirs[li], step, jump), r
+
+
+def window_kinks(oracle, points, normals, half_width, r):
+    """For each point, whether the model has a kink within ``half_width`` of it along its
+    normal (a six-point window, one model call for all points): the test that a predicted
+    hyperplane is a hyperplane of the model there. Returns (bool array, Kinks)."""
+    t_grid = half_width * np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5])
+    kinks, _ = find_kinks(oracle, points, normals, t_grid, r)
+    hit = np.zeros(len(points), dtype=bool)
+    hit[kinks.line] = True
+    return hit, kinks
+
+
+__all__ += ["window_kinks"]

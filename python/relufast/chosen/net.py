@@ -1,0 +1,62 @@
+"""Deep ReLU networks as lists of layers: forward pass, activation patterns, local Jacobians.
+
+A network is ``hidden = [(W_1, b_1), ..., (W_L, b_L)]`` (W_l of shape (k_l, k_{l-1})) and an
+output layer ``(W_o, c)``: ``h_0 = x``, ``h_l = relu(W_l h_{l-1} + b_l)``, ``y = W_o h_L + c``.
+Samples are rows throughout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["forward", "pre_activations", "features", "feature_jacobians"]
+
+
+def pre_activations(hidden, X):
+    """Pre-activations ``[Z_1, ..., Z_L]`` (each (n, k_l)) and the last hidden state h_L."""
+    H = np.asarray(X, dtype=np.float64)
+    Z = []
+    for W, b in hidden:
+        z = H @ W.T + b
+        Z.append(z)
+        H = np.maximum(z, 0.0)
+    return Z, H
+
+
+def forward(hidden, out, X):
+    """Outputs ``W_o h_L + c`` of shape (n, m)."""
+    _, H = pre_activations(hidden, X)
+    W_o, c = out
+    return H @ W_o.T + c
+
+
+def features(known, tentative, X):
+    """The features ``phi(x) = [relu(W~ h_l + b~), h_l]`` in which the next layer is affine.
+
+    ``known`` are the final layers 1..l, ``tentative = (W~, b~)`` is layer l+1 with each
+    unit's sign still open. Since ``relu(-z) = relu(z) - z``, a unit taken with the wrong
+    sign changes the next layer into an affine map of phi (a term linear in h_l): every unit
+    of layer l+2 is a hyperplane in phi-space whatever the signs of layer l+1 (relufast's
+    formulation of the sign problem of [CJM20, CCHRSS24]). Returns (phi (n, k_{l+1} + k_l),
+    list of pre-activations of layers 1..l+1).
+    """
+    Z, H = pre_activations(known, X)
+    Wt, bt = tentative
+    zt = H @ Wt.T + bt
+    return np.hstack([np.maximum(zt, 0.0), H]), Z + [zt]
+
+
+def feature_jacobians(known, tentative, X):
+    """Jacobians ``d phi / d x`` of shape (n, k_{l+1} + k_l, d), exact within linear regions."""
+    X = np.asarray(X, dtype=np.float64)
+    n, d = X.shape
+    J = np.broadcast_to(np.eye(d), (n, d, d))
+    H = X
+    for W, b in known:
+        z = H @ W.T + b
+        J = (z > 0)[:, :, None] * np.einsum("ij,njk->nik", W, J)
+        H = np.maximum(z, 0.0)
+    Wt, bt = tentative
+    zt = H @ Wt.T + bt
+    Jt = (zt > 0)[:, :, None] * np.einsum("ij,njk->nik", Wt, J)
+    return np.concatenate([Jt, J], axis=1)

@@ -1,0 +1,91 @@
+"""The queried model: batched calls, the query count, the budget and the output precision.
+
+Every stage talks to the model through :class:`Oracle`; one call of the oracle is one call
+of the model on a batch of inputs. Step sizes and zero tests of the chosen-query stages
+follow from :attr:`Oracle.eps`, the unit roundoff of the model's outputs (float32 models:
+``2^-24``), through the helpers below, never from fixed float64 constants.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..stages.precision import Precision, resolve_precision
+
+__all__ = ["Oracle", "BudgetSpent"]
+
+
+class BudgetSpent(Exception):
+    """Raised by :class:`Oracle` when a call would exceed ``max_queries``."""
+
+
+class Oracle:
+    """Counting wrapper of a query function ``f: (n, d) -> (n, m)``.
+
+    Parameters
+    ----------
+    f : callable
+        Takes float64 arrays of shape (n, d); returns (n, m) or (n,) arrays of any float dtype.
+    n_features : int
+    max_queries : int or None
+        Budget: a call that would exceed it raises :class:`BudgetSpent` before querying.
+    dtype_name : str or None
+        Output dtype when known in advance (torch modules); else read from the first answer.
+    precision : None, str or float
+        Overrides the precision read from the outputs.
+    """
+
+    def __init__(self, f, n_features, max_queries=None, dtype_name=None, precision=None):
+        self.f = f
+        self.d = int(n_features)
+        self.max_queries = max_queries
+        self.n_queries = 0
+        self.n_calls = 0
+        self._dtype = dtype_name
+        self._precision_arg = precision
+        self.precision: Precision | None = None
+        self.n_outputs: int | None = None
+
+    def __call__(self, X):
+        X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.d)
+        if self.max_queries is not None and self.n_queries + len(X) > self.max_queries:
+            raise BudgetSpent(f"max_queries={self.max_queries} spent ({self.n_queries} used, {len(X)} more asked)")
+        self.n_queries += len(X)
+        self.n_calls += 1
+        Y = self.f(X)
+        if self.precision is None:
+            name = self._dtype or getattr(np.asarray(Y), "dtype", np.dtype(np.float64)).name
+            probe = np.empty(0, dtype=name if name in ("float32", "float16") else np.float64)
+            self.precision = resolve_precision(probe, self._precision_arg)
+        Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
+        if self.n_outputs is None:
+            self.n_outputs = Y.shape[1]
+        if not np.all(np.isfinite(Y)):
+            raise FloatingPointError("the model returned non-finite outputs")
+        return Y
+
+    @property
+    def eps(self) -> float:
+        """Unit roundoff of the outputs (float64 until the first answer)."""
+        return 2.0**-53 if self.precision is None else self.precision.eps
+
+    # Derived step sizes and tolerances (all relative to the scale of the inputs, ~1).
+    def zero_factor(self) -> float:
+        """Rounding noise of an output value, relative to the largest output on a line."""
+        return NOISE_FACTOR * self.eps
+
+    def fd_fraction(self) -> float:
+        """Finite-difference step as a fraction of the safe distance from a critical point:
+        small enough to stay in the linear region (float64), large enough for the rounding
+        of the outputs (float32: ``eps^(1/4)``)."""
+        return float(np.clip(self.eps**0.25, 1e-3, 0.05))
+
+    def window(self) -> float:
+        """Half-width unit of the windows that test a kink at a predicted place: above the
+        position error of hyperplanes from finite differences at this precision."""
+        return float(max(1e-3, 2.0 * self.eps ** (1.0 / 3.0)))
+
+
+#: Rounding noise of the outputs on a line: NOISE_FACTOR * eps * max |output| (deep float32
+#: forward passes round to a few eps * sqrt(width); 256 leaves a margin for widths up to ~1000).
+NOISE_FACTOR = 256.0

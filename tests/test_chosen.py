@@ -1,0 +1,140 @@
+"""Chosen-query extraction of deep ReLU networks: ``relufast.extract(..., queries="chosen")``."""
+
+import numpy as np
+import pytest
+
+import relufast
+from relufast.chosen.result import DeepResult
+
+#: Function equality on fresh inputs (scales 1 and 10), relative to the largest output.
+FUNC_TOL = 1e-9
+#: Weights after permutation and positive scaling per layer (float64 models).
+WEIGHT_TOL = 1e-8
+#: Function error of an extraction from float32 outputs, against the float64 network.
+F32_FUNC_TOL = 1e-5
+
+
+def planted(d, widths, m, seed):
+    """A random ReLU network with biases: unit Gaussian rows, b ~ N(0, 1/4), output offset."""
+    rng = np.random.default_rng(seed)
+    dims = [d, *widths]
+    hidden = []
+    for i, k in enumerate(widths):
+        W = rng.standard_normal((k, dims[i]))
+        hidden.append((W / np.linalg.norm(W, axis=1, keepdims=True), 0.5 * rng.standard_normal(k)))
+    return hidden, (rng.standard_normal((m, widths[-1])), rng.standard_normal(m))
+
+
+def model(hidden, out, dtype=np.float64, activation=None):
+    """The network as a callable on (n, d) arrays, computed in ``dtype``."""
+    act = activation or (lambda z: np.maximum(z, 0))
+    hs = [(W.astype(dtype), b.astype(dtype)) for W, b in hidden]
+    Wo, c = out[0].astype(dtype), out[1].astype(dtype)
+
+    def f(X):
+        H = np.asarray(X).astype(dtype)
+        for W, b in hs:
+            H = act(H @ W.T + b)
+        return H @ Wo.T + c
+
+    return f
+
+
+def layers_of(res):
+    if isinstance(res, DeepResult):
+        return res.layers
+    return [(res.V, res.b), (res.U, res.c)]
+
+
+def function_error(res, f, d, seed=123):
+    """Max relative error of the extracted network on fresh inputs at scales 1 and 10."""
+    rng = np.random.default_rng(seed)
+    errs = []
+    for s in (1.0, 10.0):
+        X = s * rng.standard_normal((2000, d))
+        Y = f(X).reshape(len(X), -1)
+        errs.append(np.abs(res.predict(X) - Y).max() / np.abs(Y).max())
+    return max(errs)
+
+
+def weight_error(layers, hidden, out):
+    """Largest weight error after matching units (permutation) and positive scaling per layer."""
+
+    def canonical(layers):
+        layers = [(np.array(W, float), np.array(b, float)) for W, b in layers]
+        for i in range(len(layers) - 1):
+            W, b = layers[i]
+            s = np.linalg.norm(W, axis=1)
+            layers[i] = (W / s[:, None], b / s)
+            Wn, bn = layers[i + 1]
+            layers[i + 1] = (Wn * s[None, :], bn)
+        return layers
+
+    A, B = canonical(layers), canonical([*hidden, out])
+    perm_prev = np.arange(A[0][0].shape[1])
+    worst = 0.0
+    for li, ((Wa, ba), (Wb, bb)) in enumerate(zip(A, B)):
+        Wa = Wa[:, perm_prev]
+        if li == len(A) - 1:
+            perm = np.arange(Wa.shape[0])
+        else:
+            Ha, Hb = np.hstack([Wa, ba[:, None]]), np.hstack([Wb, bb[:, None]])
+            perm = np.argmin(((Hb[:, None, :] - Ha[None, :, :]) ** 2).sum(axis=2), axis=1)
+            assert len(set(perm)) == len(perm), "two true units matched to one extracted unit"
+        worst = max(worst, np.abs(Wa[perm] - Wb).max(), np.abs(ba[perm] - bb).max())
+        perm_prev = perm
+    return worst
+
+
+@pytest.mark.parametrize("d,k,m", [(10, 5, 1), (20, 10, 1), (40, 20, 1), (40, 20, 20)])
+def test_two_layer_exact(d, k, m):
+    hidden, out = planted(d, (k,), m, seed=d + k + m)
+    f = model(hidden, out)
+    res = relufast.extract(f, n_features=d, n_hidden=k, queries="chosen", random_state=0)
+    assert isinstance(res, relufast.RecoveryResult)
+    assert res.exact and res.status == "exact" and res.method == "chosen"
+    assert function_error(res, f, d) <= FUNC_TOL
+    assert weight_error(layers_of(res), hidden, out) <= WEIGHT_TOL
+    assert res.counts["queries"] < {10: 6912, 20: 14598, 40: 45338}[d]
+    assert res.precision == "float64"
+
+
+def test_tuple_of_one_width_is_one_hidden_layer():
+    hidden, out = planted(8, (4,), 2, seed=3)
+    res = relufast.extract(model(hidden, out), n_features=8, n_hidden=(4,), queries="chosen", random_state=1)
+    assert isinstance(res, relufast.RecoveryResult) and res.exact
+
+
+def test_validation():
+    f = model(*planted(4, (2,), 1, seed=0))
+    with pytest.raises(ValueError, match="queries must be"):
+        relufast.extract(f, n_features=4, n_hidden=2, queries="clever")
+    with pytest.raises(ValueError, match="needs n_hidden"):
+        relufast.extract(f, n_features=4, queries="chosen")
+    with pytest.raises(ValueError, match="queries='random' extracts one hidden layer"):
+        relufast.extract(f, n_features=4, n_hidden=(2, 2))
+    with pytest.raises(ValueError, match="n_hidden must be an integer >= 1"):
+        relufast.extract(f, n_features=4, n_hidden=(2, 0), queries="chosen")
+
+
+@pytest.mark.parametrize("case", ["tanh", "leaky", "wrong_widths", "budget"])
+def test_outside_the_class_is_never_exact(case):
+    d, widths = 10, (5,)
+    hidden, out = planted(d, widths, 1, seed=7)
+    kw = {}
+    if case == "tanh":
+        f = model(hidden, out, activation=np.tanh)
+    elif case == "leaky":
+        f = model(hidden, out, activation=lambda z: np.where(z > 0, z, 0.1 * z))
+    else:
+        f = model(hidden, out)
+    if case == "wrong_widths":
+        widths = (3,)
+    if case == "budget":
+        kw = {"max_queries": 600}
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0, **kw)
+    assert not res.exact and res.status != "exact"
+    assert "chosen queries" in res.message
+    if case == "budget":
+        assert res.counts["queries"] <= 600 and "max_queries" in res.message
