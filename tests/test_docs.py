@@ -277,41 +277,43 @@ def skip_reason(block: Block):
 
 ALL_BLOCKS = [b for path in DOC_FILES for b in blocks_of(path)]
 
-#: Per file: the namespace and how many of its blocks have run (None after a failure).
+#: Per file: the namespace and how many of its blocks have run.
 _STATE: dict = {}
 
 
+def _run_checked(block: Block, namespace: dict) -> None:
+    """Run one block; its warnings must be those its ``warns`` directives announce."""
+    expected = [value for kind, value in block.directives if kind == "warns"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_block(block, namespace)
+    messages = [str(w.message) for w in caught]
+    for text in expected:
+        if not any(text in msg for msg in messages):
+            pytest.fail(f"{block.id}: expected a warning containing {text!r}", pytrace=False)
+    unexpected = [
+        f"{w.category.__name__}: {w.message}" for w in caught if not any(t in str(w.message) for t in expected)
+    ]
+    if unexpected:
+        pytest.fail(f"{block.id}: unexpected warning(s): {unexpected}", pytrace=False)
+
+
 def _run_through(block: Block) -> None:
-    """Run every block of the file up to and including this one, each once."""
+    """Run the blocks of the file before this one that have not run yet (as set-up, their
+    failures left to their own tests), then this one."""
     blocks = [b for b in ALL_BLOCKS if b.path == block.path]
     state = _STATE.setdefault(block.path, {"ns": {"__name__": "__docs__"}, "done": 0})
     target = blocks.index(block)
-    while state["done"] is not None and state["done"] <= target:
-        b = blocks[state["done"]]
-        if skip_reason(b) is not None:
-            state["done"] += 1
-            continue
-        expected = [value for kind, value in b.directives if kind == "warns"]
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                run_block(b, state["ns"])
-        except BaseException:
-            state["done"] = None
-            if b is not block:
-                pytest.fail(f"an earlier block of {b.id} failed")
-            raise
+    while state["done"] < target:
+        earlier = blocks[state["done"]]
         state["done"] += 1
-        if b is block:
-            messages = [str(w.message) for w in caught]
-            for text in expected:
-                assert any(text in msg for msg in messages), f"{b.id}: expected a warning containing {text!r}"
-            unexpected = [
-                f"{w.category.__name__}: {w.message}" for w in caught if not any(t in str(w.message) for t in expected)
-            ]
-            assert not unexpected, f"{b.id}: unexpected warning(s): {unexpected}"
-    if state["done"] is None:
-        pytest.fail(f"an earlier block of {block.path.name} failed")
+        if skip_reason(earlier) is None:
+            try:
+                _run_checked(earlier, state["ns"])
+            except (Exception, pytest.fail.Exception):
+                pass  # reported by its own test; this block fails on its own if it needs it
+    state["done"] = max(state["done"], target + 1)
+    _run_checked(block, state["ns"])
 
 
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])

@@ -35,6 +35,17 @@ for _name, _mod in (
     _sys.modules.setdefault(f"{__name__}.{_name}", _mod)
 del _name, _mod
 
+
+def __getattr__(name):
+    """``relufast.ReluNetRegressor`` (scikit-learn estimator) is imported on first use, so
+    ``import relufast`` does not import scikit-learn."""
+    if name == "ReluNetRegressor":
+        from .estimator import ReluNetRegressor
+
+        return ReluNetRegressor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "recover",
     "extract",
