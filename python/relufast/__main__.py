@@ -525,18 +525,17 @@ def _parser():
 def _quiet_highs():
     """HiGHS prints a banner on the process's standard output (fd 1, from C++) when the
     first solver of the process is created, before any option can turn it off. Create
-    that first solver with fd 1 pointed at /dev/null, so the banner never reaches the
-    command's output (later solvers run with output_flag off, relufast.stages.highs)."""
-    try:
-        import highspy
-    except ImportError:
-        return
+    that first solver (through the LP stage, the only importer of highspy) with fd 1
+    pointed at /dev/null, so the banner never reaches the command's output; later solvers
+    run with output_flag off."""
+    from relufast.stages.highs import LPSession
+
     sys.stdout.flush()
     saved = os.dup(1)
     try:
         with open(os.devnull, "wb") as null:
             os.dup2(null.fileno(), 1)
-            highspy.Highs()
+            LPSession(1)
     finally:
         os.dup2(saved, 1)
         os.close(saved)
