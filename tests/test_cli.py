@@ -251,6 +251,12 @@ def test_csv_and_txt_are_read_and_other_files_named(files, capsys):
     got = np.load("net.npz")
     assert str(got["status"]) == "exact" and rf.metrics.parameter_error((got["U"], got["V"]), net).V < 1e-10
     capsys.readouterr()
+    one = rf.planted.two_layer(d=1, k=1, m=1, random_state=0)  # one feature: a single CSV column
+    X1, Y1 = one.sample(500, random_state=1)
+    np.savetxt("x1.csv", X1[:, 0])
+    np.savetxt("y1.csv", Y1[:, 0])
+    assert main(["recover", "--x", "x1.csv", "--y", "y1.csv", "--n-hidden", "1", "--quiet"]) == 0
+    assert "status='exact'" in capsys.readouterr().out
     with open("X.dat", "w") as f:
         f.write("1,2\n3,4\n")
     assert main(["recover", "--x", "X.dat", "--y", "Y.npy", "--n-hidden", "2"]) == 2

@@ -137,19 +137,20 @@ TEXT_FORMATS = {".csv": ",", ".txt": None}
 _NPY_MAGIC = b"\x93NUMPY"
 
 
-def _read_array(path, option):
+def _read_array(path, option, ndmin=1):
     """One array from --x or --y: a .npy file memory-mapped, a .csv or .txt file read by
-    numpy.loadtxt (a header line is skipped); anything else is a one-line error."""
+    numpy.loadtxt (a header line is skipped; ``ndmin=2``: one column is one feature);
+    anything else is a one-line error."""
     import numpy as np
 
     ext = os.path.splitext(path)[1].lower()
     if ext in TEXT_FORMATS:
         delimiter = TEXT_FORMATS[ext]
         try:
-            return np.loadtxt(path, delimiter=delimiter, dtype=np.float64)
+            return np.loadtxt(path, delimiter=delimiter, dtype=np.float64, ndmin=ndmin)
         except ValueError:
             try:  # a header line
-                return np.loadtxt(path, delimiter=delimiter, dtype=np.float64, skiprows=1)
+                return np.loadtxt(path, delimiter=delimiter, dtype=np.float64, ndmin=ndmin, skiprows=1)
             except ValueError as exc:
                 raise ValueError(f"{option} {path}: not a table of numbers ({exc})") from None
     with open(path, "rb") as f:
@@ -213,7 +214,7 @@ def _load_inputs(args, rank, size):
         return slice(n * rank // size, n * (rank + 1) // size)
 
     if args.x or args.y:
-        X, Y = _read_array(args.x, "--x"), _read_array(args.y, "--y")
+        X, Y = _read_array(args.x, "--x", ndmin=2), _read_array(args.y, "--y")
         sources = (f"--x {args.x}", f"--y {args.y}")
     elif args.data.rstrip("/").endswith(".zarr") or os.path.isdir(args.data):
         try:
