@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/certify.hpp"
@@ -150,6 +151,50 @@ py::dict pattern_batch_to_dict(const PatternBatch& b) {
   return out;
 }
 
+// Test hook for the block pipeline of accumulate_blocks: sums 0 + 1 + ... + (n - 1)
+// with a fault injected into one step. `stage` is "none", "make_local", "zero",
+// "per_block" or "merge"; the fault is a std::runtime_error raised by the `at`-th
+// call of that step (0-based, counted over all threads) and by every later call,
+// as a persistent condition would (the region kernel's "more than max_regions").
+// `sleep_us` slows each block that starts below sample `slow_until`, so that the
+// threads holding later groups run ahead and wait for buffers. Used by the stress
+// tests of the pipeline.
+double fault_pipeline(long long n, long long block, int n_jobs, const std::string& stage, long long at,
+                      long long sleep_us, long long slow_until) {
+  static const char* stages[] = {"none", "make_local", "zero", "per_block", "merge"};
+  int which = -1;
+  for (int i = 0; i < 5; ++i)
+    if (stage == stages[i]) which = i;
+  if (which < 0) throw std::invalid_argument("stage must be none, make_local, zero, per_block or merge; got " + stage);
+  std::atomic<long long> calls[5];
+  for (auto& c : calls) c = 0;
+  auto maybe_throw = [&](int step) {
+    if (step == which && calls[step].fetch_add(1) >= at)
+      throw std::runtime_error(std::string("injected fault in ") + stages[step] + " (call " + std::to_string(at) + ")");
+  };
+  double total = 0.0;
+  accumulate_blocks<double>(
+      n, block, n_jobs,
+      [&]() {
+        maybe_throw(1);
+        return 0.0;
+      },
+      [&](double& L) {
+        maybe_throw(2);
+        L = 0.0;
+      },
+      [&](double& L, long long s0, long long len) {
+        maybe_throw(3);
+        if (sleep_us > 0 && s0 < slow_until) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+        for (long long s = s0; s < s0 + len; ++s) L += static_cast<double>(s);
+      },
+      [&](const double& L) {
+        maybe_throw(4);
+        total += L;
+      });
+  return total;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
@@ -157,6 +202,17 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def("hardware_threads", &hardware_threads, "Threads the kernels use at most (hardware threads).");
   m.def("cpu_has_avx2_fma", &cpu_has_avx2_fma, "Whether this CPU supports AVX2 and FMA.");
   m.def("compiled_with_avx2", &compiled_with_avx2, "Whether this module was compiled for AVX2/FMA.");
+  m.def(
+      "_fault_pipeline",
+      [](long long n, long long block, int n_jobs, const std::string& stage, long long at, long long sleep_us,
+         long long slow_until, double time_limit) {
+        return interruptible([&] { return fault_pipeline(n, block, n_jobs, stage, at, sleep_us, slow_until); },
+                             time_limit);
+      },
+      py::arg("n"), py::arg("block"), py::arg("n_jobs"), py::arg("stage") = "none", py::arg("at") = 0,
+      py::arg("sleep_us") = 0, py::arg("slow_until") = std::numeric_limits<long long>::max(),
+      py::arg("time_limit") = 0.0,
+      "Test hook: the block pipeline summing 0..n-1, with a fault raised by the at-th call of one step.");
 
   py::class_<SecondMoment>(m, "SecondMoment", py::module_local(),
                            "Mergeable accumulator of sum_s y_s (x) x_s x_s^T (BJW19 Sec. 4.2).")
@@ -229,7 +285,7 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def_property_readonly("d", &DetectorMoment::d)
       .def_property_readonly("k", &DetectorMoment::k);
 
-  // ---- The network pass (relufast issue 12): certify and relu_stats share one kernel ----
+  // ---- The network pass: certify and relu_stats share one kernel ----
   auto stats_dict = [](const NetworkStats& s, bool with_nonfinite) {
     py::dict out;
     out["count"] = s.count;

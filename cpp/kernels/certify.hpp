@@ -1,5 +1,5 @@
 // The one pass over the samples that fits and certifies a recovered network
-// (relufast issue 12: the residual check that ends BJW19 Thm 7 / Alg. 5 and every
+// (the residual check that ends BJW19 Thm 7 / Alg. 5 and every
 // exact method; the normal equations of the output layer, Thm 1 proof / Lemma 20).
 // No Python in here.
 //

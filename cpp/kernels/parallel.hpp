@@ -185,17 +185,16 @@ void parallel_for(long long n_items, int n_jobs, F&& f) {
   work();
   {
     // Wait for the workers; the owner keeps polling so a signal still stops them.
+    // Every wait is bounded: the loop re-checks its condition at least every
+    // polling interval, so a lost notification can delay it but never hang it.
     std::unique_lock<std::mutex> lk(mu);
+    const auto interval = cancel ? cancel->interval : std::chrono::milliseconds(50);
     while (running > 0) {
-      if (cancel && (cancel->poll || cancel->has_deadline)) {
-        cv.wait_for(lk, cancel->interval);
-        if (running > 0) {
-          lk.unlock();
-          cancel->should_stop();
-          lk.lock();
-        }
-      } else {
-        cv.wait(lk);
+      cv.wait_for(lk, interval);
+      if (running > 0 && cancel) {
+        lk.unlock();
+        cancel->should_stop();
+        lk.lock();
       }
     }
   }
@@ -235,14 +234,32 @@ void accumulate_blocks(long long n, long long block, int n_jobs, MakeLocal make_
   size_t allocated = 0;
   long long next_commit = 0;
   bool aborted = false;
+  // Any failure in any step (make_local, zero, per_block, merge, a stop request
+  // seen while waiting) marks the call aborted under the lock and wakes every
+  // waiter before the exception leaves the work item; parallel_for then
+  // rethrows it after the join.
+  auto abort_locked = [&]() {
+    aborted = true;
+    cv.notify_all();
+  };
 
   parallel_for(ngroups, nthreads, [&](long long g) {
     std::unique_ptr<Local> L;
     {
       // The thread holding the next group to commit may always allocate: the
-      // chain of commits can then never wait on a buffer.
+      // chain of commits can then never wait on a buffer. The wait is bounded
+      // and sees stop requests, so it has a way out even if a wake-up is lost.
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return aborted || !free_list.empty() || allocated < cap || g == next_commit; });
+      auto ready = [&] { return aborted || !free_list.empty() || allocated < cap || g == next_commit; };
+      while (!ready()) {
+        cv.wait_for(lk, std::chrono::milliseconds(20));
+        if (ready()) break;
+        Cancellation* c = current_cancellation();
+        if (c && c->should_stop()) {
+          abort_locked();
+          c->raise();
+        }
+      }
       if (aborted) return;
       if (!free_list.empty()) {
         L = std::move(free_list.back());
@@ -262,17 +279,22 @@ void accumulate_blocks(long long n, long long block, int n_jobs, MakeLocal make_
       }
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu);
-      aborted = true;
-      cv.notify_all();
+      abort_locked();
       throw;
     }
     std::lock_guard<std::mutex> lk(mu);
+    if (aborted) return;
     done.emplace(g, std::move(L));
-    while (!done.empty() && done.begin()->first == next_commit) {
-      merge(*done.begin()->second);
-      free_list.push_back(std::move(done.begin()->second));
-      done.erase(done.begin());
-      ++next_commit;
+    try {
+      while (!done.empty() && done.begin()->first == next_commit) {
+        merge(*done.begin()->second);
+        free_list.push_back(std::move(done.begin()->second));
+        done.erase(done.begin());
+        ++next_commit;
+      }
+    } catch (...) {
+      abort_locked();
+      throw;
     }
     cv.notify_all();
   });

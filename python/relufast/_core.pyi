@@ -8,6 +8,16 @@ from numpy.typing import NDArray
 def hardware_threads() -> int: ...
 def cpu_has_avx2_fma() -> bool: ...
 def compiled_with_avx2() -> bool: ...
+def _fault_pipeline(
+    n: int,
+    block: int,
+    n_jobs: int,
+    stage: str = "none",
+    at: int = 0,
+    sleep_us: int = 0,
+    slow_until: int = ...,
+    time_limit: float = 0.0,
+) -> float: ...
 
 class SecondMoment:
     """Mergeable accumulator of sum_s y_s (x) x_s x_s^T (BJW19 Sec. 4.2)."""
