@@ -73,7 +73,7 @@ def blocks_of(path: Path, language: str = "python") -> list:
             if c and not c.group(3) and len(c.group(2)) >= len(ticks):
                 break
             j += 1
-        if lang == language:
+        if lang == language or (language == "python" and lang in ("py", "python3")):
             directives, k = [], start - 1
             while k >= 0 and (not lines[k].strip() or _DIRECTIVE.match(lines[k])):
                 if lines[k].strip():
