@@ -29,7 +29,17 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ._result import RecoveryResult, RelufastWarning, Run, Status, call_method, recovery_method, warn
+from ._result import (
+    RecoveryResult,
+    RelufastWarning,
+    Run,
+    Status,
+    _Outputs,
+    call_method,
+    recovery_method,
+    settle,
+    warn,
+)
 from ._units import map_back, plain_array, rescale
 from .algorithms import atv21, bjw19, gklw19, gp19
 
@@ -69,11 +79,11 @@ METHODS = {
     "gp19-even": Method(gp19.even_activation, gp19.CITATION + " Theorem 10.", units_free=False),
     # Decorated here (not in atv21.py) so that atv21 too runs on the row space of X.
     "atv21": Method(
-        recovery_method("atv21")(atv21.atv21),
+        recovery_method("atv21", whiten=True)(atv21.atv21),
         atv21.CITATION + " Theorem 3.1, Algorithm 6 (Algorithms 2-4), then activation-region refinement (relufast).",
     ),
     "atv21-general": Method(
-        recovery_method("atv21-general")(atv21.atv21_general),
+        recovery_method("atv21-general", whiten=True)(atv21.atv21_general),
         atv21.CITATION + " Theorem 3.2, Algorithm 4 with l = 2 (fit=True: Algorithm 5).",
     ),
 }
@@ -131,8 +141,11 @@ def _check_options(name, function, options):
 def _float32_note(X, Y, options):
     tol = options.get("tol", 1e-10)
     notes = []
+    given = options.get("precision")
     for name, A in (("X", X), ("Y", Y)):
         dt = getattr(A, "dtype", None)
+        if name == "Y" and isinstance(given, str) and given in ("float32", "float16"):
+            dt = np.dtype(given)  # auto converted Y to float64; its precision travels as an option
         if dt is not None and np.issubdtype(dt, np.floating) and np.finfo(dt).eps > 1e-12:
             eps = float(np.finfo(dt).eps)
             notes.append(
@@ -197,6 +210,8 @@ def _causes(res, X, Y, n_hidden, options):
     if res.status == Status.EXACT:
         return []
     notes = _float32_note(X, Y, options)
+    if res.precision != "float64":  # the method already judged Y at its precision
+        notes = [t for t in notes if not t.startswith("Y is")]
     Xa, Ya = plain_array(X), plain_array(Y)
     if Xa is None or Ya is None or Xa.ndim != 2:
         return notes
@@ -212,12 +227,17 @@ def _causes(res, X, Y, n_hidden, options):
                 "use atv21 (biases and offsets)"
             )
     if Ys.shape[0] > Ys.shape[1] and isinstance(n_hidden, (int, np.integer)):
-        from .stages.diagnostics import numerical_rank
+        from .stages.diagnostics import RANK_TOL, numerical_rank
+        from .stages.precision import resolve_precision
 
-        r = numerical_rank(np.linalg.svd(Ys, compute_uv=False))
-        rc = numerical_rank(np.linalg.svd(Ys - Ys.mean(axis=0), compute_uv=False))
+        try:
+            rtol = resolve_precision(Y, options.get("precision")).tol(RANK_TOL, Xs.shape[1], int(n_hidden))
+        except (TypeError, ValueError):
+            rtol = RANK_TOL
+        r = numerical_rank(np.linalg.svd(Ys, compute_uv=False), rtol)
+        rc = numerical_rank(np.linalg.svd(Ys - Ys.mean(axis=0), compute_uv=False), rtol)
         m = Ys.shape[1]
-        if r < n_hidden:
+        if r < min(n_hidden, m):  # with m < n_hidden outputs, rank(Y) = m says nothing
             notes.append(
                 f"rank(Y) = {r} < n_hidden = {n_hidden}: either n_hidden is larger than the number "
                 "of hidden units the outputs show, or U has rank < k (bjw19-fpt handles "
@@ -315,15 +335,37 @@ def _identify_over_ranks(res, X, comm):
 
 
 def _rank_key(res):
+    """Order of ``auto``'s attempts (smaller is better): exact, then a non-identifiable fit,
+    then every estimate with finite parameters ranked by what it explains (its relative
+    residual; an ``approximate`` status wins only a tie), then results without a usable
+    fit in the order of :data:`_PREFERENCE`."""
     s = res.status
     has = res.U is not None and res.V is not None and res.has_finite_parameters
-    pos = float(_PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE))
-    if s in (Status.NON_IDENTIFIABLE, Status.APPROXIMATE) and not has:
-        pos = _PREFERENCE.index(Status.FAILED) + 0.5
-    if has and not res.residual < 1.0:  # a fit that explains no more than Y = 0 does
-        pos = len(_PREFERENCE) - 0.5
     r = res.residual if np.isfinite(res.residual) else np.inf
-    return (pos, r)
+    if s == Status.EXACT:
+        return (0.0, r, 0)
+    if s == Status.NON_IDENTIFIABLE and has:
+        return (1.0, r, 0)
+    if has and s in (Status.APPROXIMATE, Status.FAILED) and r < 1.0:
+        return (2.0, r, 0 if s == Status.APPROXIMATE else 1)
+    pos = float(_PREFERENCE.index(s) if s in _PREFERENCE else len(_PREFERENCE)) + 1.0
+    if s in (Status.NON_IDENTIFIABLE, Status.APPROXIMATE) and not has:
+        pos = _PREFERENCE.index(Status.FAILED) + 1.5
+    if has and not r < 1.0:  # a fit that explains no more than Y = 0 does
+        pos = len(_PREFERENCE) + 0.5
+    return (pos, r, 1)
+
+
+def _why_chosen(name, best, results):
+    """Why ``auto`` returned ``best`` among its attempts (a sentence for ``diagnostics["auto"]``)."""
+    key = _rank_key(best)
+    if key[0] != 2.0 or len(results) < 2:
+        return ""
+    others = [f"{n} {r.status.value} {r.residual:.2g}" for n, r in results if r is not best]
+    return (
+        f"; no attempt was exact, so the attempts are ranked by the relative residual they leave: "
+        f"{name} {best.status.value} {best.residual:.2g} against " + ", ".join(others)
+    )
 
 
 def _choose(X, Y, n_hidden):
@@ -345,7 +387,8 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
     """
     t0 = time.perf_counter()
     options, budget = _auto_options(options)
-    k, facts, law, data = _auto_facts(X, Y, n_hidden, options.get("comm"), budget)
+    options = _with_precision(Y, options)
+    k, facts, law, data = _auto_facts(X, Y, n_hidden, options.get("comm"), budget, options.get("precision"))
     plan = _auto_plan(facts, law, distributed=data.distributed or data.lazy)
     if plan_only:
         return plan
@@ -353,6 +396,18 @@ def _auto(X, Y, n_hidden, options, *, plan_only=False):
         X, Y = data.X, data.Y  # validated float64 arrays
     attempts, results, errors = _auto_try(plan, X, Y, k, options, budget, t0, data)
     return _auto_best(attempts, results, errors, facts)
+
+
+def _with_precision(Y, options):
+    """Options with the precision of the caller's outputs made explicit: ``auto`` converts
+    the data to float64 once, and every method it runs must still certify float32 outputs
+    at their precision (their thresholds and messages follow ``precision``)."""
+    from .stages.precision import resolve_precision
+
+    if options.get("precision") is not None:
+        return options
+    prec = resolve_precision(Y)
+    return options if prec.is_double else dict(options, precision=prec.name)
 
 
 def _auto_options(options):
@@ -402,18 +457,22 @@ def _auto_probe(X, Y, comm):
     return data, Xh, Yh
 
 
-def _auto_facts(X, Y, n_hidden, comm, budget):
+def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
     """The cheap facts ``auto`` decides on (rank of Y, Gaussianity, centring, symmetry,
     biases), from the probe of :func:`_auto_probe`. Returns (k, facts, law, samples)."""
     from ._validation import check_positive_int
-    from .stages.diagnostics import gaussianity, numerical_rank, whitener
+    from .stages.diagnostics import RANK_TOL, gaussianity, numerical_rank, whitener
+    from .stages.precision import resolve_precision
 
     k = check_positive_int(n_hidden, "n_hidden")
     data, Xh, Yh = _auto_probe(X, Y, comm)
     n, d, m = data.n, data.d, data.m
+    if n < 2:
+        raise ValueError(f"X and Y must hold at least 2 samples (rows); got n = {n}")
     Xh_s, Yh_s, _, _ = rescale(Xh, Yh, {})
     Xh_s, Yh_s = np.asarray(Xh_s, dtype=np.float64), np.asarray(Yh_s, dtype=np.float64)
-    rank = numerical_rank(np.linalg.svd(Yh_s[:2000], compute_uv=False))
+    prec = resolve_precision(None, precision)
+    rank = numerical_rank(np.linalg.svd(Yh_s[:2000], compute_uv=False), prec.tol(RANK_TOL, d, k))
     mean_z, mean_rel = _mean_statistic(Xh_s) if len(Xh_s) > 2 else (0.0, 0.0)
     centred = not (mean_z > MEAN_Z_LIMIT and mean_rel > 0.05)
     g = gaussianity(Xh_s)
@@ -435,6 +494,7 @@ def _auto_facts(X, Y, n_hidden, comm, budget):
         "symmetry_statistic": gklw19.symmetry_statistic(Xh_s),
         "time_limit": float(budget),
         "biased": False,
+        "precision": prec.name,
     }
     if data.distributed:
         facts["ranks"] = int(comm.Get_size())
@@ -551,9 +611,10 @@ def _auto_best(attempts, results, errors, facts):
     diag["auto_attempts"] = tuple(attempts)
     diag["auto_facts"] = facts
     reason = next(a["note"] for a in attempts if a["method"] == name)
-    diag["auto"] = f"chose {name}: {reason}"
+    why = _why_chosen(name, best, results)
+    diag["auto"] = f"chose {name}: {reason}" + why
     tried = ", ".join(f"{a['method']} -> {a['status']}" for a in attempts)
-    message = best.message if len(attempts) == 1 else f"{best.message} [auto tried: {tried}]"
+    message = best.message if len(attempts) == 1 else f"{best.message} [auto tried: {tried}{why}]"
     best = dataclasses.replace(best, diagnostics=diag, message=message)
     if best.status != Status.EXACT:
         warn(best.message)
@@ -583,7 +644,7 @@ def _auto_enumeration(X, Y, k, opts, budget, data):
             and small.has_finite_parameters
             and small.status in (Status.EXACT, Status.NON_IDENTIFIABLE)
         ):
-            res = _auto_certify_subsample(X, Y, small, idx, data, opts.get("tol", 1e-10))
+            res = _auto_certify_subsample(X, Y, small, idx, data, opts.get("tol", 1e-10), opts.get("precision"))
             if res is not None:
                 return res
         if budget - (time.perf_counter() - t) <= 0:
@@ -604,10 +665,14 @@ def _auto_subsample(X, Y, idx, data):
     return Xs[share], Ys[share]
 
 
-def _auto_certify_subsample(X, Y, small, idx, data, tol):
-    """The subsample's rows (found on rows ``idx``) certified on all samples: an exact
-    result, or None."""
+def _auto_certify_subsample(X, Y, small, idx, data, tol, precision=None):
+    """The subsample's rows (found on rows ``idx``) certified on all samples (at the
+    outputs' precision): an exact result, or None."""
     from .stages.fit import fit_and_certify, fit_network
+    from .stages.precision import resolve_precision
+
+    prec = resolve_precision(None, precision)
+    tol64, tol = tol, prec.tol(tol, data.d, small.V.shape[0])
 
     n_sub = len(idx)
     if data.distributed or data.lazy:  # U on the gathered subsample, residual as a reduction
@@ -619,6 +684,7 @@ def _auto_certify_subsample(X, Y, small, idx, data, tol):
     if not (np.isfinite(residual) and residual <= tol):
         return None
     run = Run("bjw19-enumeration")
+    run.precision = prec.name
     run.diag.update(small.diagnostics)
     run.diag["subsample"] = n_sub
     res = run.result(
@@ -631,7 +697,11 @@ def _auto_certify_subsample(X, Y, small, idx, data, tol):
         residual=residual,
         warn_user=False,
     )
-    return res if data.distributed or data.lazy else _identify(res, X)
+    # The same checks as every method's result, on every sample wherever it lives: the
+    # input null space (a subsample's rows are free along it too), undetermined units.
+    return settle(
+        "bjw19-enumeration", res, data, _Outputs(data), {"tol": tol64, "precision": precision}, span_checked=False
+    )
 
 
 def _explain(res, X, Y, n_hidden, options):

@@ -81,6 +81,13 @@ class RecoveryResult:
         Precision at which the certificate holds: ``"float64"``, or ``"float32"`` (etc.)
         when the outputs were known only to that precision; the thresholds then derive
         from its rounding floor (:mod:`relufast.stages.precision`).
+    undetermined_units : tuple of int
+        Hidden units (indices into the rows of V) that the samples cannot determine: never
+        active on the samples, a contribution to the outputs below the certificate's
+        tolerance (a zero output column, constant outputs), active samples that span fewer
+        than d dimensions, or (models with an output offset) active on every sample. A
+        result with such units is never ``exact`` (status ``non_identifiable``; the reasons
+        are in ``diagnostics["undetermined_reasons"]``).
     """
 
     U: Optional[np.ndarray]
@@ -97,9 +104,11 @@ class RecoveryResult:
     b: Optional[np.ndarray] = None
     c: Optional[np.ndarray] = None
     precision: str = "float64"
+    undetermined_units: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "undetermined_units", tuple(int(i) for i in self.undetermined_units))
         object.__setattr__(self, "seconds", _freeze(self.seconds))
         object.__setattr__(self, "counts", _freeze(self.counts))
         object.__setattr__(self, "diagnostics", _freeze(self.diagnostics))
@@ -135,7 +144,8 @@ class RecoveryResult:
 
     @property
     def success(self) -> bool:
-        """True for ``exact`` and ``approximate`` results with finite parameters."""
+        """True for ``exact`` and ``approximate`` results with finite parameters (an
+        approximate two-layer fit with a NaN residual is ``failed``: :func:`settle`)."""
         return self.status in (Status.EXACT, Status.APPROXIMATE) and self.has_finite_parameters
 
     @property
@@ -291,32 +301,190 @@ def call_method(name, function, X, Y, n_hidden, options):
         )
 
 
-def recovery_method(name):
-    """Decorator for a public method function: units-free, run on the row space of X, and
-    never a raw ``LinAlgError``.
+#: Methods whose model has hidden biases and an output offset c.
+OFFSET_MODELS = ("atv21", "atv21-general")
+
+
+class _Outputs:
+    """Sums over every sample's outputs (one pass over Y, reduced over MPI ranks): enough to
+    say whether Y is constant and how much predicting its mean explains."""
+
+    def __init__(self, samples):
+        from .stages.fit import max_abs, power_of_two_scale
+
+        self.n = samples.n
+        _, head = samples.take(np.arange(min(samples.n, 4096)))
+        y0 = head[0]
+        top = max_abs(head)
+        scale = power_of_two_scale(top) if np.isfinite(top) and top > 0 else 1.0
+
+        def sums(_Xb, Yb):
+            Yb = np.asarray(Yb, dtype=np.float64)
+            D = (Yb - y0) * scale
+            bad = np.count_nonzero(~np.isfinite(Yb))
+            return {"s1": D.sum(axis=0), "s2": (D * D).sum(axis=0), "sy": ((Yb * scale) ** 2).sum(), "bad": bad}
+
+        with np.errstate(over="ignore", invalid="ignore"):  # outputs far above the head's scale: no figures
+            st = samples.map_reduce(sums)
+        if st["bad"]:
+            raise ValueError(
+                f"X and Y must contain only finite values; found {int(st['bad'])} NaN or infinite entries in Y"
+            )
+        self.constant = bool(np.all(st["s2"] == 0))
+        self.zero = self.constant and not np.any(y0)
+        centred = float(np.sum(np.maximum(st["s2"] - st["s1"] ** 2 / max(self.n, 1), 0.0)))
+        self.norm = float(np.sqrt(st["sy"])) / scale  # ||Y||_F
+        #: relative residual of predicting the mean of Y: ||Y - mean(Y)||_F / ||Y||_F
+        self.mean_residual = float(np.sqrt(centred / st["sy"])) if st["sy"] > 0 else float("nan")
+
+
+def _samples_of(X, Y, options):
+    """The caller's samples as a :class:`relufast.stages.reduce.Samples` (no copy of NumPy
+    float64 arrays or memmaps), or None when the method's own validation must speak."""
+    from .stages.reduce import Samples
+
+    try:
+        samples = Samples.from_arrays(X, Y, comm=options.get("comm"), check_finite=False)
+    except (TypeError, ValueError, ImportError):
+        return None
+    return samples if samples.n > 0 else None
+
+
+def _constant_outputs(name, samples, outputs, n_hidden):
+    """The result for constant outputs: no hidden unit is visible in them."""
+    from ._validation import check_positive_int
+
+    k = check_positive_int(n_hidden, "n_hidden")
+    run = Run(name)
+    run.diag["undetermined_reasons"] = {i: "the outputs are constant" for i in range(k)}
+    res = run.result(
+        Status.NON_IDENTIFIABLE,
+        f"{name}: the outputs are {'all zero' if outputs.zero else 'constant'} over all {samples.n} samples, "
+        "so no hidden unit is "
+        "visible in them: every network whose units are inactive (or have zero output weights) "
+        "fits, and none is determined",
+    )
+    return _replace(res, undetermined_units=tuple(range(k)))
+
+
+def _replace(res, **changes):
+    import dataclasses
+
+    return dataclasses.replace(res, **changes)
+
+
+def _useful(res, outputs):
+    """An approximate fit must explain more than predicting the mean of Y; NaN never counts."""
+    if res.status != Status.APPROXIMATE:
+        return res
+    r, base = res.residual, outputs.mean_residual
+    if np.isfinite(r) and not (np.isfinite(base) and r >= base):
+        return res
+    why = (
+        "its relative residual is not finite"
+        if not np.isfinite(r)
+        else f"its relative residual {r:.3g} is no better than predicting the mean of Y ({base:.3g})"
+    )
+    message = f"{res.message} [not a useful fit: {why}]"
+    warn(message)
+    return _replace(res, status=Status.FAILED, exact=False, message=message)
+
+
+def _undetermined(name, res, samples, outputs, options):
+    """Units the samples cannot determine (:func:`relufast.units.undetermined_units`) in a
+    fit that is exact (or non_identifiable): listed in the result, never ``exact``."""
+    if res.status not in (Status.EXACT, Status.NON_IDENTIFIABLE) or not res.has_finite_parameters:
+        return res
+    if res.activation is not None and not getattr(res.activation, "homogeneous", False):
+        return res
+    from .stages.precision import resolve_precision
+    from .units import undetermined_message, undetermined_units
+
+    k, d = res.V.shape
+    tol = options.get("tol", 1e-10)
+    tol = tol if isinstance(tol, (int, float)) and not isinstance(tol, bool) and tol > 0 else 1e-10
+    try:
+        prec = resolve_precision(samples.Y if res.precision == "float64" else res.precision, options.get("precision"))
+    except (TypeError, ValueError):
+        prec = resolve_precision(None)
+    check = undetermined_units(
+        samples,
+        res.U,
+        res.V,
+        res.b,
+        res.c,
+        y_norm=outputs.norm,
+        threshold=max(prec.tol(tol, d, k), float(res.residual) if np.isfinite(res.residual) else 0.0),
+        intercept=name in OFFSET_MODELS,
+        input_rank=res.diagnostics.get("input_rank"),
+    )
+    if not check.units:
+        return res
+    diag = dict(res.diagnostics, undetermined_reasons=check.reasons)
+    message = f"{res.message}. {undetermined_message(check)}"
+    out = _replace(
+        res,
+        status=Status.NON_IDENTIFIABLE,
+        exact=False,
+        message=message,
+        diagnostics=diag,
+        undetermined_units=tuple(sorted(set(res.undetermined_units) | set(check.units))),
+    )
+    warn(message)
+    return out
+
+
+def settle(name, res, samples, outputs, options, *, span_checked):
+    """What every method's result must satisfy against all samples, wherever they live
+    (NumPy, memmap, dask, MPI ranks): the input null space (:func:`relufast.subspace.identify`,
+    unless the method ran on the row space of X already), units the samples cannot determine
+    (never ``exact``), and an approximate fit that explains more than the mean of Y."""
+    from .subspace import identify
+
+    if samples is None:
+        return res
+    if not span_checked:
+        res = identify(res, samples)
+    res = _undetermined(name, res, samples, outputs, options)
+    return _useful(res, outputs)
+
+
+def recovery_method(name, *, whiten=False):
+    """Decorator for a public method function: units-free, run on the row space of X,
+    settled against every sample (:func:`settle`), and never a raw ``LinAlgError``.
 
     X and Y are rescaled by exact powers of two (:mod:`relufast._units`) before the method
     runs and its parameters are mapped back. When X spans a proper subspace of R^d (an input
     null space), the method runs on X in coordinates of its row space and V is mapped back as
     the minimum-norm representative (:mod:`relufast.subspace`; an exact fit then is
-    ``non_identifiable``). A numerical breakdown inside the method (numpy or scipy
-    ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
+    ``non_identifiable``). ``whiten`` (methods whose model is x ~ N(0, I), ATV21): in-memory
+    inputs of any mean and covariance are whitened first and the parameters mapped back
+    (:func:`relufast._units.whiten_inputs`). A numerical breakdown inside the method (numpy
+    or scipy ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
     """
     import functools
 
     def wrap(function):
         @functools.wraps(function)
         def method(X, Y, n_hidden, **options):
-            from ._units import map_back, rescale, restrict_to_row_space
+            from ._units import map_back, rescale, restrict_to_row_space, unwhiten, whiten_inputs
 
+            samples = _samples_of(X, Y, options)
+            outputs = None if samples is None else _Outputs(samples)
             Xs, Ys, opts, scale = rescale(X, Y, options)
             restricted = restrict_to_row_space(Xs, n_hidden, opts)
-            if restricted is None:
-                return map_back(call_method(name, function, Xs, Ys, n_hidden, opts), scale)
-            from .subspace import extend
+            Xr = Xs if restricted is None else restricted[0]
+            affine = whiten_inputs(Xr, opts) if whiten else None
+            res = call_method(name, function, Xr if affine is None else affine[0], Ys, n_hidden, opts)
+            res = unwhiten(res, None if affine is None else affine[1])
+            if restricted is not None:
+                from .subspace import extend
 
-            Xr, space = restricted
-            return map_back(extend(call_method(name, function, Xr, Ys, n_hidden, opts), space), scale)
+                res = extend(res, restricted[1])
+            res = map_back(res, scale)
+            if outputs is not None and outputs.constant:  # after the method checked its options
+                return _constant_outputs(name, samples, outputs, n_hidden)
+            return settle(name, res, samples, outputs, options, span_checked=restricted is not None)
 
         method.rescales_units = True  # type: ignore[attr-defined]
         return method

@@ -11,7 +11,17 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["rescale", "map_back", "restrict_to_row_space", "rms_exponent", "plain_array", "file_backed", "UNIT_SLACK"]
+__all__ = [
+    "rescale",
+    "map_back",
+    "restrict_to_row_space",
+    "rms_exponent",
+    "plain_array",
+    "file_backed",
+    "whiten_inputs",
+    "unwhiten",
+    "UNIT_SLACK",
+]
 
 #: Arrays whose root-mean-square entry is within 2^+-UNIT_SLACK of 1 are used as given (no
 #: rescaled copy: at n = 1e6, m = 20 the copy of Y alone cost 0.1-0.2 s, as much as the
@@ -155,3 +165,48 @@ def restrict_to_row_space(X, n_hidden, options):
     if out is not None and not np.all(np.isfinite(out[0])):
         return None
     return out
+
+
+#: Sample mean and covariance within this many standard errors of (0, I) leave X as given.
+WHITEN_Z = 6.0
+
+
+def whiten_inputs(X, options):
+    """``(X_w, (mu, W))`` with X_w = (X - mu) W, W = Sigma^-1/2, for the methods whose model
+    is x ~ N(0, I) (ATV21): a Gaussian of any mean and covariance becomes standard, as in
+    bjw19-gaussian (BJW19 Remark 3). None when X already looks standard (mean and
+    covariance within WHITEN_Z standard errors of 0 and I: no copy), when its covariance is
+    singular (the row-space restriction runs first), or for inputs left in place (MPI
+    ``comm``, dask arrays, memmaps: a whitened copy would load them into memory)."""
+    if "comm" in options or file_backed(X):
+        return None
+    Xa = plain_array(X)
+    if Xa is None or Xa.ndim != 2 or Xa.shape[0] < 2 * (Xa.shape[1] + 1) or not np.all(np.isfinite(Xa)):
+        return None
+    n, d = Xa.shape
+    X64 = np.asarray(Xa, dtype=np.float64)
+    mu = X64.mean(axis=0)
+    C = np.cov(X64, rowvar=False, bias=True).reshape(d, d)
+    se = 1.0 / np.sqrt(n)
+    if np.max(np.abs(mu)) <= WHITEN_Z * se and np.max(np.abs(C - np.eye(d))) <= WHITEN_Z * np.sqrt(2.0) * se:
+        return None
+    w, E = np.linalg.eigh(C)
+    if not (w[0] > 1e-10 * w[-1] and w[-1] > 0):
+        return None
+    W = (E / np.sqrt(w)) @ E.T
+    return np.ascontiguousarray((X64 - mu) @ W), (mu, W)
+
+
+def unwhiten(res, affine):
+    """Parameters found on whitened inputs z = W (x - mu) as parameters on x:
+    ``V z + b = (V W) x + (b - V W mu)``, rows renormalised (U takes their norms)."""
+    if affine is None or res.V is None or res.U is None:
+        return res
+    mu, W = affine
+    V = res.V @ W
+    b = (np.zeros(V.shape[0]) if res.b is None else res.b) - V @ mu
+    s = np.linalg.norm(V, axis=1)
+    s = np.where(s > 0, s, 1.0)
+    diag = dict(res.diagnostics)
+    diag["whitened"] = {"mean": mu, "whitener": W, "note": "the method ran on (X - mean) @ whitener"}
+    return dataclasses.replace(res, U=res.U * s[None, :], V=V / s[:, None], b=b / s, diagnostics=diag)

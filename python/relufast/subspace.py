@@ -28,7 +28,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-__all__ = ["RowSpace", "restrict", "extend", "row_space_basis"]
+__all__ = ["RowSpace", "restrict", "extend", "row_space_basis", "identify", "non_identifiable_from_null_space"]
 
 
 class RowSpace(NamedTuple):
@@ -147,3 +147,63 @@ def extend(res, space: RowSpace):
         "not identifiable)"
     )
     return dataclasses.replace(res, V=V, message=message, diagnostics=diag)
+
+
+def non_identifiable_from_null_space(res, N):
+    """Turn a fit into ``non_identifiable``: rows of V projected on the orthogonal complement
+    of span(N) (the minimum-norm representatives, since X N^T = 0 leaves the fit unchanged),
+    renormalised, with U rescaled to keep the network's outputs."""
+    from ._result import Status
+
+    V = res.V - (res.V @ N.T) @ N
+    s = np.linalg.norm(V, axis=1)
+    if not np.all(s > 0):  # a row entirely in the null space: its unit never fires
+        s = np.where(s > 0, s, 1.0)
+    d = V.shape[1]
+    diag = dict(res.diagnostics)
+    diag.update(
+        input_null_space=N,
+        unidentifiable_directions=N,
+        input_rank=d - N.shape[0],
+        undetermined_rows=tuple(range(V.shape[0])),
+        span_residual=float(res.residual),
+        span_status=res.status.value,
+    )
+    message = (
+        f"{res.message}. The fit has relative residual {res.residual:.2e} but is not unique: the "
+        f"inputs span only a {d - N.shape[0]}-dimensional subspace of R^{d}, so every row of V "
+        f"is free along the {N.shape[0]} input direction(s) in diagnostics['input_null_space']; "
+        "returned the minimum-norm representative (rows projected on the row space of X)"
+    )
+    return dataclasses.replace(
+        res,
+        U=res.U * s[None, :],
+        V=V / s[:, None],
+        b=None if res.b is None else res.b / s,
+        status=Status.NON_IDENTIFIABLE,
+        exact=False,
+        message=message,
+        diagnostics=diag,
+    )
+
+
+def identify(res, samples):
+    """:func:`extend`'s verdict for samples wherever they live (a
+    :class:`relufast.stages.reduce.Samples`: NumPy, memmap, dask, MPI ranks): an exact or
+    approximate fit becomes ``non_identifiable`` when the samples miss an input direction
+    (the null space of the concatenated X, :func:`relufast.stages.diagnostics.sample_null_space`,
+    identical on every rank). Records ``diagnostics["input_rank"]`` either way."""
+    from ._result import Status
+    from .stages.diagnostics import sample_null_space
+
+    if res.V is None or res.status not in (Status.EXACT, Status.APPROXIMATE, Status.NON_IDENTIFIABLE):
+        return res
+    d = res.V.shape[1]
+    if res.diagnostics.get("input_rank") == d and res.status != Status.NON_IDENTIFIABLE:
+        return res  # checked already (restrict/extend): X has full column rank
+    if res.status == Status.NON_IDENTIFIABLE and "input_null_space" in res.diagnostics:
+        return res  # the method reported the null space itself
+    N = sample_null_space(samples)
+    if N.shape[0] == 0:
+        return dataclasses.replace(res, diagnostics=dict(res.diagnostics, input_rank=d))
+    return non_identifiable_from_null_space(res, N)

@@ -31,6 +31,9 @@ __all__ = [
     "merged_result",
     "Merged",
     "NEAR_DUPLICATE_COS",
+    "undetermined_units",
+    "undetermined_message",
+    "UnitCheck",
 ]
 
 #: Recovered rows with |cos| above this are reported as a near-duplicate pair.
@@ -48,8 +51,10 @@ class Visibility(NamedTuple):
 
     Attributes
     ----------
-    count : int
-        Estimated number of units the outputs show.
+    count : int or float
+        Estimated number of units the outputs show; ``math.inf`` when both statistics are
+        full (rank(Y) = m and d directions in the second moments): they cannot count more
+        than max(d, m) units, so no unit is shown to be invisible.
     output_rank : int
         Numerical rank of the centred outputs (at the outputs' precision).
     moment_count : int or None
@@ -60,7 +65,7 @@ class Visibility(NamedTuple):
     """
 
     # The field shadows tuple.count (public name, kept); mypy flags the override.
-    count: int  # type: ignore[assignment]
+    count: float  # type: ignore[assignment]
     output_rank: int
     moment_count: int | None
     moment_spectrum: np.ndarray
@@ -113,6 +118,11 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     floor = 4.0 * float(np.sqrt(np.sum(np.var(cols, axis=0)))) * (math.sqrt(d / n) + d / n)
     moment = int(np.sum(ev > floor))
     count = rank if rank < m else max(moment, rank)
+    if rank >= m and moment >= d:
+        # Both statistics are full: the stacked second moments span at most d directions and
+        # the outputs at most m, so more units than max(d, m) (k > d with few outputs) cannot
+        # be counted here, and none is shown to be invisible.
+        count = math.inf
     return Visibility(count, rank, moment, ev)
 
 
@@ -319,4 +329,136 @@ def merged_result(res, X, Y, *, n_jobs=None):
         residual=merged.residual,
         message=message,
         diagnostics=diag,
+    )
+
+
+#: A unit needs at least this many active samples (times d + 1) before its row is taken
+#: as seen: fewer, and the rank test on its active samples decides alone.
+UNIT_HEAD_ROWS = 65536
+
+
+class UnitCheck(NamedTuple):
+    """Why each unit of a fit is or is not determined by the samples (:func:`undetermined_units`).
+
+    Attributes
+    ----------
+    units : tuple of int
+        The units the samples cannot determine.
+    reasons : dict
+        unit -> why (never active, zero contribution, active on samples spanning fewer
+        than d dimensions, always active with an output offset in the model).
+    active : ndarray
+        Active samples per unit (over the samples read: the first UNIT_HEAD_ROWS, or all of
+        them for the units the first rows left in doubt).
+    """
+
+    units: tuple
+    reasons: dict
+    active: np.ndarray
+
+
+def _unit_sums(Xb, V, b, U, units, intercept):
+    """Per unit in ``units``: active count, ``||U_i|| ||relu(z_i)||^2`` terms and the Gram
+    matrix of its active samples (with a constant column when ``intercept``)."""
+    Z = np.asarray(Xb, dtype=np.float64) @ V[units].T + b[units]
+    A = Z > 0
+    F = np.where(A, Z, 0.0)
+    Xa = np.column_stack([Xb, np.ones(len(Xb))]) if intercept else np.asarray(Xb, dtype=np.float64)
+    grams = np.stack([Xa[A[:, j]].T @ Xa[A[:, j]] for j in range(len(units))]) if len(units) else np.zeros((0,))
+    return {"count": A.sum(axis=0).astype(np.float64), "sq": (F**2).sum(axis=0), "gram": grams}
+
+
+def _gram_rank(gram, tol=1e-12):
+    """Eigenvalues of a Gram matrix above tol times its largest (rounding of the sums
+    leaves about 1e-16 in a missing direction)."""
+    if gram.size == 0:
+        return 0
+    ev = np.linalg.eigvalsh(gram)
+    return int(np.sum(ev > tol * ev[-1])) if ev[-1] > 0 else 0
+
+
+def _spans(Xa, need, tol=1e-10):
+    """True when the rows of Xa have rank >= need (an SVD of at most 8 columns' worth of rows)."""
+    if Xa.shape[0] < need:
+        return False
+    s = np.linalg.svd(Xa[: 8 * Xa.shape[1]], compute_uv=False)
+    return bool(s[0] > 0 and np.sum(s > tol * s[0]) >= need)
+
+
+def undetermined_units(samples, U, V, b=None, c=None, *, y_norm, threshold, intercept=None, input_rank=None):
+    """The units of a fitted network ``Y = relu(X V^T + b) U^T + c`` that the samples cannot
+    determine (a necessary condition for identifiability, checked for every method).
+
+    A unit i is undetermined when
+
+    * it is never active on the samples (a dead unit: any row that stays inactive fits),
+    * its contribution ``||U_i|| ||relu(X v_i + b_i)||`` is at most ``threshold ||Y||``
+      (a zero output column, or a unit the certificate cannot see),
+    * its active samples (with a constant coordinate when the model has biases) span fewer
+      than d (d + 1) dimensions: the row can move along the missing directions, or
+    * the model has an output offset and the unit is active on every sample: the unit is
+      linear there, and its bias trades against the offset ``c``.
+
+    ``samples`` is a :class:`relufast.stages.reduce.Samples` (any layout); the first
+    UNIT_HEAD_ROWS samples settle most units (cost O(rows k d) and an SVD of 8 d active
+    rows per unit), and one pass over all samples (a reduction under MPI) decides the
+    units they leave in doubt. ``y_norm`` is ||Y||_F over all samples; ``intercept``
+    (default: ``c`` given) says whether the model has an offset; ``input_rank`` (default d)
+    the rank of X (inputs in a subspace are reported by :mod:`relufast.subspace`).
+    """
+    V = np.asarray(V, dtype=np.float64)
+    k, d = V.shape
+    U = np.asarray(U, dtype=np.float64)
+    b = np.zeros(k) if b is None else np.asarray(b, dtype=np.float64)
+    intercept = c is not None if intercept is None else bool(intercept)
+    su = power_of_two_scale(max_abs(U)) if U.size and np.all(np.isfinite(U)) and max_abs(U) > 0 else 1.0
+    un = np.linalg.norm(U * su, axis=0) / su  # exact scaling: U of 1e-200 does not underflow
+    n = samples.n
+    head_n = min(n, UNIT_HEAD_ROWS)
+    Xh, _ = samples.take(np.arange(head_n))
+    Z = Xh @ V.T + b
+    A = Z > 0
+    count = A.sum(axis=0).astype(np.float64)
+    sq = (np.where(A, Z, 0.0) ** 2).sum(axis=0)
+    Xa = np.column_stack([Xh, np.ones(head_n)]) if intercept else Xh
+    y_head = y_norm * math.sqrt(head_n / max(n, 1))
+    need = (d if input_rank is None else int(input_rank)) + int(intercept)
+    doubt = [
+        i
+        for i in range(k)
+        if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head
+        or not _spans(Xa[A[:, i]], need)
+        or (intercept and count[i] == head_n)
+    ]
+    grams = {i: np.zeros((d + int(intercept),) * 2) for i in doubt}
+    if doubt:
+        units = np.array(doubt)
+        if n > head_n:
+            full = samples.map_reduce(lambda Xb, _Yb: _unit_sums(Xb, V, b, U, units, intercept))
+        else:
+            full = _unit_sums(Xh, V, b, U, units, intercept)
+        for j, i in enumerate(doubt):
+            count[i], sq[i], grams[i] = full["count"][j], full["sq"][j], full["gram"][j]
+    reasons = {}
+    for i in doubt:
+        contribution = un[i] * math.sqrt(sq[i])
+        if count[i] == 0:
+            reasons[i] = "never active on the samples"
+        elif not (contribution > threshold * y_norm):
+            reasons[i] = f"its contribution to the outputs is {contribution / max(y_norm, 1e-300):.1e} of ||Y||"
+        elif _gram_rank(grams[i]) < need:
+            reasons[i] = f"its {int(count[i])} active samples span fewer than {need} dimensions"
+        elif intercept and count[i] == n:
+            reasons[i] = "active on every sample, so its bias trades against the output offset c"
+    return UnitCheck(tuple(sorted(reasons)), reasons, count)
+
+
+def undetermined_message(check) -> str:
+    """The message naming the undetermined units of a :class:`UnitCheck` (empty if none)."""
+    if not check.units:
+        return ""
+    why = "; ".join(f"unit {i}: {check.reasons[i]}" for i in check.units)
+    return (
+        f"the samples do not determine {len(check.units)} hidden unit(s) ({why}): the fit is not "
+        "unique, those units are listed in result.undetermined_units"
     )

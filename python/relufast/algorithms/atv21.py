@@ -294,8 +294,15 @@ def _fix_signs(T0, T1, Z, at, bt):
     sum_i z_i (a~_i w~_i)`` with ``z_i = xi_i Phi(b_i)``, so ``xi_i = sign(z_i)`` (least
     squares for z); then ``c = T_0 - sum_i a_i c_0(b_i)``. Returns (Z with signs fixed, b,
     c, diagnostics)."""
-    zz = np.linalg.lstsq(Z * at[None, :], T1, rcond=1e-13)[0]
+    A = Z * at[None, :]
+    if not (np.all(np.isfinite(A)) and np.all(np.isfinite(T1))):
+        # A non-finite estimate (absurd scalars): LAPACK would print DLASCL and fail; the
+        # caller sees the non-finite parameters and tries the next restart.
+        zz = np.full(Z.shape[1], np.nan)
+    else:
+        zz = np.linalg.lstsq(A, T1, rcond=1e-13)[0]
     xi = np.where(zz >= 0, 1.0, -1.0)
+    xi = np.where(np.isfinite(zz), xi, np.nan)
     diag = {"fixsigns_z": zz, "fixsigns_margin": float(np.min(np.abs(zz))) if zz.size else 0.0}
     bb = xi * bt
     c0 = float(T0 - np.sum(at * hermite_coefficient(0, bb)))

@@ -192,6 +192,40 @@ def input_null_space(X, *, block=1 << 16):
     return np.ascontiguousarray((E[:, keep].T) @ N)
 
 
+def sample_null_space(samples):
+    """:func:`input_null_space` for samples wherever they live (a
+    :class:`relufast.stages.reduce.Samples`: NumPy, memmap, dask blocks, MPI ranks).
+
+    The candidates come from the SVD of the first max(4 d, 2000) rows of the concatenated
+    samples (gathered, identical on every rank); only when those are rank-deficient, one
+    blockwise pass over every rank's samples sums ``(X N^T)^T (X N^T)`` and ``X^T X``
+    (reduced in rank order, so every rank gets the same bits and the same answer).
+    """
+    n, d = samples.n, samples.d
+    if n == 0:
+        return np.eye(d)
+    head, _ = samples.take(np.arange(min(n, max(4 * d, 2000))))
+    _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
+    smax = float(s[0]) if s.size else 0.0
+    if smax > 0.0 and s.size == d and s[-1] > INPUT_RANK_TOL * smax:
+        return np.zeros((0, d))
+    if n <= head.shape[0]:
+        return input_null_space(head)
+    r_head = int(np.sum(s > INPUT_RANK_TOL * smax)) if smax > 0 else 0
+    N = np.ascontiguousarray(Vt[r_head:] if smax > 0 else np.eye(d))
+
+    def sums(Xb, _Yb):
+        Z = np.asarray(Xb, dtype=np.float64)
+        P = Z @ N.T
+        return {"M": P.T @ P, "G": Z.T @ Z}
+
+    st = samples.map_reduce(sums)
+    top = float(np.linalg.eigvalsh(st["G"])[-1])
+    ev, E = np.linalg.eigh(st["M"])
+    keep = ev <= (INPUT_RANK_TOL**2) * top
+    return np.ascontiguousarray((E[:, keep].T) @ N)
+
+
 #: |z| of the bias statistic above which the outputs are taken to have an offset or biases.
 BIAS_Z = 6.0
 

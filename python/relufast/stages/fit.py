@@ -8,6 +8,7 @@ outputs to the tolerance, measured over all samples.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -185,11 +186,14 @@ def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
     """
     samples = _as_samples(X, Y, threads)
     if not (np.all(np.isfinite(U)) and (c is None or np.all(np.isfinite(c)))):
+        check_finite_once(samples)  # NaN data are the caller's error, not a failed fit
         return float("nan")
     if samples.distributed or samples.lazy:
         return residual_from_stats(certify(samples, V, U, activation=activation, b=b, c=c))
     X, Y = samples.X, samples.Y
     ymax = max_abs(Y)
+    if not np.isfinite(ymax):
+        check_finite_once(samples)  # raises: NaN/inf in Y is a ValueError, never a residual
     if not (np.isfinite(ymax) and ymax > 0):
         return float("nan")
     e = int(np.frexp(ymax)[1])
@@ -371,7 +375,17 @@ ACTIVE_TOL = 1e-9
 DIRECTION_TOL = 1e-10
 
 
-def undetermined_directions(X, V):
+def _null_basis(XS, tol_abs):
+    """Orthonormal basis (r, d) of null(XS), from the triangular factor of XS (memory
+    O(|S| d), time O(|S| d^2): never the |S| x |S| left factor of a full SVD)."""
+    d = XS.shape[1]
+    R = np.linalg.qr(XS, mode="r") if XS.shape[0] >= d else XS
+    _, sv, Vt = np.linalg.svd(R, full_matrices=True)
+    r = int(np.sum(sv > tol_abs))
+    return np.ascontiguousarray(Vt[r:])
+
+
+def undetermined_directions(X, V, deadline=None):
     """For each row v_i of V: an orthonormal basis (r_i, d) of null(X_S), S the samples where
     the unit is active, when v_i can move in it without changing ``relu(X v_i)``; else (0, d).
 
@@ -381,12 +395,15 @@ def undetermined_directions(X, V):
     samples), decided exactly: with A = X_B N^T, the cone is {0} iff A has full column rank
     and some y > 0 has A^T y = 0 (Stiemke's alternative, one small LP). Then ``v_i + t z``
     for small t > 0 fits the data exactly as well: the row is not identified.
-    Cost O(n d^2) per row.
+    Cost O(n d^2) per row, memory O(n d) (never an n x n factor); ``deadline`` (a
+    ``time.monotonic()`` value) raises TimeoutError between rows once passed.
     """
     smax = float(np.linalg.norm(X, 2)) if X.size else 0.0
     d = X.shape[1]
     out = []
     for v in np.atleast_2d(V):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError("time_limit passed while checking which rows the samples determine")
         z = X @ v
         scale = max_abs(z)
         S = z > ACTIVE_TOL * scale
@@ -394,9 +411,7 @@ def undetermined_directions(X, V):
         if not S.any():
             out.append(np.eye(d))
             continue
-        _, sv, Vt = np.linalg.svd(X[S], full_matrices=True)
-        r = int(np.sum(sv > DIRECTION_TOL * max(smax, 1e-300)))
-        N = np.ascontiguousarray(Vt[r:])
+        N = _null_basis(X[S], DIRECTION_TOL * max(smax, 1e-300))
         if N.shape[0] and B.any() and not _cone_is_free(X[B] @ N.T, smax):
             N = np.zeros((0, d))
         out.append(N)

@@ -283,7 +283,9 @@ class RegionRefinement(NamedTuple):
 
 def _pattern_bits(keys, k):
     """(R, words) uint64 keys -> (R, k) 0/1 float pattern matrix (bit i: unit i active)."""
-    keys = np.asarray(keys, dtype=np.uint64).reshape(len(keys), -1)
+    keys = np.asarray(keys, dtype=np.uint64)
+    # No region at all (every sample trimmed, or X = 0): an empty (0, words) key array.
+    keys = keys.reshape(len(keys), -1) if keys.size else np.zeros((len(keys), (k + 63) // 64), np.uint64)
     S = np.zeros((keys.shape[0], k))
     for i in range(k):
         S[:, i] = (keys[:, i // 64] >> np.uint64(i % 64)) & np.uint64(1)

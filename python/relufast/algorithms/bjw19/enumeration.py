@@ -550,7 +550,17 @@ def _fit_rows(run, p, search, row_space, null_dirs):
     if exact:
         # An exact fit is identified only if no row can move: a row whose active and boundary
         # samples leave a direction of R^d unseen gives another exact fit (always so with n < d).
-        free = undetermined_directions(X, V)
+        try:  # under MPI every rank must take the same path: no clock there
+            free = undetermined_directions(X, V, deadline=search.deadline if p.comm is None else None)
+        except TimeoutError as exc:
+            return run.result(
+                Status.FAILED,
+                f"k rows fit Y exactly (relative residual {residual:.2e}), but {exc}: the fit is "
+                "not certified unique; raise time_limit",
+                U=U,
+                V=V,
+                residual=residual,
+            )
         if any(N.shape[0] for N in free):
             return _non_identifiable(run, p, U, V, free, t)
         msg = _exact_message(p, residual, search)
