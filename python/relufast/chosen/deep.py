@@ -1,6 +1,418 @@
-"""Deeper layers (to come): peeling with the earlier layers known."""
+"""Deeper layers, peeled one at a time with the earlier layers known ([CJM20] Sec. 5,
+[RK20] Sec. 4; relufast's own formulation).
+
+With layers 1..l final and layer l+1 known up to the sign of each unit, every unit of
+layer l+2 switches where ``zeta(x) = v . phi(x) + c`` vanishes, with
+``phi = [relu(z~_{l+1}), h_l]`` (:func:`.net.features`): a hyperplane in phi-space, whatever
+the signs of layer l+1 (a wrong sign only adds a term linear in h_l). In input space the
+boundary is bent where a unit of layers 1..l+1 switches, and only there.
+
+At a kink x_p of such a unit with local normal n_p (:mod:`.hyperplanes`), the unit's
+pre-activation is zero and its gradient ``A_p^T v`` (A_p = d phi / d x, known) is parallel
+to n_p: ``(I - n_p n_p^T) A_p^T v = 0`` and ``phi(x_p) . v + c = 0``, d + 1 linear equations
+on (v, c). One linear region gives at most d independent ones; the unit is determined once
+its kinks in a few regions are stacked (a one-dimensional null space).
+
+Kinks of the same unit in other regions are found by following its boundary (all chains in
+lockstep, one model call per step for all of them): from x_p a random direction v tangent
+to the boundary is followed to the first known boundary (computed, no query); just past
+it, the boundary of the unit crosses the line ``y + t n_p`` near t = 0; the kink nearest to
+0 in a window on that line is taken, and kept only when it lies in the predicted region and
+its normal lies in ``span(n_p, g_b)`` (g_b the normal of the known boundary crossed: the
+bent boundary contains their intersection).
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+.. [RK20] D. Rolnick, K. Kording, "Reverse-Engineering Deep ReLU Networks", ICML 2020.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .first_layer import random_lines
+from .hyperplanes import jump_normals
+from .lines import Kinks, find_kinks, window_kinks
+from .net import feature_jacobians, features, pre_activations, preact_jacobians
+
+__all__ = ["next_layer"]
+
+#: Points of the walk along a step (the first known boundaries are located on them).
+WALK_GRID = 256
+#: Longest step of a walk along a boundary.
+WALK_LENGTH = 3.0
+#: Points of the window searched past a known boundary.
+WINDOW_POINTS = 48
+#: Half-width of that window, in units of the step past the boundary.
+WINDOW_WIDTH = 12.0
 
 
-def next_layer(oracle, known, tentative, k, widths, rng, pool, r):
-    """Not yet available: None (the driver reports the layer as not found)."""
+def _subset(kinks, idx):
+    return Kinks(*(a[idx] for a in kinks[:4]), kinks.step, kinks.slope_jump[idx])
+
+
+def _constraints(known, tent, x, n):
+    """Rows (K, d + 1, D + 1) of the linear equations on (v, c) at kinks x with normals n."""
+    A = feature_jacobians(known, tent, x)  # (K, D, d)
+    Phi, _ = features(known, tent, x)
+    K, d = x.shape
+    P = np.eye(d)[None] - n[:, :, None] * n[:, None, :]
+    T = np.einsum("kij,kDj->kiD", P, A)
+    tan = np.concatenate([T, np.zeros((K, d, 1))], axis=2)
+    pt = np.concatenate([Phi, np.ones((K, 1))], axis=1)[:, None, :]
+    return np.concatenate([tan, pt], axis=1)
+
+
+def _solve(M, tol):
+    """Null vector of the stacked rows M when it is one-dimensional; else None."""
+    R = M.reshape(-1, M.shape[-1])
+    R = R[np.linalg.norm(R, axis=1) > 0]
+    if len(R) < M.shape[-1] - 1:
+        return None
+    _, s, Vt = np.linalg.svd(R, full_matrices=False)
+    if len(s) < M.shape[-1] or s[-1] > tol * s[0] or s[-2] <= 8 * max(s[-1], tol * s[0] / 8):
+        return None
+    theta = Vt[-1]
+    return theta / np.linalg.norm(theta[:-1])
+
+
+def _zeta(known, tent, X, Theta):
+    Phi, _ = features(known, tent, X)
+    return Phi @ Theta[:, :-1].T + Theta[:, -1]
+
+
+def _directions(layers, X, N, want, rng):
+    """Unit directions tangent to each boundary (v . n = 0): towards the side of a target
+    unit not yet visited when ``want`` names one (unit index, desired sign), else random."""
+    C, d = X.shape
+    V = rng.standard_normal((C, d))
+    Jz = np.concatenate(preact_jacobians(layers, X), axis=1)
+    Z = np.hstack(pre_activations(layers, X)[0])
+    for c, (unit, sign) in enumerate(want):
+        if unit >= 0:
+            V[c] = Jz[c, unit] * (1.0 if sign > 0 else -1.0)
+            if (Z[c, unit] > 0) == (sign > 0):  # already on that side here: go round
+                V[c] = rng.standard_normal(d)
+    V -= np.einsum("cd,cd->c", V, N)[:, None] * N
+    return V / np.linalg.norm(V, axis=1, keepdims=True)
+
+
+def _room(layers, x, g, pattern):
+    """Half the distance from x along g to the next change of the sign pattern (computed),
+    at most STEP_PAST; 0 when the pattern at x + tiny g is not ``pattern``."""
+    s = np.linspace(0.0, 2 * STEP_PAST, 65)[1:]
+    Z = np.hstack(pre_activations(layers, x[None] + s[:, None] * g[None])[0]) > 0
+    same = (Z == pattern).all(axis=1)
+    if not same[0]:
+        return 0.0
+    stop = np.argmin(same) if not same.all() else len(s)
+    return float(min(0.5 * s[stop - 1] if stop < len(s) else STEP_PAST, STEP_PAST))
+
+
+def _first_crossings(layers, X, N, V):
+    """Where to look for the boundary being followed past the first known boundary met
+    along x + s v: the crossing point x_b, a line at distance rho into the new region,
+    parallel to the known boundary and in the plane of n and its normal g (the bent
+    boundary meets it at ``rho tan psi`` for a bend psi), the window's half-width, g and
+    the sign pattern there. NaN rows where no boundary is met."""
+    C, d = X.shape
+    s = np.linspace(0.0, WALK_LENGTH, WALK_GRID)
+    P = X[:, None, :] + s[None, :, None] * V[:, None, :]
+    Zs = np.hstack(pre_activations(layers, P.reshape(-1, d))[0]).reshape(C, WALK_GRID, -1)
+    S = Zs > 0
+    changed = (S != S[:, :1]).any(axis=2)
+    j1 = np.where(changed.any(axis=1), changed.argmax(axis=1), -1)
+    Y, tau, G = np.full((C, d), np.nan), np.full(C, np.nan), np.full((C, d), np.nan)
+    XB, D = np.full((C, d), np.nan), np.full((C, d), np.nan)
+    pats = np.zeros((C, S.shape[2]), dtype=bool)
+    for c in np.nonzero(j1 > 0)[0]:
+        j = j1[c]
+        unit = np.nonzero(S[c, j] != S[c, 0])[0][0]
+        lo, hi, z0 = s[j - 1], s[j], Zs[c, j - 1, unit]
+        for _ in range(BISECT):
+            mid = 0.5 * (lo + hi)
+            zm = np.hstack(pre_activations(layers, (X[c] + mid * V[c])[None])[0])[0, unit]
+            lo, hi = (mid, hi) if (zm > 0) == (z0 > 0) else (lo, mid)
+        sb = 0.5 * (lo + hi)
+        XB[c] = X[c] + sb * V[c]
+        g = np.concatenate(preact_jacobians(layers, XB[c : c + 1]), axis=1)[0, unit]
+        G[c] = g
+        gin = g / np.linalg.norm(g) * (1.0 if S[c, j, unit] else -1.0)  # into the new region
+        rho = _room(layers, XB[c], gin, S[c, j])
+        if rho <= 0:
+            continue
+        b = N[c] - (N[c] @ gin) * gin
+        if np.linalg.norm(b) < 1e-12:
+            continue
+        Y[c] = XB[c] + rho * gin
+        D[c] = b / np.linalg.norm(b)
+        tau[c] = WINDOW_WIDTH * rho
+        pats[c] = S[c, j]
+    return Y, D, XB, tau, G, pats
+
+
+#: Bisection steps locating a known boundary on a step (computed, no query): to 2^-52.
+BISECT = 52
+#: How far past a known boundary the boundary being followed is searched.
+STEP_PAST = 0.02
+
+
+def _pattern(layers, X):
+    Z, _ = pre_activations(layers, X)
+    return np.hstack([z > 0 for z in Z])
+
+
+def _walk_step(oracle, known, tent, X, N, want, rng, r):
+    """One step of every chain; returns (new points, normals, accepted mask).
+
+    The kink nearest to the prediction past the known boundary, in the predicted region, is
+    taken and its normal measured (:func:`.hyperplanes.jump_normals`); it is kept when the
+    normal lies in span(n, g_b): the bent boundary contains the intersection of its
+    previous piece with the known boundary crossed (a kink of another unit does not)."""
+    layers = [*known, tent]
+    C, d = X.shape
+    Y, Dw, XB, tau, G, pats = _first_crossings(layers, X, N, _directions(layers, X, N, want, rng))
+    live = np.nonzero(np.isfinite(tau))[0]
+    ok = np.zeros(C, dtype=bool)
+    Xn, Nn = X.copy(), N.copy()
+    if len(live) == 0:
+        return Xn, Nn, ok
+    grid = np.linspace(-1.0, 1.0, WINDOW_POINTS)
+    kinks, _ = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], grid, r)
+    Z, _ = pre_activations(layers, kinks.x)
+    fresh = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window()
+    fresh &= (_pattern(layers, kinks.x) == pats[live[kinks.line]]).all(axis=1)
+    best: dict = {}
+    for i in np.nonzero(fresh)[0]:
+        line = kinks.line[i]
+        if line not in best or abs(kinks.t[i]) < abs(kinks.t[best[line]]):
+            best[line] = i
+    if not best:
+        return Xn, Nn, ok
+    idx = np.array(sorted(best.values()), dtype=int)
+    nrm = jump_normals(oracle, _subset(kinks, idx), rng)
+    ch = live[kinks.line[idx[nrm.keep]]]
+    for j, c in enumerate(ch):
+        B = np.linalg.qr(np.stack([N[c], G[c]], axis=1))[0]
+        off = np.linalg.norm(nrm.n[j] - B @ (B.T @ nrm.n[j]))
+        if off <= oracle.normal_tol() and 1 - abs(nrm.n[j] @ G[c]) / np.linalg.norm(G[c]) > oracle.normal_tol():
+            ok[c] = True
+            Xn[c], Nn[c] = nrm.x[j], nrm.n[j]
+    return Xn, Nn, ok
+
+
+def _targets(pats, n_tent, n_last):
+    """(unit, sign) pairs a chain still has to visit: a unit of the tentative layer seen
+    with one sign only (its column of phi is then linear in the others: a null direction),
+    or a unit of the last known layer never active (a zero column). Units are indexed in
+    the order of ``pre_activations`` over known + tentative layers."""
+    P = np.array(pats)
+    total = P.shape[1]
+    tent_idx = np.arange(total - n_tent, total)
+    last_idx = np.arange(total - n_tent - n_last, total - n_tent)
+    todo = [(u, 1) for u in tent_idx if not P[:, u].any()] + [(u, -1) for u in tent_idx if P[:, u].all()]
+    return todo + [(u, 1) for u in last_idx if not P[:, u].any()]
+
+
+def _nearest(layers, x, n, todo):
+    """The (unit, sign) of ``todo`` whose boundary is nearest along the boundary being
+    followed (|z_j| over the tangential part of its gradient); (-1, 0) when todo is empty."""
+    if not todo:
+        return (-1, 0)
+    z = np.hstack(pre_activations(layers, x[None])[0])[0]
+    J = np.concatenate(preact_jacobians(layers, x[None]), axis=1)[0]
+    units = np.array([u for u, _ in todo])
+    g = J[units] - np.outer(J[units] @ n, n)
+    dist = np.abs(z[units]) / np.maximum(np.linalg.norm(g, axis=1), 1e-300)
+    return todo[int(np.argmin(dist))]
+
+
+def _chains(oracle, known, tent, X0, N0, E0, rng, r, max_steps):
+    """Follow the boundaries through the seeds (X0, N0), each towards the nearest boundary
+    it has not crossed yet (a random one after a failed step; a chain that fails STALL
+    steps in a row is dropped); the hyperplane (v, c) in phi-space of every chain that
+    crossed all it had to and determined one (rows of Theta)."""
+    layers = [*known, tent]
+    C = len(X0)
+    n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
+    M = [_constraints(known, tent, X0[c : c + 1], N0[c : c + 1]) for c in range(C)]
+    pats = [[p] for p in _pattern(layers, X0)]
+    err = list(E0)
+    X, N = X0.copy(), N0.copy()
+    done: dict = {}
+    fails = np.zeros(C, dtype=int)
+    for _ in range(max_steps):
+        act = np.array([c for c in range(C) if c not in done], dtype=int)
+        if len(act) == 0:
+            break
+        want = []
+        for c in act:
+            todo = _targets(pats[c], n_tent, n_last)
+            pick = todo[rng.integers(len(todo))] if todo and fails[c] else _nearest(layers, X[c], N[c], todo)
+            want.append(pick)
+        Xn, Nn, ok = _walk_step(oracle, known, tent, X[act], N[act], want, rng, r)
+        for j, c in enumerate(act):
+            if not ok[j]:
+                fails[c] += 1
+                if fails[c] >= STALL:
+                    done[c] = None
+                continue
+            fails[c] = 0
+            X[c], N[c] = Xn[j], Nn[j]
+            pats[c].append(_pattern(layers, Xn[j : j + 1])[0])
+            M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])])
+            if _targets(pats[c], n_tent, n_last):
+                continue  # phi has null directions until every unit was crossed
+            theta = _solve(M[c], _null_tol(oracle, err[c]))
+            if theta is not None:
+                done[c] = theta
+        solved = np.array([t for t in done.values() if t is not None])
+        if len(solved):  # chains on a unit just determined stop
+            for c in act:
+                if c not in done and np.min(np.abs(_zeta(known, tent, X[c : c + 1], solved))) <= 0.5 * oracle.window():
+                    done[c] = None
+    found = [t for t in done.values() if t is not None]
+    partial = [M[c] for c in range(C) if c not in done and len(_targets(pats[c], n_tent, n_last)) <= PARTIAL]
+    return (np.array(found) if found else None), partial
+
+
+#: A chain left with this many boundaries or fewer never crossed is completed from the pool.
+PARTIAL = 2
+
+
+def _complete(oracle, known, tent, partial, pool):
+    """Complete chains that could not cross every boundary with kinks of the pool.
+
+    A chain that never crossed unit j leaves a null direction of its equations; a kink of
+    the same unit on the other side of j's boundary (random lines reach everywhere) is
+    consistent with the chain's null space and removes it. A kink of another unit is
+    consistent only by accident when the null space is small (PARTIAL + 1 <= d)."""
+    if not partial or len(pool) == 0:
+        return []
+    Mp = _constraints(known, tent, pool.x, pool.n)
+    scale = np.linalg.norm(Mp, axis=(1, 2))
+    out = []
+    for Mc in partial:
+        R = Mc.reshape(-1, Mc.shape[-1])
+        _, s, Vt = np.linalg.svd(R, full_matrices=True)
+        tol = _null_tol(oracle, 0.0)
+        s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
+        null = Vt[s <= tol * s[0]]
+        if not 2 <= len(null) <= PARTIAL + 1:
+            continue
+        sv = np.linalg.svd(Mp @ null.T, compute_uv=False)
+        fits = np.nonzero(sv[:, -1] <= tol * scale)[0]
+        if len(fits):
+            theta = _solve(np.concatenate([Mc, Mp[fits]]), tol)
+            if theta is not None:
+                out.append(theta)
+    return out
+
+
+#: Failed steps in a row after which a chain is dropped.
+STALL = 8
+
+
+def _crossings(known, tent, Theta, rng, d):
+    """For each row of Theta, a point where its zeta changes sign on a random line, and the
+    line's unit direction (computed, no query): bisection on the piecewise-linear zeta."""
+    P, U = np.full((len(Theta), d), np.nan), np.zeros((len(Theta), d))
+    t = np.linspace(-3.0, 3.0, 1024)
+    for i, theta in enumerate(Theta):
+        for _ in range(8):
+            a, u = 0.5 * rng.standard_normal(d), rng.standard_normal(d)
+            z = _zeta(known, tent, a + t[:, None] * u, theta[None])[:, 0]
+            ch = np.nonzero(np.sign(z[:-1]) * np.sign(z[1:]) < 0)[0]
+            if len(ch):
+                j = ch[rng.integers(len(ch))]
+                lo, hi = t[j], t[j + 1]
+                for _ in range(60):
+                    mid = 0.5 * (lo + hi)
+                    zm = _zeta(known, tent, (a + mid * u)[None], theta[None])[0, 0]
+                    lo, hi = (mid, hi) if np.sign(zm) == np.sign(z[j]) else (lo, mid)
+                P[i], U[i] = a + 0.5 * (lo + hi) * u, u / np.linalg.norm(u)
+                break
+    return P, U
+
+
+def _verified(oracle, known, tent, Theta, rng, r):
+    """Rows of Theta whose predicted boundary is a boundary of the model at random places:
+    a kink where zeta changes sign on VERIFY_LINES random lines, VERIFY_HITS of them."""
+    d = oracle.d
+    Ps, Us, owner = [], [], []
+    for _ in range(VERIFY_LINES):
+        P, U = _crossings(known, tent, Theta, rng, d)
+        ok = np.isfinite(P[:, 0])
+        Ps.append(P[ok]), Us.append(U[ok]), owner.append(np.nonzero(ok)[0])
+    P, U, owner = np.vstack(Ps), np.vstack(Us), np.concatenate(owner)
+    if len(P) == 0:
+        return np.zeros(len(Theta), dtype=bool)
+    hit, _ = window_kinks(oracle, P, U, oracle.window(), r)
+    return np.bincount(owner[hit], minlength=len(Theta)) >= VERIFY_HITS
+
+
+#: Random lines on which a deeper unit's predicted boundary is tested, and hits needed.
+VERIFY_LINES, VERIFY_HITS = 4, 3
+
+
+def _null_tol(oracle, err):
+    """Relative singular value below which the chain's equations count as satisfied: the
+    finite-difference accuracy of the normals (:meth:`Oracle.normal_tol`) or the measured one."""
+    return max(oracle.normal_tol() / 100, 64.0 * err)
+
+
+def _refill(oracle, layers, widths, rng, pool, r, tol):
+    """More kinks for the pool from one random line (those no known unit explains)."""
+    kinks, r = random_lines(oracle, 1, widths, rng, r)
+    Z, _ = pre_activations(layers, kinks.x)
+    fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol)[0]
+    nrm = jump_normals(oracle, _subset(kinks, fresh), rng)
+    pool.add(nrm.x, nrm.n, nrm.error)
+    return r
+
+
+def next_layer(oracle, known, tent, k, widths, rng, pool, r, *, max_rounds=40):
+    """The units of the layer after ``tent`` as hyperplanes in phi-space.
+
+    Returns (coef (k, k_tent), beta (k, k_prev), const (k,)) or None when fewer than k
+    units were determined in ``max_rounds`` rounds. Kinks explained by the layers so far
+    leave the pool.
+    """
+    layers = [*known, tent]
+    tol = 0.5 * oracle.window()
+    D = tent[0].shape[0] + tent[0].shape[1]
+    steps = 8 + 6 * (tent[0].shape[0] + (known[-1][0].shape[0] if known else 0))
+    Theta = np.zeros((0, D + 1))
+    for _ in range(max_rounds):
+        if len(pool):
+            Z, _ = pre_activations(layers, pool.x)
+            keep = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol
+            if len(Theta):
+                keep &= np.min(np.abs(_zeta(known, tent, pool.x, Theta)), axis=1) > tol
+            pool.keep(keep)
+        want = 2 * (k - len(Theta))
+        if len(pool) < want:
+            r = _refill(oracle, layers, widths, rng, pool, r, tol)
+            continue
+        pick = rng.choice(len(pool), size=want, replace=False)
+        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], pool.err[pick], rng, r, steps)
+        pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
+        extra = _complete(oracle, known, tent, partial, pool)
+        if extra:
+            found = np.vstack([found, extra]) if found is not None else np.array(extra)
+        if found is None:
+            continue
+        found = found[_verified(oracle, known, tent, found, rng, r)]
+        for theta in found:
+            if len(Theta) >= k:
+                break
+            cos = np.abs(Theta @ theta) / np.linalg.norm(Theta, axis=1) / np.linalg.norm(theta)
+            if len(Theta) and np.max(cos) > 1 - tol:
+                continue
+            Theta = np.vstack([Theta, theta])
+        if len(Theta) >= k:
+            kt = tent[0].shape[0]
+            return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
     return None

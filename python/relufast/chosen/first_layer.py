@@ -4,8 +4,10 @@ A unit of the first layer switches on the hyperplane ``w.x + b = 0`` everywhere;
 deeper layer switches on a surface bent at the boundaries of the layers before it
 ([RK20] Sec. 3). A kink's local boundary (:mod:`.hyperplanes`) is therefore a first-layer
 unit when the model has a kink on the same hyperplane at random points far from the kink
-(window test, :func:`.lines.window_kinks`), checked at four points, two needed (in a deep
-network a first-layer kink is invisible where every path after the unit is inactive).
+(window test, :func:`.lines.window_kinks`) at six standard normal points projected on it,
+four needed (in a deep network a first-layer kink is invisible where every path after the
+unit is inactive; a deeper unit's local boundary passes only at points of its own linear
+region).
 Lines are drawn in batches until the given number of units is verified; kinks already on a
 verified unit cost no further queries; kinks that fail the test are kept for the deeper
 layers (:mod:`.deep`).
@@ -28,7 +30,7 @@ from .lines import find_kinks, window_kinks
 __all__ = ["KinkPool", "first_layer", "random_lines"]
 
 #: Random far points at which a candidate hyperplane is tested, and hits needed.
-VERIFY_POINTS, VERIFY_HITS = 4, 2
+VERIFY_POINTS, VERIFY_HITS = 6, 4
 
 
 class KinkPool:
@@ -37,13 +39,15 @@ class KinkPool:
     def __init__(self, d):
         self.x = np.zeros((0, d))
         self.n = np.zeros((0, d))
+        self.err = np.zeros(0)
 
-    def add(self, x, n):
+    def add(self, x, n, err):
         self.x = np.vstack([self.x, x])
         self.n = np.vstack([self.n, n])
+        self.err = np.append(self.err, err)
 
     def keep(self, mask):
-        self.x, self.n = self.x[mask], self.n[mask]
+        self.x, self.n, self.err = self.x[mask], self.n[mask], self.err[mask]
 
     def __len__(self):
         return len(self.x)
@@ -75,7 +79,7 @@ def _dedupe(H, tol):
 def _verify(oracle, n, c, x, rng, r):
     """Hits of the window test at VERIFY_POINTS random points on each hyperplane n.x + c = 0."""
     K, d = n.shape
-    Z = x[:, None, :] + rng.standard_normal((K, VERIFY_POINTS, d))
+    Z = rng.standard_normal((K, VERIFY_POINTS, d))
     Z -= (np.einsum("kpd,kd->kp", Z, n) + c[:, None])[:, :, None] * n[:, None, :]
     hit, _ = window_kinks(oracle, Z.reshape(-1, d), np.repeat(n, VERIFY_POINTS, axis=0), oracle.window(), r)
     return hit.reshape(K, VERIFY_POINTS).sum(axis=1)
@@ -110,7 +114,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         hits = _verify(oracle, nrm.n[first], c[first], nrm.x[first], rng, r)
         good = first[hits >= VERIFY_HITS]
         bad = np.setdiff1d(np.arange(len(nrm.keep)), good)
-        pool.add(nrm.x[bad], nrm.n[bad])
+        pool.add(nrm.x[bad], nrm.n[bad], nrm.error[bad])
         for i in good:
             if len(W) >= k:
                 break

@@ -5,7 +5,8 @@ Along a line ``x(t) = a + t u`` a ReLU network is piecewise linear in t; a criti
 call; a grid cell holds exactly one kink when the second differences on both of its ends
 are non-zero and those one step further out are zero (the two outer pieces are linear).
 The kink is then the intersection of the two outer pieces, exact up to the rounding of the
-outputs (no bisection, no per-point search as in [CJM20]). Several outputs are combined
+outputs (no bisection, no per-point search as in [CJM20]); one more query at the kink checks
+that the model meets the two pieces there (two kinks in one cell do not). Several outputs are combined
 with one random vector for the search; the slopes of every output on both sides are kept.
 
 References
@@ -92,8 +93,15 @@ def find_kinks(oracle, base, dirs, t_grid, r, *, noise_scale=None):
     li, cell, tau = li[good], cell[good], tau[good]
     step = float(t_grid[1] - t_grid[0])
     t = t_grid[cell] + tau * step
-    jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
     x = base[li] + t[:, None] * dirs[li]
+    if len(t):
+        # Two kinks in one cell look like one whose two outer pieces meet where the model
+        # is not: one query at each kink (one call for all) tells them apart.
+        at = oracle(x) @ r
+        pred = g[li, cell] + sL[good] * tau
+        single = np.abs(at - pred) <= thr[li, 0]
+        li, cell, t, x = li[single], cell[single], t[single], x[single]
+    jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
     return Kinks(li, t, x, dirs[li], step, jump), r
 
 

@@ -60,3 +60,21 @@ def feature_jacobians(known, tentative, X):
     zt = H @ Wt.T + bt
     Jt = (zt > 0)[:, :, None] * np.einsum("ij,njk->nik", Wt, J)
     return np.concatenate([Jt, J], axis=1)
+
+
+def preact_jacobians(layers, X):
+    """Jacobians ``d z_l / d x`` of the pre-activations of every layer, each (n, k_l, d)."""
+    X = np.asarray(X, dtype=np.float64)
+    n, d = X.shape
+    J = np.broadcast_to(np.eye(d), (n, d, d))
+    H, out = X, []
+    for W, b in layers:
+        z = H @ W.T + b
+        Jz = np.einsum("ij,njk->nik", W, J)
+        out.append(Jz)
+        J = (z > 0)[:, :, None] * Jz
+        H = np.maximum(z, 0.0)
+    return out
+
+
+__all__ += ["preact_jacobians"]

@@ -80,6 +80,11 @@ class Oracle:
         of the outputs (float32: ``eps^(1/4)``)."""
         return float(np.clip(self.eps**0.25, 1e-3, 0.05))
 
+    def normal_tol(self) -> float:
+        """Error allowed on a measured normal: finite differences at :meth:`fd_fraction`
+        reach ~1e-10 in float64 and ~1e-3 in float32; other units' normals are O(1) away."""
+        return float(max(1e-6, 1e4 * self.eps / self.fd_fraction()))
+
     def window(self) -> float:
         """Half-width unit of the windows that test a kink at a predicted place: above the
         position error of hyperplanes from finite differences at this precision."""
