@@ -17,6 +17,7 @@ __all__ = [
     "jennrich",
     "cp_als",
     "merge_symmetric_factors",
+    "khatri_rao",
     "draw_candidates",
     "as_third_order",
     "contract",
@@ -103,23 +104,35 @@ def jennrich(P, rng, *, n_draws=5):
     return best_Z, float(best_gap)
 
 
+def khatri_rao(B, C):
+    """Column-wise Kronecker product: row ``j * C.shape[0] + l`` is ``B[j] * C[l]``."""
+    return (B[:, None, :] * C[None, :, :]).reshape(B.shape[0] * C.shape[0], B.shape[1])
+
+
 def cp_als(P, B0, *, n_iter=100, tol=1e-13):
     """Non-symmetric CP-ALS for P (m, k, k) with rank r = B0.shape[1], started at (., B0, B0).
+
+    Each update is one GEMM of an unfolding of P with a Khatri-Rao product (m k^2 r flops),
+    and the fit is measured on the mode-1 unfolding.
 
     Returns factors A (m, r), B (k, r), C (k, r) with unit-norm columns in B and C.
     """
     P = np.asarray(P, dtype=np.float64)
+    m, k1, k2 = P.shape
+    P1 = P.reshape(m, k1 * k2)  # (i, j k)
+    P2 = np.ascontiguousarray(P.transpose(1, 0, 2)).reshape(k1, m * k2)  # (j, i k)
+    P3 = np.ascontiguousarray(P.transpose(2, 0, 1)).reshape(k2, m * k1)  # (k, i j)
     B = np.array(B0, dtype=np.float64)
     C = B.copy()
-    A = np.einsum("ijk,jr,kr->ir", P, B, C) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
+    A = (P1 @ khatri_rao(B, C)) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
     prev = np.inf
     for _ in range(n_iter):
-        A = np.einsum("ijk,jr,kr->ir", P, B, C) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
-        B = np.einsum("ijk,ir,kr->jr", P, A, C) @ np.linalg.pinv((A.T @ A) * (C.T @ C))
+        A = (P1 @ khatri_rao(B, C)) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
+        B = (P2 @ khatri_rao(A, C)) @ np.linalg.pinv((A.T @ A) * (C.T @ C))
         B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
-        C = np.einsum("ijk,ir,jr->kr", P, A, B) @ np.linalg.pinv((A.T @ A) * (B.T @ B))
+        C = (P3 @ khatri_rao(A, B)) @ np.linalg.pinv((A.T @ A) * (B.T @ B))
         C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
-        fit = float(np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, B, C)))
+        fit = float(np.linalg.norm(P1 - A @ khatri_rao(B, C).T))
         if abs(prev - fit) <= tol * max(fit, 1e-300):
             break
         prev = fit
@@ -149,7 +162,7 @@ def draw_candidates(P, W, rng):
     """
     Z, gap = jennrich(P, rng)
     A, Bf, Cf = cp_als(P, Z)
-    fit = float(np.linalg.norm(P - np.einsum("ir,jr,kr->ijk", A, Bf, Cf)) / max(np.linalg.norm(P), 1e-300))
+    fit = float(np.linalg.norm(P.reshape(P.shape[0], -1) - A @ khatri_rao(Bf, Cf).T) / max(np.linalg.norm(P), 1e-300))
     cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
     cand /= np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
     return cand, gap, fit

@@ -545,34 +545,63 @@ def _bias_note(X, Y, Wh):
     )
 
 
+#: A candidate within this |cosine| of a row already certified in the same coordinates is
+#: the same unit again: it is not refined (relufast; the paper refines every candidate).
+RETIRE_COS = 0.98
+
+
+def _unretired(cand, known):
+    """Mask of the candidates (unit rows) not within RETIRE_COS of a certified row."""
+    if not known:
+        return np.ones(len(cand), dtype=bool)
+    K = np.array(known)
+    K = K / np.linalg.norm(K, axis=1, keepdims=True)
+    return np.max(np.abs(cand @ K.T), axis=1) < RETIRE_COS
+
+
 def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None):
     """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
     pooled until k distinct rows are found.
 
+    Each draw gives k CP-ALS-polished candidates and k from Jennrich alone; the polished
+    ones are refined first, Jennrich's only when the polished ones added no row, and a
+    candidate near a row certified already retires (it would certify the same unit again),
+    except on the last draw, which refines every candidate.
+
     Returns (pool, approximate rows from the first draw, smallest null-space ratio seen).
     """
-    pool, gaps = RowPool(k), []
+    pool, gaps, known = RowPool(k), [], []
     approx_rows, min_null, n_candidates, restarts = None, np.inf, 0, 0
     for restarts in range(1, n_restarts + 1):
         with run.stage("tensor"):
             cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)
-        with run.stage("refine"):
-            out = refine_rows(B, Xref, cand, n_jobs=threads, activation=act, **(tols or {}))
-        rows_x = to_x(out["rows"])
-        if act.homogeneous and whitened:
-            rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
-        n_candidates += cand.shape[0]
-        min_null = min(min_null, float(np.min(out["null_ratio"])))
-        if approx_rows is None:
-            # Noise-tolerant estimate from the polished draw: near-null-vector rows where
-            # solved, else the tensor direction with the better-supported sign.
-            approx_rows = to_x(
-                np.where(
-                    out["solved"][:k, None], out["rows"][:k], np.where(out["sign"][:k, None] < 0, -1.0, 1.0) * cand[:k]
+        before = len(pool)
+        for j, part in enumerate((cand[:k], cand[k:])):
+            last = restarts == n_restarts
+            if j == 1 and len(pool) > before and not last:
+                break  # Jennrich alone only when the polished candidates added nothing
+            keep = np.ones(len(part), dtype=bool) if last else _unretired(part, known)
+            if not keep.any():
+                continue
+            with run.stage("refine"):
+                out = refine_rows(B, Xref, part[keep], n_jobs=threads, activation=act, **(tols or {}))
+            rows_x = to_x(out["rows"])
+            if act.homogeneous and whitened:
+                rows_x = rows_x / np.linalg.norm(rows_x, axis=1, keepdims=True)
+            n_candidates += int(keep.sum())
+            min_null = min(min_null, float(np.min(out["null_ratio"])))
+            if approx_rows is None:
+                # Noise-tolerant estimate from the polished draw (all k refined on the first
+                # draw): near-null-vector rows where solved, else the tensor direction with
+                # the better-supported sign.
+                approx_rows = to_x(
+                    np.where(out["solved"][:, None], out["rows"], np.where(out["sign"][:, None] < 0, -1.0, 1.0) * part)
                 )
-            )
-        pool.add_certified(out, rows_x)
+            pool.add_certified(out, rows_x)
+            known.extend(out["rows"][out["certified"]])
+            if pool.full:
+                break
         if pool.full:
             break
     run.counts.update(candidates=n_candidates, restarts=restarts)
