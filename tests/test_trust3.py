@@ -307,3 +307,58 @@ def test_more_units_than_inputs_are_not_called_invisible():
     # a truly dead unit with k <= d is still reported
     Y2 = np.maximum(X @ V[:3].T, 0) @ rng.standard_normal((4, 3)).T
     assert visible_units(X, Y2).count == 3
+
+
+# ----------------------------------------------------------------- the fuzz, reduced
+def test_fuzz_exact_means_right_on_fresh_inputs(tmp_path):
+    """A few cases of bench/fuzz_certificates.py (methods, layouts, scales, subspaces,
+    float32): ``exact`` implies the fresh-input error is at rounding level; nothing raises."""
+    from bench.fuzz_certificates import draw_case, run_case
+
+    rng = np.random.default_rng(2026)
+    cases = [draw_case(rng) for _ in range(24)]
+    # the forced cases of this issue: float32 in a rotated subspace on dask, two ranks
+    cases += [
+        dict(
+            cases[0],
+            method="bjw19-enumeration",
+            layout="dask",
+            d=4,
+            k=2,
+            m=4,
+            n=2000,
+            x_scale=1.0,
+            y_scale=1.0,
+            subspace="rotated",
+            biased=False,
+            dead=False,
+            zero_column=False,
+            constant=False,
+            float32=True,
+            seed=5,
+        ),
+        dict(
+            cases[0],
+            method="auto",
+            layout="ranks",
+            d=6,
+            k=3,
+            m=3,
+            n=2000,
+            x_scale=3.0,
+            y_scale=1.0,
+            subspace="zero",
+            biased=False,
+            dead=False,
+            zero_column=False,
+            constant=False,
+            float32=False,
+            seed=6,
+        ),
+    ]
+    problems = []
+    for case in cases:
+        status, err, problem = run_case(case, str(tmp_path))
+        if problem:
+            problems.append((case, problem))
+    assert not problems, problems

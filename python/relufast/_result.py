@@ -327,8 +327,9 @@ class _Outputs:
         with np.errstate(over="ignore", invalid="ignore"):  # outputs far above the head's scale: no figures
             st = samples.map_reduce(sums)
         if st["bad"]:
+            where = " over all ranks" if samples.distributed else ""
             raise ValueError(
-                f"X and Y must contain only finite values; found {int(st['bad'])} NaN or infinite entries in Y"
+                f"X and Y must contain only finite values; found {int(st['bad'])} NaN or infinite entries{where}"
             )
         self.constant = bool(np.all(st["s2"] == 0))
         self.zero = self.constant and not np.any(y0)
@@ -339,15 +340,37 @@ class _Outputs:
 
 
 def _samples_of(X, Y, options):
-    """The caller's samples as a :class:`relufast.stages.reduce.Samples` (no copy of NumPy
-    float64 arrays or memmaps), or None when the method's own validation must speak."""
-    from .stages.reduce import Samples
+    """The caller's samples as a :class:`relufast.stages.reduce.Samples`, in place (no
+    float64 copy of float32 arrays or memmaps: every check converts one block at a time),
+    or None when the method's own validation must speak (the ranks agree on which)."""
+    from .stages.reduce import Samples, check_comm, is_dask
 
     try:
-        samples = Samples.from_arrays(X, Y, comm=options.get("comm"), check_finite=False)
-    except (TypeError, ValueError, ImportError):
+        comm = check_comm(options.get("comm"))
+    except (TypeError, ValueError):
         return None
-    return samples if samples.n > 0 else None
+
+    def local():
+        Xa = X if is_dask(X) else np.asarray(X)
+        Ya = Y if is_dask(Y) else np.asarray(Y)
+        if Ya.ndim == 1:
+            Ya = Ya[:, None]
+        for A in (Xa, Ya):
+            dt = A.dtype
+            if A.ndim != 2 or not np.issubdtype(dt, np.number) or np.issubdtype(dt, np.complexfloating):
+                return None
+        return (Xa, Ya) if Xa.shape[0] == Ya.shape[0] and min(Xa.shape[1], Ya.shape[1]) > 0 else None
+
+    try:
+        arrays = local()
+    except Exception:  # noqa: BLE001 - ragged or exotic input: the method's validation reports it
+        arrays = None
+    shape = (-1, -1, -1) if arrays is None else (int(arrays[0].shape[0]), *(int(a.shape[1]) for a in arrays))
+    shapes = [shape] if comm is None else [tuple(s) for s in comm.allgather(shape)]
+    counts = [s[0] for s in shapes]
+    if min(counts) < 0 or sum(counts) == 0 or len({s[1:] for s in shapes}) > 1:
+        return None  # the method names what is wrong, on every rank
+    return Samples(arrays[0], arrays[1], comm=comm, counts=counts)
 
 
 def _constant_outputs(name, samples, outputs, n_hidden):
@@ -417,6 +440,7 @@ def _undetermined(name, res, samples, outputs, options):
         threshold=max(prec.tol(tol, d, k), float(res.residual) if np.isfinite(res.residual) else 0.0),
         intercept=name in OFFSET_MODELS,
         input_rank=res.diagnostics.get("input_rank"),
+        rank_tol=prec.tol(1e-10, d, k),
     )
     if not check.units:
         return res
@@ -443,8 +467,14 @@ def settle(name, res, samples, outputs, options, *, span_checked):
 
     if samples is None:
         return res
-    if not span_checked:
-        res = identify(res, samples)
+    tol = None
+    if res.precision != "float64" and res.V is not None:  # what float32 outputs cannot see
+        from .stages.diagnostics import INPUT_RANK_TOL
+        from .stages.precision import resolve_precision
+
+        tol = resolve_precision(None, res.precision).tol(INPUT_RANK_TOL, *reversed(res.V.shape))
+    if not span_checked or tol is not None:
+        res = identify(res, samples, tol)
     res = _undetermined(name, res, samples, outputs, options)
     return _useful(res, outputs)
 

@@ -187,23 +187,26 @@ def non_identifiable_from_null_space(res, N):
     )
 
 
-def identify(res, samples):
+def identify(res, samples, tol=None):
     """:func:`extend`'s verdict for samples wherever they live (a
     :class:`relufast.stages.reduce.Samples`: NumPy, memmap, dask, MPI ranks): an exact or
     approximate fit becomes ``non_identifiable`` when the samples miss an input direction
     (the null space of the concatenated X, :func:`relufast.stages.diagnostics.sample_null_space`,
-    identical on every rank). Records ``diagnostics["input_rank"]`` either way."""
+    identical on every rank). Records ``diagnostics["input_rank"]`` either way. ``tol``: the
+    relative size below which an input direction is unseen (default: rounding of float64;
+    results certified at float32 pass that precision's floor, and are checked even when X
+    was found of full rank at float64)."""
     from ._result import Status
     from .stages.diagnostics import sample_null_space
 
     if res.V is None or res.status not in (Status.EXACT, Status.APPROXIMATE, Status.NON_IDENTIFIABLE):
         return res
     d = res.V.shape[1]
-    if res.diagnostics.get("input_rank") == d and res.status != Status.NON_IDENTIFIABLE:
+    if tol is None and res.diagnostics.get("input_rank") == d and res.status != Status.NON_IDENTIFIABLE:
         return res  # checked already (restrict/extend): X has full column rank
     if res.status == Status.NON_IDENTIFIABLE and "input_null_space" in res.diagnostics:
         return res  # the method reported the null space itself
-    N = sample_null_space(samples)
+    N = sample_null_space(samples, tol)
     if N.shape[0] == 0:
         return dataclasses.replace(res, diagnostics=dict(res.diagnostics, input_rank=d))
     return non_identifiable_from_null_space(res, N)

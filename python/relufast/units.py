@@ -385,7 +385,9 @@ def _spans(Xa, need, tol=1e-10):
     return bool(s[0] > 0 and np.sum(s > tol * s[0]) >= need)
 
 
-def undetermined_units(samples, U, V, b=None, c=None, *, y_norm, threshold, intercept=None, input_rank=None):
+def undetermined_units(
+    samples, U, V, b=None, c=None, *, y_norm, threshold, intercept=None, input_rank=None, rank_tol=1e-10
+):
     """The units of a fitted network ``Y = relu(X V^T + b) U^T + c`` that the samples cannot
     determine (a necessary condition for identifiability, checked for every method).
 
@@ -404,7 +406,9 @@ def undetermined_units(samples, U, V, b=None, c=None, *, y_norm, threshold, inte
     rows per unit), and one pass over all samples (a reduction under MPI) decides the
     units they leave in doubt. ``y_norm`` is ||Y||_F over all samples; ``intercept``
     (default: ``c`` given) says whether the model has an offset; ``input_rank`` (default d)
-    the rank of X (inputs in a subspace are reported by :mod:`relufast.subspace`).
+    the rank of X (inputs in a subspace are reported by :mod:`relufast.subspace`);
+    ``rank_tol`` the relative singular value below which a direction of the active samples
+    is unseen (raised to the rounding floor for float32 outputs).
     """
     V = np.asarray(V, dtype=np.float64)
     k, d = V.shape
@@ -427,7 +431,7 @@ def undetermined_units(samples, U, V, b=None, c=None, *, y_norm, threshold, inte
         i
         for i in range(k)
         if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head
-        or not _spans(Xa[A[:, i]], need)
+        or not _spans(Xa[A[:, i]], need, rank_tol)
         or (intercept and count[i] == head_n)
     ]
     grams = {i: np.zeros((d + int(intercept),) * 2) for i in doubt}
@@ -446,7 +450,7 @@ def undetermined_units(samples, U, V, b=None, c=None, *, y_norm, threshold, inte
             reasons[i] = "never active on the samples"
         elif not (contribution > threshold * y_norm):
             reasons[i] = f"its contribution to the outputs is {contribution / max(y_norm, 1e-300):.1e} of ||Y||"
-        elif _gram_rank(grams[i]) < need:
+        elif _gram_rank(grams[i], max(1e-12, rank_tol**2)) < need:
             reasons[i] = f"its {int(count[i])} active samples span fewer than {need} dimensions"
         elif intercept and count[i] == n:
             reasons[i] = "active on every sample, so its bias trades against the output offset c"

@@ -192,7 +192,7 @@ def input_null_space(X, *, block=1 << 16):
     return np.ascontiguousarray((E[:, keep].T) @ N)
 
 
-def sample_null_space(samples):
+def sample_null_space(samples, tol=None):
     """:func:`input_null_space` for samples wherever they live (a
     :class:`relufast.stages.reduce.Samples`: NumPy, memmap, dask blocks, MPI ranks).
 
@@ -200,18 +200,21 @@ def sample_null_space(samples):
     samples (gathered, identical on every rank); only when those are rank-deficient, one
     blockwise pass over every rank's samples sums ``(X N^T)^T (X N^T)`` and ``X^T X``
     (reduced in rank order, so every rank gets the same bits and the same answer).
+    ``tol`` (default :data:`INPUT_RANK_TOL`): directions with ``||X z|| <= tol ||X||_2``
+    count as unseen (outputs known to float32 see nothing below their rounding floor).
     """
+    tol = INPUT_RANK_TOL if tol is None else float(tol)
     n, d = samples.n, samples.d
     if n == 0:
         return np.eye(d)
     head, _ = samples.take(np.arange(min(n, max(4 * d, 2000))))
     _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
     smax = float(s[0]) if s.size else 0.0
-    if smax > 0.0 and s.size == d and s[-1] > INPUT_RANK_TOL * smax:
+    if smax > 0.0 and s.size == d and s[-1] > tol * smax:
         return np.zeros((0, d))
-    if n <= head.shape[0]:
+    if n <= head.shape[0] and tol == INPUT_RANK_TOL:
         return input_null_space(head)
-    r_head = int(np.sum(s > INPUT_RANK_TOL * smax)) if smax > 0 else 0
+    r_head = int(np.sum(s > tol * smax)) if smax > 0 else 0
     N = np.ascontiguousarray(Vt[r_head:] if smax > 0 else np.eye(d))
 
     def sums(Xb, _Yb):
@@ -222,7 +225,7 @@ def sample_null_space(samples):
     st = samples.map_reduce(sums)
     top = float(np.linalg.eigvalsh(st["G"])[-1])
     ev, E = np.linalg.eigh(st["M"])
-    keep = ev <= (INPUT_RANK_TOL**2) * top
+    keep = ev <= (tol**2) * top
     return np.ascontiguousarray((E[:, keep].T) @ N)
 
 
