@@ -306,37 +306,50 @@ OFFSET_MODELS = ("atv21", "atv21-general")
 
 
 class _Outputs:
-    """Sums over every sample's outputs (one pass over Y, reduced over MPI ranks): enough to
-    say whether Y is constant and how much predicting its mean explains."""
+    """Figures of every sample's outputs from one pass over Y (no temporaries of the size
+    of Y; reduced over MPI ranks): whether Y is constant (or zero), ||Y||_F, and how much
+    predicting the mean of Y explains."""
 
     def __init__(self, samples):
         from .stages.fit import max_abs, power_of_two_scale
 
         self.n = samples.n
         _, head = samples.take(np.arange(min(samples.n, 4096)))
-        y0 = head[0]
         top = max_abs(head)
         scale = power_of_two_scale(top) if np.isfinite(top) and top > 0 else 1.0
-
-        def sums(_Xb, Yb):
-            Yb = np.asarray(Yb, dtype=np.float64)
-            D = (Yb - y0) * scale
-            bad = np.count_nonzero(~np.isfinite(Yb))
-            return {"s1": D.sum(axis=0), "s2": (D * D).sum(axis=0), "sy": ((Yb * scale) ** 2).sum(), "bad": bad}
-
-        with np.errstate(over="ignore", invalid="ignore"):  # outputs far above the head's scale: no figures
-            st = samples.map_reduce(sums)
-        if st["bad"]:
+        m = samples.m
+        s1, s2, hi, lo = np.zeros(m), np.zeros(m), np.full(m, -np.inf), np.full(m, np.inf)
+        with np.errstate(over="ignore", invalid="ignore"):  # outputs far above the head's scale
+            for _, Yb in samples.blocks(bounded=True):
+                Yb = np.asarray(Yb.compute() if hasattr(Yb, "compute") else Yb)
+                if len(Yb) == 0:
+                    continue
+                Ys = Yb if scale == 1.0 else Yb * scale
+                s1 += Ys.sum(axis=0, dtype=np.float64)
+                s2 += np.einsum("ij,ij->j", Ys, Ys, dtype=np.float64)
+                hi, lo = np.fmax(hi, Ys.max(axis=0)), np.fmin(lo, Ys.min(axis=0))
+                if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))):
+                    hi = lo = np.full(m, np.nan)  # NaN or inf in Y
+                    break
+        bad = 0
+        if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))):  # count them for the message
+            bad = sum(int(np.count_nonzero(~np.isfinite(np.asarray(Yb)))) for _, Yb in samples.blocks(bounded=True))
+        if samples.distributed:
+            parts = samples.allgather((s1, s2, hi, lo, bad))
+            s1, s2 = sum(p[0] for p in parts), sum(p[1] for p in parts)
+            hi = np.max([p[2] for p in parts], axis=0)
+            lo = np.min([p[3] for p in parts], axis=0)
+            bad = sum(p[4] for p in parts)
+        if bad:
             where = " over all ranks" if samples.distributed else ""
-            raise ValueError(
-                f"X and Y must contain only finite values; found {int(st['bad'])} NaN or infinite entries{where}"
-            )
-        self.constant = bool(np.all(st["s2"] == 0))
-        self.zero = self.constant and not np.any(y0)
-        centred = float(np.sum(np.maximum(st["s2"] - st["s1"] ** 2 / max(self.n, 1), 0.0)))
-        self.norm = float(np.sqrt(st["sy"])) / scale  # ||Y||_F
+            raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries{where}")
+        self.constant = bool(np.all(hi == lo))
+        self.zero = self.constant and not np.any(hi)
+        sy = float(np.sum(s2))
+        centred = float(np.sum(np.maximum(s2 - s1**2 / max(self.n, 1), 0.0)))
+        self.norm = float(np.sqrt(sy)) / scale  # ||Y||_F
         #: relative residual of predicting the mean of Y: ||Y - mean(Y)||_F / ||Y||_F
-        self.mean_residual = float(np.sqrt(centred / st["sy"])) if st["sy"] > 0 else float("nan")
+        self.mean_residual = float(np.sqrt(centred / sy)) if sy > 0 else float("nan")
 
 
 def _samples_of(X, Y, options):
