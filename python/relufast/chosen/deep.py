@@ -164,7 +164,7 @@ def _pattern(layers, X):
     return np.hstack([z > 0 for z in Z])
 
 
-def _walk_step(oracle, known, tent, X, N, want, rng, r):
+def _walk_step(oracle, known, tent, X, N, want, rng):
     """One step of every chain; returns (new points, normals, accepted mask).
 
     The kink nearest to the prediction past the known boundary, in the predicted region, is
@@ -180,7 +180,7 @@ def _walk_step(oracle, known, tent, X, N, want, rng, r):
     if len(live) == 0:
         return Xn, Nn, ok
     grid = np.linspace(-1.0, 1.0, WINDOW_POINTS)
-    kinks, _ = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], grid, r)
+    kinks = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], grid)
     Z, _ = pre_activations(layers, kinks.x)
     fresh = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window()
     fresh &= (_pattern(layers, kinks.x) == pats[live[kinks.line]]).all(axis=1)
@@ -229,7 +229,7 @@ def _nearest(layers, x, n, todo):
     return todo[int(np.argmin(dist))]
 
 
-def _chains(oracle, known, tent, X0, N0, E0, rng, r, max_steps):
+def _chains(oracle, known, tent, X0, N0, E0, rng, max_steps):
     """Follow the boundaries through the seeds (X0, N0), each towards the nearest boundary
     it has not crossed yet (a random one after a failed step; a chain that fails STALL
     steps in a row is dropped); the hyperplane (v, c) in phi-space of every chain that
@@ -252,7 +252,7 @@ def _chains(oracle, known, tent, X0, N0, E0, rng, r, max_steps):
             todo = _targets(pats[c], n_tent, n_last)
             pick = todo[rng.integers(len(todo))] if todo and fails[c] else _nearest(layers, X[c], N[c], todo)
             want.append(pick)
-        Xn, Nn, ok = _walk_step(oracle, known, tent, X[act], N[act], want, rng, r)
+        Xn, Nn, ok = _walk_step(oracle, known, tent, X[act], N[act], want, rng)
         for j, c in enumerate(act):
             if not ok[j]:
                 fails[c] += 1
@@ -278,6 +278,8 @@ def _chains(oracle, known, tent, X0, N0, E0, rng, r, max_steps):
     return (np.array(found) if found else None), partial
 
 
+#: Random lines drawn to complete the chains of a round.
+COMPLETE_LINES = 2
 #: A chain left with this many boundaries or fewer never crossed is completed from the pool.
 PARTIAL = 2
 
@@ -337,7 +339,7 @@ def _crossings(known, tent, Theta, rng, d):
     return P, U
 
 
-def _verified(oracle, known, tent, Theta, rng, r):
+def _verified(oracle, known, tent, Theta, rng):
     """Rows of Theta whose predicted boundary is a boundary of the model at random places:
     a kink where zeta changes sign on VERIFY_LINES random lines, VERIFY_HITS of them."""
     d = oracle.d
@@ -349,7 +351,7 @@ def _verified(oracle, known, tent, Theta, rng, r):
     P, U, owner = np.vstack(Ps), np.vstack(Us), np.concatenate(owner)
     if len(P) == 0:
         return np.zeros(len(Theta), dtype=bool)
-    hit, _ = window_kinks(oracle, P, U, oracle.window(), r)
+    hit, _ = window_kinks(oracle, P, U, oracle.window())
     return np.bincount(owner[hit], minlength=len(Theta)) >= VERIFY_HITS
 
 
@@ -363,17 +365,16 @@ def _null_tol(oracle, err):
     return max(oracle.normal_tol() / 100, 64.0 * err)
 
 
-def _refill(oracle, layers, widths, rng, pool, r, tol):
+def _refill(oracle, layers, widths, rng, pool, tol):
     """More kinks for the pool from one random line (those no known unit explains)."""
-    kinks, r = random_lines(oracle, 1, widths, rng, r)
+    kinks = random_lines(oracle, 1, widths, rng)
     Z, _ = pre_activations(layers, kinks.x)
     fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol)[0]
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng)
     pool.add(nrm.x, nrm.n, nrm.error)
-    return r
 
 
-def next_layer(oracle, known, tent, k, widths, rng, pool, r, *, max_rounds=40):
+def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
     """The units of the layer after ``tent`` as hyperplanes in phi-space.
 
     Returns (coef (k, k_tent), beta (k, k_prev), const (k,)) or None when fewer than k
@@ -394,17 +395,20 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, r, *, max_rounds=40):
             pool.keep(keep)
         want = 2 * (k - len(Theta))
         if len(pool) < want:
-            r = _refill(oracle, layers, widths, rng, pool, r, tol)
+            _refill(oracle, layers, widths, rng, pool, tol)
             continue
         pick = rng.choice(len(pool), size=want, replace=False)
-        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], pool.err[pick], rng, r, steps)
+        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], pool.err[pick], rng, steps)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
+        if partial:
+            for _ in range(COMPLETE_LINES):
+                _refill(oracle, layers, widths, rng, pool, tol)
         extra = _complete(oracle, known, tent, partial, pool)
         if extra:
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
         if found is None:
             continue
-        found = found[_verified(oracle, known, tent, found, rng, r)]
+        found = found[_verified(oracle, known, tent, found, rng)]
         for theta in found:
             if len(Theta) >= k:
                 break

@@ -88,14 +88,14 @@ def _stages(oracle, widths, rng, clock, diag):
     d, L = oracle.d, len(widths)
     pool = KinkPool(d)
     with clock.stage("first_layer"):
-        W, b, r, rounds = first_layer(oracle, widths[0], widths, rng, pool)
+        W, b, rounds = first_layer(oracle, widths[0], widths, rng, pool)
     diag["line_rounds"] = rounds
     if len(W) < widths[0]:
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
     known, tent, signs_ok = [], (W, b), True
     for li in range(1, L):
         with clock.stage(f"layer_{li + 1}"):
-            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, r)
+            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool)
         if found is None:
             return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
         coef, beta, const = found
@@ -119,7 +119,7 @@ def _stages(oracle, widths, rng, clock, diag):
             out,
             X,
             Y,
-            margin=oracle.eps ** (1.0 / 3.0) / 4,
+            margin=oracle.eps**0.25 / 2,
             target=cert_tolerance(oracle.eps, (d, *widths)) / 16,
         )
     diag["polish_residual"], diag["polish_points"] = res, used

@@ -58,13 +58,13 @@ def grid_size(widths):
     return int(min(4096, 2 ** np.ceil(np.log2(max(256, 24 * sum(widths))))))
 
 
-def random_lines(oracle, n_lines, widths, rng, r):
+def random_lines(oracle, n_lines, widths, rng):
     """Kinks on ``n_lines`` random lines ``0.5 z + t u``, z, u standard normal, t in [-3, 3]:
     Gaussian-scale inputs, one model call."""
     d = oracle.d
     base = 0.5 * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
-    return find_kinks(oracle, base, dirs, np.linspace(-3.0, 3.0, grid_size(widths)), r)
+    return find_kinks(oracle, base, dirs, np.linspace(-3.0, 3.0, grid_size(widths)))
 
 
 def _dedupe(H, tol):
@@ -76,28 +76,33 @@ def _dedupe(H, tol):
     return np.array(keep, dtype=int)
 
 
-def _verify(oracle, n, c, x, rng, r):
-    """Hits of the window test at VERIFY_POINTS random points on each hyperplane n.x + c = 0."""
+def _verify(oracle, n, c, x, rng):
+    """Hits of the window test at VERIFY_POINTS random points on each hyperplane n.x + c = 0.
+
+    The window grows with the distance from the kink the hyperplane was measured at, by the
+    angle error of a measured normal at this precision (float32: ~1e-4)."""
     K, d = n.shape
     Z = rng.standard_normal((K, VERIFY_POINTS, d))
     Z -= (np.einsum("kpd,kd->kp", Z, n) + c[:, None])[:, :, None] * n[:, None, :]
-    hit, _ = window_kinks(oracle, Z.reshape(-1, d), np.repeat(n, VERIFY_POINTS, axis=0), oracle.window(), r)
+    dist = np.linalg.norm(Z - x[:, None, :], axis=2).ravel()
+    half = oracle.window() + 3.0 * (oracle.normal_tol() / 300) * dist
+    hit, _ = window_kinks(oracle, Z.reshape(-1, d), np.repeat(n, VERIFY_POINTS, axis=0) * half[:, None], 1.0)
     return hit.reshape(K, VERIFY_POINTS).sum(axis=1)
 
 
 def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     """Hyperplanes ``(W (k, d) unit rows, b (k,))`` of the first layer, signs open.
 
-    Returns (W, b, r, rounds); fewer than k rows when ``max_rounds`` rounds of lines ran out.
+    Returns (W, b, rounds); fewer than k rows when ``max_rounds`` rounds of lines ran out.
     The kinks that are not first-layer ones go to ``pool``.
     """
     d = oracle.d
-    W, b, r = np.zeros((0, d)), np.zeros(0), None
-    tol_dup = 8.0 * oracle.eps ** (1.0 / 3.0)
+    W, b = np.zeros((0, d)), np.zeros(0)
     rounds = 0
     while len(W) < k and rounds < max_rounds:
         rounds += 1
-        kinks, r = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, r)
+        kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng)
+        tol_dup = 8.0 * oracle.eps ** (1.0 / 3.0)  # the precision is known after the first answer
         if len(W):
             z = np.abs(kinks.x @ W.T + b)
             fresh = np.nonzero(z.min(axis=1) > 0.5 * oracle.window())[0]
@@ -111,7 +116,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         H = np.hstack([nrm.n, c[:, None]])
         H /= np.linalg.norm(H, axis=1, keepdims=True)
         first = _dedupe(H, tol_dup)
-        hits = _verify(oracle, nrm.n[first], c[first], nrm.x[first], rng, r)
+        hits = _verify(oracle, nrm.n[first], c[first], nrm.x[first], rng)
         good = first[hits >= VERIFY_HITS]
         bad = np.setdiff1d(np.arange(len(nrm.keep)), good)
         pool.add(nrm.x[bad], nrm.n[bad], nrm.error[bad])
@@ -125,4 +130,4 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
             W, b = np.vstack([W, nrm.n[i]]), np.append(b, c[i])
     if len(W) and len(pool):
         pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
-    return W, b, r, rounds
+    return W, b, rounds

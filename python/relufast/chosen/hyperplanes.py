@@ -80,4 +80,35 @@ def jump_normals(oracle, kinks, rng):
     tol = np.maximum(64.0 * fd_err * np.sqrt(d), 1e-7)
     rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(K, dtype=bool)
     keep = np.nonzero((err <= tol) & rank1 & (s[:, 0] > 0))[0]
-    return Normals(keep, kinks.x[keep], n[keep], err[keep])
+    n = n[keep]
+    if oracle.eps > LOW_PRECISION and len(keep):
+        n = _refine(oracle, kinks.x[keep], n, Q)
+    return Normals(keep, kinks.x[keep], n, err[keep])
+
+
+#: Unit roundoff above which normals get a second, wider finite-difference pass.
+LOW_PRECISION = 1e-10
+#: Distance of that pass from the boundary, and its step (inputs of unit scale).
+REFINE_OFFSET, REFINE_STEP = 0.02, 0.01
+
+
+def _jacobians(oracle, P, Q, h):
+    """Jacobians (K, m, d) at points P (K, d) from forward differences along the columns of Q."""
+    K, d = P.shape
+    pts = np.concatenate([P[:, None, :], P[:, None, :] + h * Q.T[None, :, :]], axis=1)
+    Y = oracle(pts.reshape(-1, d)).reshape(K, d + 1, -1)
+    return np.einsum("ij,kjm->kmi", Q, (Y[:, 1:] - Y[:, :1]) / h)
+
+
+def _refine(oracle, x, n, Q):
+    """Low-precision outputs: the jump measured again at REFINE_OFFSET on both sides along
+    the first estimate of the normal, with the wider step REFINE_STEP (the rounding error of
+    a difference is eps |f| / step). Kept where it agrees with the first estimate to the
+    accuracy of that estimate (a wider stencil that crossed another boundary does not)."""
+    K, d = x.shape
+    P = np.concatenate([x + REFINE_OFFSET * n, x - REFINE_OFFSET * n])
+    J = _jacobians(oracle, P, Q, REFINE_STEP)
+    _, _, Vt = np.linalg.svd(J[:K] - J[K:], full_matrices=False)
+    n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
+    agree = np.linalg.norm(n2 - n, axis=1) <= oracle.normal_tol()
+    return np.where(agree[:, None], n2, n)

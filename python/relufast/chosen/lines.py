@@ -6,8 +6,8 @@ call; a grid cell holds exactly one kink when the second differences on both of 
 are non-zero and those one step further out are zero (the two outer pieces are linear).
 The kink is then the intersection of the two outer pieces, exact up to the rounding of the
 outputs (no bisection, no per-point search as in [CJM20]); one more query at the kink checks
-that the model meets the two pieces there (two kinks in one cell do not). Several outputs are combined
-with one random vector for the search; the slopes of every output on both sides are kept.
+that the model meets the two pieces there (two kinks in one cell do not). Every output is
+searched, and the slopes of every output on both sides are kept.
 
 References
 ----------
@@ -51,8 +51,12 @@ class Kinks(NamedTuple):
     slope_jump: np.ndarray
 
 
-def find_kinks(oracle, base, dirs, t_grid, r, *, noise_scale=None):
+def find_kinks(oracle, base, dirs, t_grid):
     """Isolated kinks of the model on the lines ``base[i] + t dirs[i]``, t in ``t_grid``.
+
+    Every output is searched (a unit whose output weights nearly cancel in one combination
+    of the outputs still shows in the others); the kink is located on the output where its
+    second difference stands highest above that output's rounding noise.
 
     Parameters
     ----------
@@ -60,14 +64,10 @@ def find_kinks(oracle, base, dirs, t_grid, r, *, noise_scale=None):
     base, dirs : ndarray of shape (n_lines, d)
     t_grid : ndarray of shape (G,)
         Uniform grid (G >= 6); the kinks are searched in cells 2..G-4.
-    r : ndarray of shape (m,) or None
-        Combination of the outputs for the search (None: drawn on the first answer).
-    noise_scale : float, optional
-        Output scale for the zero test (default: the largest output on each line).
 
     Returns
     -------
-    Kinks, r
+    Kinks
     """
     base = np.asarray(base, dtype=np.float64)
     dirs = np.asarray(dirs, dtype=np.float64)
@@ -75,42 +75,40 @@ def find_kinks(oracle, base, dirs, t_grid, r, *, noise_scale=None):
     G = len(t_grid)
     X = base[:, None, :] + t_grid[None, :, None] * dirs[:, None, :]
     Y = oracle(X.reshape(-1, d)).reshape(n_lines, G, -1)
-    if r is None:
-        r = np.random.default_rng(Y.shape[2]).standard_normal(Y.shape[2])
-    g = Y @ r
-    scale = np.abs(g).max(axis=1, keepdims=True) if noise_scale is None else noise_scale
-    thr = oracle.zero_factor() * (scale + np.abs(Y).max(axis=(1, 2))[:, None] * np.abs(r).sum()) + 1e-300
-    nz = np.abs(g[:, :-2] - 2 * g[:, 1:-1] + g[:, 2:]) > thr  # nz[:, p]: points p, p+1, p+2 not collinear
+    thr = oracle.zero_factor() * np.abs(Y).max(axis=1, keepdims=True) + 1e-300  # (L, 1, m)
+    D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:]) / thr  # (L, G - 2, m), > 1: not collinear
+    nz = (D2 > 1).any(axis=2)
     i = np.arange(2, G - 3)
     ok = nz[:, i - 1] & nz[:, i] & ~nz[:, i - 2] & ~nz[:, i + 1]
     li, ci = np.nonzero(ok)
     cell = i[ci]
-    gm, g0, g1, g2 = (g[li, cell + s] for s in (-1, 0, 1, 2))
+    o = np.argmax(D2[li, cell - 1] + D2[li, cell], axis=1)
+    gm, g0, g1, g2 = (Y[li, cell + s, o] for s in (-1, 0, 1, 2))
     sL, sR = g0 - gm, g2 - g1
     with np.errstate(divide="ignore", invalid="ignore"):
         tau = (g1 - g0 - sR) / (sL - sR)
     good = np.isfinite(tau) & (tau > 0) & (tau < 1)
-    li, cell, tau = li[good], cell[good], tau[good]
+    li, cell, tau, o = li[good], cell[good], tau[good], o[good]
     step = float(t_grid[1] - t_grid[0])
     t = t_grid[cell] + tau * step
     x = base[li] + t[:, None] * dirs[li]
     if len(t):
         # Two kinks in one cell look like one whose two outer pieces meet where the model
         # is not: one query at each kink (one call for all) tells them apart.
-        at = oracle(x) @ r
-        pred = g[li, cell] + sL[good] * tau
-        single = np.abs(at - pred) <= thr[li, 0]
+        at = oracle(x)[np.arange(len(t)), o]
+        pred = Y[li, cell, o] + sL[good] * tau
+        single = np.abs(at - pred) <= thr[li, 0, o]
         li, cell, t, x = li[single], cell[single], t[single], x[single]
     jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
-    return Kinks(li, t, x, dirs[li], step, jump), r
+    return Kinks(li, t, x, dirs[li], step, jump)
 
 
-def window_kinks(oracle, points, normals, half_width, r):
+def window_kinks(oracle, points, normals, half_width):
     """For each point, whether the model has a kink within ``half_width`` of it along its
     normal (a six-point window, one model call for all points): the test that a predicted
     hyperplane is a hyperplane of the model there. Returns (bool array, Kinks)."""
     t_grid = half_width * np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5])
-    kinks, _ = find_kinks(oracle, points, normals, t_grid, r)
+    kinks = find_kinks(oracle, points, normals, t_grid)
     hit = np.zeros(len(points), dtype=bool)
     hit[kinks.line] = True
     return hit, kinks
