@@ -99,6 +99,79 @@ def test_two_layer_exact(d, k, m):
     assert res.precision == "float64"
 
 
+@pytest.mark.parametrize("d,k,m", [(10, 5, 1), (20, 10, 1), (40, 20, 1), (40, 20, 20)])
+def test_two_layer_float32_certified_at_float32(d, k, m):
+    hidden, out = planted(d, (k,), m, seed=d + k + m)
+    res = relufast.extract(model(hidden, out, np.float32), n_features=d, n_hidden=k, queries="chosen", random_state=0)
+    assert res.exact and res.precision == "float32"
+    assert res.residual <= res.diagnostics["certificate_tolerance"]
+    assert function_error(res, model(hidden, out), d) <= F32_FUNC_TOL
+
+
+#: Three-layer networks the deep stages extract exactly (seeded draws).
+DEEP_CASES = [(10, (6, 4), 1, 1), (10, (6, 4), 3, 8), (10, (6, 4), 2, 8), (10, (8, 6), 1, 1)]
+
+
+@pytest.mark.parametrize("d,widths,m,seed", DEEP_CASES)
+def test_three_layer_exact(d, widths, m, seed):
+    hidden, out = planted(d, widths, m, seed)
+    f = model(hidden, out)
+    res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
+    assert isinstance(res, DeepResult)
+    assert res.exact and res.status == "exact" and res.n_hidden == widths
+    assert [W.shape for W, _ in res.layers] == [(widths[0], d), (widths[1], widths[0]), (m, widths[1])]
+    assert function_error(res, f, d) <= FUNC_TOL
+    assert weight_error(res.layers, hidden, out) <= WEIGHT_TOL
+    assert res.counts["queries"] > 0 and res.seconds["total"] > 0
+
+
+def test_four_layer_never_wrongly_exact():
+    """Four layers: the deep stages do not yet determine every unit of such networks within
+    the default rounds; the result must then say so (never a wrong exact)."""
+    d, widths, m = 10, (6, 4, 3), 1
+    hidden, out = planted(d, widths, m, seed=1)
+    f = model(hidden, out)
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", max_queries=40000, random_state=0)
+    assert not res.exact and res.status != "exact" and "chosen queries" in res.message
+
+
+def test_sklearn_two_hidden_layers_against_its_weights():
+    sk = pytest.importorskip("sklearn.neural_network")
+    from sklearn.exceptions import ConvergenceWarning
+
+    d, widths = 10, (6, 4)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, d))
+    Y = np.tanh(X @ rng.standard_normal((d, 2)))
+    mlp = sk.MLPRegressor(hidden_layer_sizes=widths, activation="relu", max_iter=200, random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        mlp.fit(X, Y)
+    res = relufast.extract(mlp, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
+    assert res.exact
+    held = [(W.T, b) for W, b in zip(mlp.coefs_, mlp.intercepts_)]
+    assert weight_error(res.layers, held[:-1], held[-1]) <= WEIGHT_TOL
+    Xt = 10 * rng.standard_normal((500, d))
+    assert np.abs(res.predict(Xt) - mlp.predict(Xt)).max() <= FUNC_TOL * np.abs(mlp.predict(Xt)).max()
+
+
+def test_torch_sequential_deep():
+    torch = pytest.importorskip("torch")
+    d, widths, m = 10, (6, 4), 1
+    hidden, out = planted(d, widths, m, seed=1)
+    layers = []
+    for W, b in [*hidden, out]:
+        lin = torch.nn.Linear(W.shape[1], W.shape[0]).double()
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(W))
+            lin.bias.copy_(torch.from_numpy(b))
+        layers += [lin, torch.nn.ReLU()]
+    net = torch.nn.Sequential(*layers[:-1])
+    res = relufast.extract(net, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
+    assert res.exact
+    assert weight_error(res.layers, hidden, out) <= WEIGHT_TOL
+
+
 def test_tuple_of_one_width_is_one_hidden_layer():
     hidden, out = planted(8, (4,), 2, seed=3)
     res = relufast.extract(model(hidden, out), n_features=8, n_hidden=(4,), queries="chosen", random_state=1)
@@ -117,7 +190,7 @@ def test_validation():
         relufast.extract(f, n_features=4, n_hidden=(2, 0), queries="chosen")
 
 
-@pytest.mark.parametrize("case", ["tanh", "leaky", "wrong_widths", "budget"])
+@pytest.mark.parametrize("case", ["tanh", "leaky", "wrong_widths", "budget", "deep_as_shallow", "deep_tanh"])
 def test_outside_the_class_is_never_exact(case):
     d, widths = 10, (5,)
     hidden, out = planted(d, widths, 1, seed=7)
@@ -132,6 +205,12 @@ def test_outside_the_class_is_never_exact(case):
         widths = (3,)
     if case == "budget":
         kw = {"max_queries": 600}
+    if case == "deep_as_shallow":  # a three-layer model extracted as two layers
+        f = model(*planted(d, (6, 4), 1, seed=1))
+    if case == "deep_tanh":
+        widths = (6, 4)
+        f = model(*planted(d, widths, 1, seed=1), activation=np.tanh)
+        kw = {"max_queries": 30000}
     with pytest.warns(relufast.RelufastWarning):
         res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0, **kw)
     assert not res.exact and res.status != "exact"

@@ -229,7 +229,7 @@ def _nearest(layers, x, n, todo):
     return todo[int(np.argmin(dist))]
 
 
-def _chains(oracle, known, tent, X0, N0, E0, rng, max_steps):
+def _chains(oracle, known, tent, X0, N0, rng, max_steps):
     """Follow the boundaries through the seeds (X0, N0), each towards the nearest boundary
     it has not crossed yet (a random one after a failed step; a chain that fails STALL
     steps in a row is dropped); the hyperplane (v, c) in phi-space of every chain that
@@ -239,7 +239,6 @@ def _chains(oracle, known, tent, X0, N0, E0, rng, max_steps):
     n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
     M = [_constraints(known, tent, X0[c : c + 1], N0[c : c + 1]) for c in range(C)]
     pats = [[p] for p in _pattern(layers, X0)]
-    err = list(E0)
     X, N = X0.copy(), N0.copy()
     done: dict = {}
     fails = np.zeros(C, dtype=int)
@@ -265,7 +264,7 @@ def _chains(oracle, known, tent, X0, N0, E0, rng, max_steps):
             M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])])
             if _targets(pats[c], n_tent, n_last):
                 continue  # phi has null directions until every unit was crossed
-            theta = _solve(M[c], _null_tol(oracle, err[c]))
+            theta = _solve(M[c], _null_tol(oracle))
             if theta is not None:
                 done[c] = theta
         solved = np.array([t for t in done.values() if t is not None])
@@ -299,7 +298,7 @@ def _complete(oracle, known, tent, partial, pool):
     for Mc in partial:
         R = Mc.reshape(-1, Mc.shape[-1])
         _, s, Vt = np.linalg.svd(R, full_matrices=True)
-        tol = _null_tol(oracle, 0.0)
+        tol = _null_tol(oracle)
         s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
         null = Vt[s <= tol * s[0]]
         if not 2 <= len(null) <= PARTIAL + 1:
@@ -359,10 +358,11 @@ def _verified(oracle, known, tent, Theta, rng):
 VERIFY_LINES, VERIFY_HITS = 4, 3
 
 
-def _null_tol(oracle, err):
+def _null_tol(oracle):
     """Relative singular value below which the chain's equations count as satisfied: the
-    finite-difference accuracy of the normals (:meth:`Oracle.normal_tol`) or the measured one."""
-    return max(oracle.normal_tol() / 100, 64.0 * err)
+    finite-difference accuracy of the normals at this precision (:meth:`Oracle.normal_tol`
+    allows 30x over it)."""
+    return oracle.normal_tol() / 30
 
 
 def _refill(oracle, layers, widths, rng, pool, tol):
@@ -398,7 +398,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
             _refill(oracle, layers, widths, rng, pool, tol)
             continue
         pick = rng.choice(len(pool), size=want, replace=False)
-        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], pool.err[pick], rng, steps)
+        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
         if partial:
             for _ in range(COMPLETE_LINES):
