@@ -152,6 +152,31 @@ def test_auto_certifies_float32_outputs_at_their_precision(seed):
     assert _fresh_error(res, net, d, rng) < 1e-5
 
 
+def test_auto_float32_scikit_learn_network():
+    """The issue's case: an MLPRegressor (breast_cancer, k = 5, one output) evaluated in
+    float32 on Gaussian queries; auto said failed ("outside the basin", "rank(Y) = 1 <
+    n_hidden = 5") with the weights at 5e-8."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    from sklearn.neural_network import MLPRegressor
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = datasets.load_breast_cancer(return_X_y=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mlp = MLPRegressor(hidden_layer_sizes=(5,), max_iter=500, random_state=0).fit(
+            StandardScaler().fit_transform(X), y
+        )
+    W1, W2 = (w.astype(np.float32) for w in mlp.coefs_)
+    b1, b2 = (b.astype(np.float32) for b in mlp.intercepts_)
+    Q = np.random.default_rng(20).standard_normal((200000, X.shape[1])).astype(np.float32)
+    Yq = np.maximum(Q @ W1 + b1, 0) @ W2 + b2
+    res = _quiet(relufast.recover, Q, Yq, n_hidden=5, random_state=0)
+    assert res.status == "exact" and res.precision == "float32", res.message
+    Xt = np.random.default_rng(21).standard_normal((5000, X.shape[1]))
+    yt = np.maximum(Xt @ mlp.coefs_[0] + mlp.intercepts_[0], 0) @ mlp.coefs_[1] + mlp.intercepts_[1]
+    assert np.linalg.norm(res.predict(Xt) - yt) / np.linalg.norm(yt) < 1e-6
+
+
 def test_one_output_message_does_not_blame_the_rank_of_y():
     """With one output, rank(Y) = 1 < n_hidden says nothing: no such note."""
     rng = np.random.default_rng(9)
