@@ -273,42 +273,75 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
                 if c not in done and np.min(np.abs(_zeta(known, tent, X[c : c + 1], solved))) <= 0.5 * oracle.window():
                     done[c] = None
     found = [t for t in done.values() if t is not None]
-    partial = [M[c] for c in range(C) if c not in done and len(_targets(pats[c], n_tent, n_last)) <= PARTIAL]
+    partial = [
+        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last))
+        for c in range(C)
+        if c not in done and len(_targets(pats[c], n_tent, n_last)) <= PARTIAL
+    ]
     return (np.array(found) if found else None), partial
 
 
-#: Random lines drawn to complete the chains of a round.
-COMPLETE_LINES = 2
 #: A chain left with this many boundaries or fewer never crossed is completed from the pool.
 PARTIAL = 2
+
+
+def _across(oracle, layers, partial, rng, pool):
+    """Kinks for the pool on the far side of the boundaries a chain could not cross: from
+    the chain's last point reflected across each such boundary, a line along the chain's
+    last normal (its bent boundary crosses it there when it reaches that side at all)."""
+    base, dirs = [], []
+    for _, x, n, todo in partial:
+        z = np.hstack(pre_activations(layers, x[None])[0])[0]
+        J = np.concatenate(preact_jacobians(layers, x[None]), axis=1)[0]
+        for u, _ in todo:
+            g = J[u]
+            base.append(x - 1.2 * z[u] * g / max(float(g @ g), 1e-300))
+            dirs.append(n)
+    if not base:
+        return
+    kinks = find_kinks(oracle, np.array(base), np.array(dirs) * ACROSS_WIDTH, np.linspace(-1.0, 1.0, ACROSS_POINTS))
+    Z, _ = pre_activations(layers, kinks.x)
+    fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window())[0]
+    nrm = jump_normals(oracle, _subset(kinks, fresh), rng)
+    pool.add(nrm.x, nrm.n, nrm.error)
+
+
+#: Half-width and points of the lines drawn across a boundary a chain could not cross.
+ACROSS_WIDTH, ACROSS_POINTS = 1.0, 96
 
 
 def _complete(oracle, known, tent, partial, pool):
     """Complete chains that could not cross every boundary with kinks of the pool.
 
-    A chain that never crossed unit j leaves a null direction of its equations; a kink of
-    the same unit on the other side of j's boundary (random lines reach everywhere) is
-    consistent with the chain's null space and removes it. A kink of another unit is
-    consistent only by accident when the null space is small (PARTIAL + 1 <= d)."""
+    A chain that never crossed unit j keeps a null direction of its equations. A kink of the
+    same unit on the far side of every boundary the chain missed leaves exactly one
+    direction of the chain's null space satisfying its own equations (a kink on the near
+    side of one of them satisfies that unit's null direction; a kink of another unit, none);
+    the chain's equations with that kink's then have a one-dimensional null space."""
     if not partial or len(pool) == 0:
         return []
     Mp = _constraints(known, tent, pool.x, pool.n)
     scale = np.linalg.norm(Mp, axis=(1, 2))
+    tol = _null_tol(oracle)
     out = []
-    for Mc in partial:
+    P = _pattern([*known, tent], pool.x)
+    for Mc, _, _, todo in partial:
+        # A kink where an uncovered unit is still on the chain's side satisfies that unit's
+        # null direction: only kinks on the far side of every uncovered boundary count.
+        far = np.all([P[:, u] == (sign > 0) for u, sign in todo], axis=0)
         R = Mc.reshape(-1, Mc.shape[-1])
         _, s, Vt = np.linalg.svd(R, full_matrices=True)
-        tol = _null_tol(oracle)
         s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
         null = Vt[s <= tol * s[0]]
         if not 2 <= len(null) <= PARTIAL + 1:
             continue
         sv = np.linalg.svd(Mp @ null.T, compute_uv=False)
-        fits = np.nonzero(sv[:, -1] <= tol * scale)[0]
-        if len(fits):
-            theta = _solve(np.concatenate([Mc, Mp[fits]]), tol)
+        one = far & (sv[:, -1] <= tol * scale) & (sv[:, -2] > 8 * tol * scale)
+        for i in np.nonzero(one)[0]:
+            theta = _solve(np.concatenate([Mc, Mp[i : i + 1]]), tol)
             if theta is not None:
                 out.append(theta)
+                break
     return out
 
 
@@ -401,8 +434,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
         if partial:
-            for _ in range(COMPLETE_LINES):
-                _refill(oracle, layers, widths, rng, pool, tol)
+            _across(oracle, layers, partial, rng, pool)
         extra = _complete(oracle, known, tent, partial, pool)
         if extra:
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
