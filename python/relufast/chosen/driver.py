@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .._result import RecoveryResult, Status, warn
+from .._validation import check_random_state
 from .deep import next_layer
 from .first_layer import KinkPool, first_layer
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
@@ -141,13 +142,13 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
         Output dtype when known before the first call (torch modules).
     precision : None, str or float
         Precision of the outputs (default: their dtype).
-    random_state : numpy Generator
+    random_state : None, int or numpy Generator
 
     Returns
     -------
     RecoveryResult (one hidden layer) or DeepResult
     """
-    rng = random_state
+    rng = check_random_state(random_state)
     clock = _Clock()
     oracle = Oracle(f, n_features, max_queries, dtype_name, precision)
     diag: dict = {}
