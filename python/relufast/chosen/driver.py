@@ -127,6 +127,28 @@ def _stages(oracle, widths, rng, clock, diag):
     return hidden, out, True, ""
 
 
+def _verdict(exact, have, residual, tol, prec, note, dims, oracle):
+    """(status, message) of an extraction: exact, a network that misses the model, or none."""
+    widths = tuple(dims[1:])
+    if exact:
+        shape = "-".join(map(str, (*dims, oracle.n_outputs)))
+        return Status.EXACT, (
+            f"chosen queries: network {shape} reproduces the model on fresh queries at scales 1 and 10 "
+            f"to {residual:.2g} (tolerance {tol:.2g} at {prec})"
+        )
+    if have:
+        status = Status.APPROXIMATE if np.isfinite(residual) and residual < 1e-2 else Status.FAILED
+        return status, (
+            f"chosen queries: the extracted network misses the model by {residual:.2g} on fresh queries "
+            f"(tolerance {tol:.2g} at {prec}): the model is outside the class (not a ReLU network of "
+            f"widths {widths}, e.g. another activation or wrong widths)"
+        )
+    return Status.FAILED, (
+        f"chosen queries: {note}. The model may be outside the class (not a ReLU network with hidden "
+        f"widths {widths}), or max_queries too small"
+    )
+
+
 def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, precision=None, random_state=None):
     """Extract a ReLU network with ``len(widths)`` hidden layers from a query function.
 
@@ -169,61 +191,24 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     residual = float(max(errs))
     exact = hidden is not None and residual <= tol
     diag.update(certificate_errors=tuple(errs), certificate_tolerance=tol)
-    if exact:
-        status = Status.EXACT
-        message = (
-            f"chosen queries: network {n_features}-{'-'.join(map(str, widths))}-{oracle.n_outputs} reproduces the "
-            f"model on fresh queries at scales 1 and 10 to {residual:.2g} (tolerance {tol:.2g} at {prec})"
-        )
-    elif hidden is not None:
-        status = Status.APPROXIMATE if np.isfinite(residual) and residual < 1e-2 else Status.FAILED
-        message = (
-            f"chosen queries: the extracted network misses the model by {residual:.2g} on fresh queries "
-            f"(tolerance {tol:.2g} at {prec}): the model is outside the class (not a ReLU network of "
-            f"widths {tuple(widths)}, e.g. another activation or wrong widths)"
-        )
-    else:
-        status = Status.FAILED
-        message = (
-            f"chosen queries: {note}. The model may be outside the class (not a ReLU network with hidden "
-            f"widths {tuple(widths)}), or max_queries too small"
-        )
+    status, message = _verdict(exact, hidden is not None, residual, tol, prec, note, (n_features, *widths), oracle)
     counts = {"queries": oracle.n_queries, "calls": oracle.n_calls}
-    if out is not None:
-        layers = _normalise(hidden, out)
+    layers = None if out is None else _normalise(hidden, out)
+    common = dict(
+        status=status,
+        message=message,
+        exact=exact,
+        residual=residual,
+        seconds=clock.seconds,
+        counts=counts,
+        diagnostics=diag,
+        precision=prec,
+    )
+    if len(widths) > 1:
+        res = DeepResult(layers=layers, **common)
     else:
-        layers = None
-    if len(widths) == 1:
-        U = V = b = c = None
-        if layers is not None:
-            (V, b), (U, c) = layers
-        res = RecoveryResult(
-            U=U,
-            V=V,
-            b=b,
-            c=c,
-            status=status,
-            message=message,
-            method="chosen",
-            exact=exact,
-            residual=residual,
-            seconds=clock.seconds,
-            counts=counts,
-            diagnostics=diag,
-            precision=prec,
-        )
-    else:
-        res = DeepResult(
-            layers=layers,
-            status=status,
-            message=message,
-            exact=exact,
-            residual=residual,
-            seconds=clock.seconds,
-            counts=counts,
-            diagnostics=diag,
-            precision=prec,
-        )
+        (V, b), (U, c) = layers if layers is not None else ((None, None), (None, None))
+        res = RecoveryResult(U=U, V=V, b=b, c=c, method="chosen", **common)
     if not exact:
         warn(message)
     return res
