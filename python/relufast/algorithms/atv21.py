@@ -54,11 +54,11 @@ from .._validation import (
 )
 from ..activations import RELU
 from ..stages.diagnostics import GAUSS_ROWS, gaussianity
-from ..stages.fit import certify, relative_residual
+from ..stages.fit import certify, fit_output_layer, relative_residual
 from ..stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ..stages.precision import resolve_precision
 from ..stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
-from ..stages.refine import TooManyRegions, region_refine
+from ..stages.refine import RegionRefinement, RowPool, TooManyRegions, output_basis, refine_rows, region_refine
 from ..stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
 __all__ = [
@@ -621,7 +621,63 @@ def _estimate(T, W, s, noise, polish, P2=None):
     return V0, a, bb, c0, d6
 
 
-def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine):
+#: Rows of the refinement sample that the affine-lift Alg. 5 reads: enough for its support
+#: solves (|S| >= d + 1) and null-space tests (2 (k + 1) + 5 confidently-off samples) when
+#: units are active on a few percent of the samples; more rows only add chances that an
+#: estimate's confidently-off set holds a sample where the unit is on.
+LIFT_ROWS = 5000
+
+
+def _lift_refine(Xs, Ys, V0, b0, n_jobs, pool):
+    """BJW19 Algorithm 5 in its margin form on the affine lift ``[x, 1]`` (relufast: the
+    paper's exact refinement of Thm 7 extended to biases and an offset). The columns of
+    ``[Y, 1]`` span ``relu(X v_i + b_i)`` and the constant vector when they have rank k + 1
+    (m >= k outputs in general position), so each estimated row ``(v_i, b_i)`` whose
+    confidently-off samples leave a one-dimensional null space is solved exactly on its
+    support and verified against that span. Needs only the samples where each unit is
+    confidently off, not every unit's sign on a sample as the activation-region refinement
+    does. Certified rows join ``pool`` (a :class:`RowPool` kept over the tensor steps, whose
+    estimates certify different units). Returns (V, b) with the pooled rows in place of
+    the estimates they match, or None when the span test does not apply."""
+    k, d = V0.shape
+    rows = min(len(Xs), max(LIFT_ROWS, 20 * (d + 1)))
+    if rows < 2 * (k + 1) + 5:
+        return None
+    X1 = np.column_stack([Xs[:rows], np.ones(rows)])
+    B, sv, _ = output_basis(np.column_stack([Ys[:rows], np.ones(rows)]), k + 1)
+    if len(sv) < k + 1 or not sv[k] > 1e-8 * sv[0]:
+        return None  # [Y, 1] has rank <= k: its span does not hold each unit's vector
+    C = np.column_stack([V0, b0])
+    C /= np.linalg.norm(C, axis=1, keepdims=True)
+    out = refine_rows(B, X1, C, n_jobs=n_jobs or 0)
+    for i in np.flatnonzero(out["certified"]):
+        if np.linalg.norm(out["rows"][i][:d]) > 0:
+            pool.add(out["rows"][i] / np.linalg.norm(out["rows"][i]))
+    V, b = V0.copy(), b0.copy()
+    if pool.full:
+        R = np.array(pool.rows)
+        return R[:, :d] / np.linalg.norm(R[:, :d], axis=1, keepdims=True), R[:, d] / np.linalg.norm(R[:, :d], axis=1)
+    if len(pool):
+        R = np.array(pool.rows)
+        near = np.abs(C @ R.T)
+        for i in range(k):
+            j = int(np.argmax(near[i]))
+            if near[i, j] > 0.98:  # the estimate of a unit certified already: use the exact row
+                V[i], b[i] = R[j, :d] / np.linalg.norm(R[j, :d]), R[j, d] / np.linalg.norm(R[j, :d])
+    return V, b
+
+
+def _lifted_fit(Xs, Ys, V, b):
+    """(U, c) by least squares for exact (V, b) on the refinement sample, as a
+    :class:`RegionRefinement` with no region round."""
+    Uc, _ = fit_output_layer(Xs, Ys, V, b=b, intercept=True)
+    U, c = Uc[:, :-1], Uc[:, -1]
+    R = Ys - (np.maximum(Xs @ V.T + b, 0.0) @ U.T + c)
+    residual = float(np.linalg.norm(R) / max(np.linalg.norm(Ys), 1e-300))
+    return RegionRefinement(U, V, b, c, residual, (residual,), 0, (), 0, len(Xs), 0)
+
+
+def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None):
     """Step 7: (U, c) for every output by least squares and the activation-region
     refinement (relufast's own, :func:`relufast.stages.refine.region_refine`) on the
     refinement sample. Returns (rr, whether rr.residual is over all samples): the
@@ -630,6 +686,15 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine):
     sample already rules the network out."""
     Xs, Ys = sample
     kw = dict(margin=s.margin, max_rounds=s.max_rounds if refine else 0, n_jobs=s.n_jobs, block_size=4096)
+    lifted = None
+    if pool is not None and refine and np.ndim(Ys) == 2 and Ys.shape[1] >= s.k:
+        lifted = _lift_refine(Xs, Ys, V0, b0, s.n_jobs, pool)
+    if lifted is not None:
+        V0, b0 = lifted
+        if pool.full:
+            rr = _lifted_fit(Xs, Ys, V0, b0)
+            if rr.residual <= s.tol:
+                return (rr, covers_all) if covers_all else (_certify_all(data, rr), True)
     try:
         rr = region_refine(Xs, Ys, V0, b0, tol=min(1e-14, s.tol), **kw)
     except TooManyRegions:
@@ -658,6 +723,7 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts,
     m >= k (:data:`DIRECTION_MODES`). Returns (best (rr, diagnostics, a, b,
     c0, over_all) or None, residuals)."""
     best, attempts = None, []
+    pool = RowPool(s.k)  # rows certified by the affine-lift Alg. 5, over the tensor steps
     if P2 is None or not refine:
         modes: tuple = ("cp", "jennrich")
     elif P2.shape[0] >= s.k:
@@ -672,7 +738,7 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts,
             continue
         V0, a, bb, c0, d6 = est
         with run.stage("refine"):
-            rr, over_all = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine)
+            rr, over_all = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine, pool)
         run.counts["certify_passes"] += over_all
         attempts.append(rr.residual)
         if best is None or rr.residual < best[0].residual:
@@ -720,8 +786,12 @@ def _outcome(run, data, s, rr, attempts, note, refine, prec):
             Status.EXACT,
             f"recovered {k} hidden units with biases exactly: ATV21 estimate from "
             f"{run.counts['n_estimate']} samples (residual {start:.2e}, tensor step {len(attempts)}) made exact by "
-            f"{rr.rounds} rounds of activation-region refinement; relative residual "
-            f"{residual:.2e} over {n} samples"
+            + (
+                "BJW19 Algorithm 5 on the affine lift [x, 1]; relative residual "
+                if rr.rounds == 0 and rr.n_regions == 0
+                else f"{rr.rounds} rounds of activation-region refinement; relative residual "
+            )
+            + f"{residual:.2e} over {n} samples"
             + (
                 ""
                 if prec.is_double
