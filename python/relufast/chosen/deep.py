@@ -282,7 +282,7 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
 
 
 #: A chain left with this many boundaries or fewer never crossed is completed from the pool.
-PARTIAL = 2
+PARTIAL = 4
 
 
 def _across(oracle, layers, partial, rng, pool):
@@ -313,34 +313,40 @@ ACROSS_WIDTH, ACROSS_POINTS = 1.0, 96
 def _complete(oracle, known, tent, partial, pool):
     """Complete chains that could not cross every boundary with kinks of the pool.
 
-    A chain that never crossed unit j keeps a null direction of its equations. A kink of the
-    same unit on the far side of every boundary the chain missed leaves exactly one
-    direction of the chain's null space satisfying its own equations (a kink on the near
-    side of one of them satisfies that unit's null direction; a kink of another unit, none);
-    the chain's equations with that kink's then have a one-dimensional null space."""
+    A chain that never crossed units J keeps one null direction of its equations per unit
+    of J (``relu(z~_j)`` or ``relu(-z~_j)``, which vanish on its side), besides the unit's
+    own hyperplane. At a kink of the same unit, the equations restricted to that null space
+    keep the directions of the units of J still on the chain's side, plus the hyperplane:
+    one more than at a kink of another unit. Each such kink shrinks the null space; at one
+    dimension the hyperplane is found."""
     if not partial or len(pool) == 0:
         return []
     Mp = _constraints(known, tent, pool.x, pool.n)
     scale = np.linalg.norm(Mp, axis=(1, 2))
+    P = _pattern([*known, tent], pool.x)
     tol = _null_tol(oracle)
     out = []
-    P = _pattern([*known, tent], pool.x)
     for Mc, _, _, todo in partial:
-        # A kink where an uncovered unit is still on the chain's side satisfies that unit's
-        # null direction: only kinks on the far side of every uncovered boundary count.
-        far = np.all([P[:, u] == (sign > 0) for u, sign in todo], axis=0)
         R = Mc.reshape(-1, Mc.shape[-1])
         _, s, Vt = np.linalg.svd(R, full_matrices=True)
         s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
-        null = Vt[s <= tol * s[0]]
-        if not 2 <= len(null) <= PARTIAL + 1:
+        K = Vt[s <= tol * s[0]]
+        if len(K) != len(todo) + 1:
             continue
-        sv = np.linalg.svd(Mp @ null.T, compute_uv=False)
-        one = far & (sv[:, -1] <= tol * scale) & (sv[:, -2] > 8 * tol * scale)
-        for i in np.nonzero(one)[0]:
-            theta = _solve(np.concatenate([Mc, Mp[i : i + 1]]), tol)
-            if theta is not None:
-                out.append(theta)
+        for i in range(len(pool)):
+            near = [u for u, sign in todo if P[i, u] != (sign > 0)]
+            if len(near) == len(todo):
+                continue  # on the chain's side of every missed boundary: tells nothing
+            _, sv, Wt = np.linalg.svd(Mp[i] @ K.T, full_matrices=True)
+            sv = np.concatenate([sv, np.zeros(Wt.shape[0] - len(sv))])
+            keep = sv <= tol * scale[i]
+            if keep.sum() != len(near) + 1:
+                continue  # another unit's kink
+            K = Wt[keep] @ K
+            K /= np.linalg.norm(K, axis=1, keepdims=True)
+            todo = [(u, sign) for u, sign in todo if u in near]
+            if len(K) == 1:
+                out.append(K[0] / np.linalg.norm(K[0, :-1]))
                 break
     return out
 
