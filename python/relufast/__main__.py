@@ -523,25 +523,6 @@ def _parser():
     return parser
 
 
-def _quiet_highs():
-    """HiGHS prints a banner on the process's standard output (fd 1, from C++) when the
-    first solver of the process is created, before any option can turn it off. Create
-    that first solver (through the LP stage, the only importer of highspy) with fd 1
-    pointed at /dev/null, so the banner never reaches the command's output; later solvers
-    run with output_flag off."""
-    from relufast.stages.highs import LPSession
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), 1)
-            LPSession(1)
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def main(argv=None):
     """Run the command line; returns the exit code (0 success, 1 no network, 2 user error,
     130 interrupted)."""
@@ -549,7 +530,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command == "recover" and not (args.data or (args.x and args.y)):
         parser.error("recover needs an .npz file with X and Y, or both --x and --y")
-    _quiet_highs()
     try:
         return args.func(args)
     except (ValueError, TypeError, _CommandError) as exc:

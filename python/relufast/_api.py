@@ -119,7 +119,12 @@ def _accepted_options(function):
     params = list(inspect.signature(function).parameters.values())[3:]
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
-    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    # Names starting with "_" are the package's own switches, not options for users.
+    return [
+        p.name
+        for p in params
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and not p.name.startswith("_")
+    ]
 
 
 def _check_options(name, function, options):

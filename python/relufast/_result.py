@@ -7,7 +7,7 @@ import types
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Optional
 
@@ -40,6 +40,19 @@ class Status(str, Enum):
 
 def _freeze(mapping):
     return types.MappingProxyType(dict(mapping or {}))
+
+
+def _plain(value):
+    """Read-only mappings (at any depth) as dicts, for pickling."""
+    if isinstance(value, (dict, types.MappingProxyType)):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _rebuild_result(values):
+    return RecoveryResult(**values)
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,11 @@ class RecoveryResult:
     c: Optional[np.ndarray] = None
     precision: str = "float64"
     undetermined_units: tuple = ()
+
+    def __reduce__(self):
+        # The read-only mappings (types.MappingProxyType) do not pickle: pickle the fields
+        # with plain dicts and rebuild (frozen again) on loading.
+        return (_rebuild_result, ({f.name: _plain(getattr(self, f.name)) for f in fields(self)},))
 
     def __post_init__(self):
         object.__setattr__(self, "status", Status(self.status))

@@ -15,8 +15,6 @@ returns no network at all, the mean of the training outputs (also with a warning
 
 from __future__ import annotations
 
-import dataclasses
-import types
 import warnings
 
 import numpy as np
@@ -32,18 +30,9 @@ except ImportError:  # pragma: no cover - older scikit-learn
 
 
 from ._api import recover
-from ._result import RecoveryResult, RelufastWarning
+from ._result import RelufastWarning
 
 __all__ = ["ReluNetRegressor"]
-
-
-def _plain(value):
-    """Read-only mappings (at any depth) as dicts, for pickling."""
-    if isinstance(value, (dict, types.MappingProxyType)):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_plain(v) for v in value)
-    return value
 
 
 class ReluNetRegressor(RegressorMixin, BaseEstimator):
@@ -158,20 +147,6 @@ class ReluNetRegressor(RegressorMixin, BaseEstimator):
         else:
             out = self._network.predict(X)
         return out[:, 0] if self._single_output else out
-
-    def __getstate__(self):
-        # RecoveryResult holds read-only mappings (types.MappingProxyType), which pickle
-        # refuses: store its fields with plain dicts and rebuild it on loading.
-        state = dict(super().__getstate__())  # a copy: it can be the instance's own __dict__
-        if isinstance(state.get("result_"), RecoveryResult):
-            res = state["result_"]
-            state["result_"] = {f.name: _plain(getattr(res, f.name)) for f in dataclasses.fields(res)}
-        return state
-
-    def __setstate__(self, state):
-        if isinstance(state.get("result_"), dict):
-            state = dict(state, result_=RecoveryResult(**state["result_"]))
-        super().__setstate__(state)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

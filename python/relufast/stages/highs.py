@@ -10,6 +10,8 @@ map from HiGHS model statuses to relufast's LP statuses.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -70,6 +72,32 @@ def _check(status, call):
         raise RuntimeError(f"HiGHS {call} returned an error")
 
 
+_QUIET = []  # [True] once the process's first solver has been created quietly
+
+
+def _first_solver_quietly():
+    """HiGHS prints a banner on the process's standard output (fd 1, from C++) when the
+    first solver of the process is created, before any option can turn it off. Create that
+    first solver with fd 1 pointed at /dev/null (once per process), so the banner never
+    reaches a user's output; every later solver runs with output_flag off."""
+    if _QUIET:
+        return
+    _QUIET.append(True)
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no fd 1 (an embedded interpreter): nothing to hide
+        highspy.Highs()
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class _HighsSession:
     """What the LP and QP sessions share: one HiGHS model with bounded columns, a linear
     cost and rows that are added, re-bounded and deleted between warm solves (HiGHS keeps
@@ -94,6 +122,7 @@ class _HighsSession:
         options=(),
     ):
         self.n_vars = n = int(n_vars)
+        _first_solver_quietly()
         self._h = highspy.Highs()
         settings = [
             ("output_flag", False),
