@@ -331,11 +331,6 @@ def test_demo_on_few_samples_prints_no_solver_banner():
     assert "HiGHS" not in r.stdout and "HiGHS" not in r.stderr and "Copyright" not in r.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="relufast.units.visible_units counts the rank of the centred outputs, at most n - 1 = 4 "
-    "with n = 5 samples, so rank(Y) = 5 = k reads as one unit never active (units.py)",
-)
 def test_demo_on_few_samples_does_not_call_a_unit_dead(capsys):
     main(["demo", "--n", "5"])
     assert "never active" not in capsys.readouterr().out

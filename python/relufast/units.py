@@ -117,11 +117,11 @@ def visible_units(X, Y, *, precision=None, random_state=0) -> Visibility:
     ev = np.linalg.svd(T, compute_uv=False)
     floor = 4.0 * float(np.sqrt(np.sum(np.var(cols, axis=0)))) * (math.sqrt(d / n) + d / n)
     moment = int(np.sum(ev > floor))
-    count = rank if rank < m else max(moment, rank)
-    if rank >= m and moment >= d:
-        # Both statistics are full: the stacked second moments span at most d directions and
-        # the outputs at most m, so more units than max(d, m) (k > d with few outputs) cannot
-        # be counted here, and none is shown to be invisible.
+    count = rank if rank < min(m, n - 1) else max(moment, rank)
+    if rank >= n - 1 or (rank >= m and moment >= d):
+        # A statistic is full: the centred outputs of n samples have rank at most n - 1, the
+        # stacked second moments span at most d directions and the outputs at most m, so
+        # more units than that cannot be counted here, and none is shown to be invisible.
         count = math.inf
     return Visibility(count, rank, moment, ev)
 
