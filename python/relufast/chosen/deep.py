@@ -65,6 +65,11 @@ def _constraints(known, tent, x, n):
     return np.concatenate([tan, pt], axis=1)
 
 
+#: The second smallest singular value must exceed GAP times the null tolerance (or 5% of
+#: the largest): a barely determined direction gives a hyperplane wrong in some regions.
+GAP = 1000.0
+
+
 def _solve(M, tol):
     """Null vector of the stacked rows M when it is one-dimensional; else None."""
     R = M.reshape(-1, M.shape[-1])
@@ -72,7 +77,7 @@ def _solve(M, tol):
     if len(R) < M.shape[-1] - 1:
         return None
     _, s, Vt = np.linalg.svd(R, full_matrices=False)
-    if len(s) < M.shape[-1] or s[-1] > tol * s[0] or s[-2] <= 8 * max(s[-1], tol * s[0] / 8):
+    if len(s) < M.shape[-1] or s[-1] > tol * s[0] or s[-2] <= min(GAP * tol, 0.05) * s[0]:
         return None
     theta = Vt[-1]
     return theta / np.linalg.norm(theta[:-1])
@@ -394,7 +399,7 @@ def _verified(oracle, known, tent, Theta, rng):
 
 
 #: Random lines on which a deeper unit's predicted boundary is tested, and hits needed.
-VERIFY_LINES, VERIFY_HITS = 4, 3
+VERIFY_LINES, VERIFY_HITS = 4, 4
 
 
 def _null_tol(oracle):
@@ -413,6 +418,84 @@ def _refill(oracle, layers, widths, rng, pool, tol):
     pool.add(nrm.x, nrm.n, nrm.error)
 
 
+def _degenerate(P, n_tent, n_last):
+    """Per kink pattern (rows of P over known + tentative units): flags of the units whose
+    phi column leaves a null direction when they keep that sign (tentative units either
+    way, as relu(z~) or relu(-z~); units of the last known layer when inactive)."""
+    total = P.shape[1]
+    tent = P[:, total - n_tent :]
+    last = ~P[:, total - n_tent - n_last : total - n_tent]
+    return tent, last
+
+
+def _group(oracle, known, tent, pool, tol):
+    """Hyperplanes of units from kinks of the pool grouped by unit (no walking).
+
+    Kinks of one unit share its hyperplane, and all satisfy the null direction of every
+    unit whose phi column vanishes (or is linear) at all of them: their stacked equations
+    have ``agree + 1`` null directions (agree: the tentative units with one sign throughout,
+    the last known layer's units inactive throughout), one fewer when a kink of another unit
+    is among them. Groups grow greedily from each kink in turn; a group whose kinks see
+    every tentative unit with both signs (and every unit of the last known layer active)
+    has a one-dimensional null space: the unit's hyperplane."""
+    layers = [*known, tent]
+    n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
+    n = len(pool)
+    if n < 2:
+        return np.zeros((0, 0))
+    M = _constraints(known, tent, pool.x, pool.n)
+    M = M / np.maximum(np.linalg.norm(M, axis=2, keepdims=True), 1e-300)
+    T, Lz = _degenerate(_pattern(layers, pool.x), n_tent, n_last)
+    cols = M.shape[2]
+
+    def consistent(g):
+        sv = np.linalg.svd(M[g].reshape(-1, cols), compute_uv=False)
+        null = int((sv <= tol * sv[0]).sum()) + max(0, cols - len(sv))
+        agree = int((T[g].all(axis=0) | (~T[g]).all(axis=0)).sum() + Lz[g].all(axis=0).sum())
+        return null == agree + 1, agree
+
+    found, used = [], np.zeros(n, dtype=bool)
+    for seed in range(n):
+        if used[seed]:
+            continue
+        g, agree, extra = [seed], None, 0
+        for q in range(n):
+            if q != seed and not used[q]:
+                ok, a = consistent(g + [q])
+                if ok:
+                    extra += agree == 0  # kinks added once the group was determined
+                    g, agree = g + [q], a
+        if agree == 0 and len(g) >= GROUP_MIN and extra >= GROUP_CONFIRM:
+            theta = _solve(M[g], tol)
+            if theta is not None:
+                found.append(theta)
+                used[g] = True
+    return np.array(found).reshape(-1, cols)
+
+
+#: Kinks a group needs (two kinks of different units on opposite sides of every boundary
+#: can pass the null-space count; a third one of the same unit is then consistent only
+#: when all three are).
+GROUP_MIN = 3
+#: Kinks a group must gain after its null space became one-dimensional: a kink of another
+#: unit can complete a group (flipping the boundaries it missed) but is then rarely
+#: followed by kinks consistent with the hyperplane it produced.
+GROUP_CONFIRM = 2
+#: Random lines drawn per round of grouping, and rounds before the chains take over.
+GROUP_LINES, GROUP_ROUNDS = 2, 25
+
+
+def _add(Theta, found, k, tol):
+    """Theta with the rows of ``found`` that are new (up to sign and scale), at most k rows."""
+    for theta in found:
+        if len(Theta) >= k:
+            break
+        cos = np.abs(Theta @ theta) / np.linalg.norm(Theta, axis=1) / np.linalg.norm(theta) if len(Theta) else [0.0]
+        if np.max(cos) <= 1 - tol:
+            Theta = np.vstack([Theta, theta])
+    return Theta
+
+
 def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
     """The units of the layer after ``tent`` as hyperplanes in phi-space.
 
@@ -425,6 +508,17 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
     D = tent[0].shape[0] + tent[0].shape[1]
     steps = 8 + 6 * (tent[0].shape[0] + (known[-1][0].shape[0] if known else 0))
     Theta = np.zeros((0, D + 1))
+    for _ in range(GROUP_ROUNDS):
+        for _ in range(GROUP_LINES):
+            _refill(oracle, layers, widths, rng, pool, tol)
+        if len(Theta):
+            pool.keep(np.min(np.abs(_zeta(known, tent, pool.x, Theta)), axis=1) > tol)
+        found = _group(oracle, known, tent, pool, _null_tol(oracle))
+        if len(found):
+            Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
+        if len(Theta) >= k:
+            kt = tent[0].shape[0]
+            return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
     for _ in range(max_rounds):
         if len(pool):
             Z, _ = pre_activations(layers, pool.x)
@@ -446,14 +540,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
         if found is None:
             continue
-        found = found[_verified(oracle, known, tent, found, rng)]
-        for theta in found:
-            if len(Theta) >= k:
-                break
-            cos = np.abs(Theta @ theta) / np.linalg.norm(Theta, axis=1) / np.linalg.norm(theta)
-            if len(Theta) and np.max(cos) > 1 - tol:
-                continue
-            Theta = np.vstack([Theta, theta])
+        Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
             kt = tent[0].shape[0]
             return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
