@@ -1,4 +1,4 @@
-"""Adaptive estimation vs the moment over every sample (relufast issue 12), and the cost of
+"""Adaptive estimation vs the moment over every sample, and the cost of
 one NumPy pass that only checks a given network.
 
 d = 50, k = 10, m = 20, Gaussian inputs, bjw19-gaussian. For each n: relufast with the

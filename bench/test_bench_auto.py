@@ -1,5 +1,5 @@
-"""``method="auto"``'s routing of Gaussian data with fewer outputs than hidden units
-(relufast issue 9): bjw19-fpt against atv21 on planted networks, d = 10, k = 5, n = 1e5,
+"""``method="auto"``'s routing of Gaussian data with fewer outputs than hidden units:
+bjw19-fpt against atv21 on planted networks, d = 10, k = 5, n = 1e5,
 m = 1 (atv21 only), 2 and 3, several seeds. Each run records its status and the error of V
 beside the time, so the rule in docs/results.md ("bjw19-fpt first when m >= 2, then atv21")
 can be checked against the evidence. Threads: the machine's default (BLAS and kernels).

@@ -19,7 +19,7 @@ from relufast.stages.moments import hermite4_contraction
 pytestmark = pytest.mark.filterwarnings("ignore::relufast.RelufastWarning")
 
 #: Containers vs NumPy at d = 10 agree to rounding now that Step 1 runs to its fixed points
-#: (tol = 1e-24): measured 1.2e-14 (dask), 2.5e-14 (two ranks); issue 14 asks for 1e-12 (with
+#: (tol = 1e-24): measured 1.2e-14 (dask), 2.5e-14 (two ranks); the bar is 1e-12 (with
 #: the former tol = 1e-10: 1.6e-11 dask, 3.4e-9 two ranks).
 CONTAINER_TOL = 1e-12
 

@@ -1,6 +1,6 @@
 """Moment kernel: relufast's C++ accumulation vs NumPy, GFLOP/s beside the dense GEMM rate.
 
-Issue 2 bar: counting 2 n m d^2 flops, the kernel reaches at least half of the machine's
+The bar: counting 2 n m d^2 flops, the kernel reaches at least half of the machine's
 dense GEMM rate (square NumPy matmul, measured in the same run).
 """
 

@@ -1,4 +1,4 @@
-"""Scale-out (relufast issue 14): MPI ranks and memmaps streamed with bounded memory.
+"""Scale-out: MPI ranks and memmaps streamed with bounded memory.
 
 - Time vs ranks (1, 2) at fixed n: ``mpiexec -n R`` (the mpich wheel of the ``mpi`` extra)
   runs bench/mpi_timing.py, each rank holding n / R samples; the slowest rank's wall time

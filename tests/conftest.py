@@ -4,7 +4,7 @@ import pytest
 import relufast as rf
 
 #: Exact recovery: relative errors of U and V at this level are machine precision plus
-#: the conditioning of the least-squares fit (issue 2 asks for 1e-10 or better).
+#: the conditioning of the least-squares fit (1e-10 or better).
 EXACT_TOL = 1e-10
 
 

@@ -1,4 +1,4 @@
-"""Adaptive estimation and the one certifying pass (relufast issue 12) in bjw19-gaussian."""
+"""Adaptive estimation and the one certifying pass in bjw19-gaussian."""
 
 import warnings
 

@@ -360,7 +360,7 @@ def test_general_sampled_states_the_sign_ambiguity():
     X, Y = net.sample(400000, random_state=5)
     res = quiet(rf.recover, X, Y, n_hidden=6, method="atv21-general", random_state=0)
     # Without fit=True the sign-ambiguous units fit Y worse than its mean (residual ~31):
-    # not a success (issue 21, item 5), though the directions are estimated.
+    # not a success, though the directions are estimated.
     assert res.status == "failed" and not res.success and "sign" in res.message
     assert "not a useful fit" in res.message
     assert res.diagnostics["sign_ambiguous"] == tuple(range(6)) and res.V.shape == (6, 4)

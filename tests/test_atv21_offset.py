@@ -1,4 +1,4 @@
-"""Bias-free methods given outputs with an offset say so and name atv21 (relufast issue 9)."""
+"""Bias-free methods given outputs with an offset say so and name atv21."""
 
 import warnings
 

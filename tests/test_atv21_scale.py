@@ -1,4 +1,4 @@
-"""ATV21 at scale (relufast issue 14): MPI ranks (simulated by threads), memmaps and dask
+"""ATV21 at scale: MPI ranks (simulated by threads), memmaps and dask
 arrays give the network of one process on the concatenated in-memory samples."""
 
 import warnings
@@ -13,7 +13,7 @@ from relufast.planted import PlantedNetwork
 from .threadcomm import run_ranks as _run_ranks
 
 #: Another container or rank split of the same samples sums the moments in another order:
-#: the networks agree to rounding (issue 14: 1e-12).
+#: the networks agree to rounding (to 1e-12).
 SAME_TOL = 1e-12
 
 

@@ -57,7 +57,7 @@ F32_WEIGHT_TOL = 1e-6
 
 @pytest.mark.parametrize("as_keyword", [False, True])
 def test_float32_outputs_exact_at_float32(as_keyword):
-    """Issue 13: float32 outputs (or precision="float32") are certified at float32, never failed."""
+    """Float32 outputs (or precision="float32") are certified at float32, never failed."""
     from relufast.stages.precision import FLOOR_FACTOR, UNIT_ROUNDOFF
 
     d, k, m = 8, 5, 10

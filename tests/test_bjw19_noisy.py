@@ -89,7 +89,7 @@ def test_noisy_refuses_fewer_outputs_than_units():
     assert res.status == "unsupported"
 
 
-# ---- noiseless data through bjw19-noisy: the exact activation-region refinement (issue 9) ----
+# ---- noiseless data through bjw19-noisy: the exact activation-region refinement ----
 
 #: Relative residual an exact float64 result reaches after the refinement (measured ~1e-15).
 NOISELESS_RESIDUAL = 1e-12
@@ -149,7 +149,7 @@ def test_biased_noiseless_data_are_not_called_exact():
 
 
 def test_float32_noiseless_outputs_are_exact_at_float32():
-    """Issue 13: rounding of float32 outputs is not noise (the noise test and tol use the floor)."""
+    """Rounding of float32 outputs is not noise (the noise test and tol use the floor)."""
     from relufast.stages.precision import FLOOR_FACTOR, UNIT_ROUNDOFF
 
     d, k = 8, 3

@@ -154,7 +154,7 @@ def test_recover_never_saves_none_arrays(tmp_path, capsys):
     np.savez(data, X=rng.standard_normal((300, 3)), Y=np.zeros((300, 1)))
     main(["recover", str(data), "--n-hidden", "1", "--method", "bjw19-gaussian", "--out", str(out)])
     got = np.load(out)  # allow_pickle=False: an object array (a saved None) would raise here
-    # rank_deficient, or non_identifiable once zero outputs are reported as determining nothing (issue 21)
+    # rank_deficient, or non_identifiable once zero outputs are reported as determining nothing
     assert "U" not in got and str(got["status"]) in ("rank_deficient", "non_identifiable")
     assert "warning:" in capsys.readouterr().err
 
@@ -212,7 +212,7 @@ def test_recover_gklw19_on_noiseless_samples_is_exact_and_written(tmp_path, caps
     assert "activation-region refinement" in capsys.readouterr().out
 
 
-# ---- issue 20 (a newcomer's first hour) and issue 21 item 10: one-line errors, exit code 2
+# ---- one-line errors with exit code 2
 
 
 def _one_line_error(capsys, *needles):

@@ -1,5 +1,5 @@
-"""relufast.estimator.ReluNetRegressor: a scikit-learn estimator over relufast.recover
-(issue 20): planted recovery, pipelines and grid searches beside MLPRegressor, and
+"""relufast.estimator.ReluNetRegressor: a scikit-learn estimator over relufast.recover:
+planted recovery, pipelines and grid searches beside MLPRegressor, and
 scikit-learn's own estimator checks."""
 
 import pickle

@@ -1,5 +1,5 @@
-"""GP19 at scale (relufast issue 14): MPI ranks, memmaps and dask arrays give the network of
-one process on the concatenated samples; the unified power method (issue 8) reproduces the
+"""GP19 at scale: MPI ranks, memmaps and dask arrays give the network of
+one process on the concatenated samples; the unified power method reproduces the
 former GP19 Step 1 loop."""
 
 import math
@@ -164,7 +164,7 @@ def test_bad_combinations_raise_on_every_rank(teacher_data):
     assert all(e is not None and "same number of features" in e for e in errors)
 
 
-# ---- the unified power method (issue 8) ---------------------------------------------------------
+# ---- the unified power method ---------------------------------------------------------
 
 
 def _old_step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift):

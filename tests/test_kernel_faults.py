@@ -1,4 +1,4 @@
-"""One test per fault class of the C++ core (issue 15): thread creation failure, bounds,
+"""One test per fault class of the C++ core: thread creation failure, bounds,
 shared accumulators, signals, time limits, the BLAS thread limit, and determinism."""
 
 import os

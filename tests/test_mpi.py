@@ -1,6 +1,6 @@
 """Two real MPI ranks (``mpiexec -n 2``, from the mpich wheel of the ``mpi`` extra) against
 one process: every rank gets the same bits, and the network of one process on the
-concatenated samples (relufast issue 14)."""
+concatenated samples."""
 
 import os
 import shutil

@@ -1,4 +1,4 @@
-"""MR19 and scale-out (relufast issue 14): not a reduction, so comm= and dask arrays are refused
+"""MR19 and scale-out: not a reduction, so comm= and dask arrays are refused
 with the reason; memmaps are accepted and give the in-memory result."""
 
 import warnings

@@ -1,4 +1,4 @@
-"""The one C++ network pass behind ``core.certify`` and ``core.relu_stats`` (issue 8): both
+"""The one C++ network pass behind ``core.certify`` and ``core.relu_stats``: both
 Python-facing kernels agree with NumPy references and with each other, with and without
 biases and the intercept column."""
 

@@ -1,4 +1,4 @@
-"""Precision-aware certificates: float32 outputs are certified at float32 (issue 13)."""
+"""Precision-aware certificates: float32 outputs are certified at float32."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Memmaps, dask arrays and fake communicators through whole pipelines (relufast issue 14)."""
+"""Memmaps, dask arrays and fake communicators through whole pipelines."""
 
 import threading
 import time

@@ -1,4 +1,4 @@
-"""Trustworthy results under real use (issue 15): one test per fault class.
+"""Trustworthy results under real use: one test per fault class.
 
 False certificates (clean data in the sparse-noise pipeline, residual overflow, exact but
 non-unique fits, NaN parameters), units, numerical breakdowns, ``auto`` on any valid data,
@@ -210,7 +210,7 @@ def test_messages_name_the_cause():
     res = _quiet(rf.recover, X, Y, n_hidden=2, **gauss)
     assert "try n_hidden = 3" in res.message
     res = _quiet(rf.recover, X.astype(np.float32), Y.astype(np.float32), n_hidden=3, **gauss)
-    # float32 outputs are certified at float32 precision (issue 13) and the message says so.
+    # float32 outputs are certified at float32 precision and the message says so.
     assert res.precision == "float32" and "float32" in res.message
     for kw in ({"offset": "random"}, {"bias": "random"}):
         netb = planted(10, 3, 6, 0, **kw)

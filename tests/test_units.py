@@ -1,4 +1,4 @@
-"""Units the data cannot see (dead, pruned) and near-duplicate units (issue 13)."""
+"""Units the data cannot see (dead, pruned) and near-duplicate units."""
 
 import numpy as np
 import pytest
@@ -103,7 +103,7 @@ def test_real_inputs_in_a_subspace_digits():
         res = relufast.recover(X, Y, n_hidden=k, method="bjw19-enumeration", random_state=0)
     rX = np.linalg.matrix_rank(X)
     assert rX < d
-    # An exact fit that the data do not determine is non_identifiable, never exact (issue 15).
+    # An exact fit that the data do not determine is non_identifiable, never exact.
     assert res.status == "non_identifiable" and not res.exact, res.message
     assert res.diagnostics["input_rank"] == rX
     N = res.diagnostics["unidentifiable_directions"]

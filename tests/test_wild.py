@@ -1,4 +1,4 @@
-"""Networks from the wild (issue 13): inputs in a subspace for every method, near-duplicate
+"""Networks from the wild: inputs in a subspace for every method, near-duplicate
 pairs merged into an effective network, networks trained by scikit-learn in the test and
 extracted by queries, and the number of hidden units estimated when not given."""
 
