@@ -13,8 +13,11 @@ to n_p: ``(I - n_p n_p^T) A_p^T v = 0`` and ``phi(x_p) . v + c = 0``, d + 1 line
 on (v, c). One linear region gives at most d independent ones; the unit is determined once
 its kinks in a few regions are stacked (a one-dimensional null space).
 
-Kinks of the same unit in other regions are found by following its boundary (all chains in
-lockstep, one model call per step for all of them): from x_p a random direction v tangent
+Kinks from random lines are first grouped by unit (:func:`_group`: the stacked equations
+of one unit keep one null direction more than those of two units); a group whose kinks see
+every unit of layer l+1 on both sides determines the unit. For the units left, kinks in
+other regions are found by following the boundary (all chains in lockstep, one model call
+per step for all of them): from x_p a random direction v tangent
 to the boundary is followed to the first known boundary (computed, no query); just past
 it, the boundary of the unit crosses the line ``y + t n_p`` near t = 0; the kink nearest to
 0 in a window on that line is taken, and kept only when it lies in the predicted region and
