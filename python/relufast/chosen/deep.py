@@ -499,6 +499,18 @@ def _add(Theta, found, k, tol):
     return Theta
 
 
+def _prune(pool, known, tent, Theta, tol):
+    """Drop from the pool the kinks on a boundary already known: of the layers so far
+    (kept over from the search of an earlier layer) or of a unit already found."""
+    if len(pool) == 0:
+        return
+    Z, _ = pre_activations([*known, tent], pool.x)
+    keep = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol
+    if len(Theta):
+        keep &= np.min(np.abs(_zeta(known, tent, pool.x, Theta)), axis=1) > tol
+    pool.keep(keep)
+
+
 def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
     """The units of the layer after ``tent`` as hyperplanes in phi-space.
 
@@ -514,8 +526,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
     for _ in range(GROUP_ROUNDS):
         for _ in range(GROUP_LINES):
             _refill(oracle, layers, widths, rng, pool, tol)
-        if len(Theta):
-            pool.keep(np.min(np.abs(_zeta(known, tent, pool.x, Theta)), axis=1) > tol)
+        _prune(pool, known, tent, Theta, tol)
         found = _group(oracle, known, tent, pool, _null_tol(oracle))
         if len(found):
             Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
@@ -523,12 +534,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
             kt = tent[0].shape[0]
             return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
     for _ in range(max_rounds):
-        if len(pool):
-            Z, _ = pre_activations(layers, pool.x)
-            keep = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol
-            if len(Theta):
-                keep &= np.min(np.abs(_zeta(known, tent, pool.x, Theta)), axis=1) > tol
-            pool.keep(keep)
+        _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
         if len(pool) < want:
             _refill(oracle, layers, widths, rng, pool, tol)
