@@ -149,7 +149,8 @@ def test_sklearn_two_hidden_layers_against_its_weights():
         mlp.fit(X, Y)
     res = relufast.extract(mlp, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
     assert res.exact
-    held = [(W.T, b) for W, b in zip(mlp.coefs_, mlp.intercepts_)]
+    held = relufast.bridges.layers_of(mlp)
+    assert [W.shape for W, _ in held] == [(6, 10), (4, 6), (2, 4)]
     assert weight_error(res.layers, held[:-1], held[-1]) <= WEIGHT_TOL
     Xt = 10 * rng.standard_normal((500, d))
     assert np.abs(res.predict(Xt) - mlp.predict(Xt)).max() <= FUNC_TOL * np.abs(mlp.predict(Xt)).max()
@@ -169,7 +170,16 @@ def test_torch_sequential_deep():
     net = torch.nn.Sequential(*layers[:-1])
     res = relufast.extract(net, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
     assert res.exact
-    assert weight_error(res.layers, hidden, out) <= WEIGHT_TOL
+    held = relufast.bridges.layers_of(net)
+    assert weight_error(res.layers, held[:-1], held[-1]) <= WEIGHT_TOL
+
+
+def test_layers_of_validation():
+    sk = pytest.importorskip("sklearn.neural_network")
+    mlp = sk.MLPRegressor(hidden_layer_sizes=(3,), activation="tanh")
+    mlp.coefs_, mlp.intercepts_ = [np.zeros((2, 3)), np.zeros((3, 1))], [np.zeros(3), np.zeros(1)]
+    with pytest.raises(ValueError, match="activation='relu'"):
+        relufast.bridges.layers_of(mlp)
 
 
 def test_tuple_of_one_width_is_one_hidden_layer():

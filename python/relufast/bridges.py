@@ -3,6 +3,8 @@
 ``from_torch`` and ``from_sklearn`` read a trained model into a
 :class:`relufast.network.Network` ``y = U relu(V x + b) + c``; ``to_torch`` and
 ``to_sklearn`` (also ``RecoveryResult.to_torch()`` / ``.to_sklearn()``) build models back.
+``layers_of`` reads the layers of a ReLU network of any depth (to compare with
+``relufast.extract(..., queries="chosen")``).
 torch and scikit-learn are optional (``pip install relufast[torch]``, ``relufast[sklearn]``)
 and imported only inside these functions, never at ``import relufast``.
 """
@@ -15,7 +17,7 @@ import numpy as np
 
 from .network import Network, as_network
 
-__all__ = ["from_torch", "from_sklearn", "to_torch", "to_sklearn"]
+__all__ = ["from_torch", "from_sklearn", "to_torch", "to_sklearn", "layers_of"]
 
 
 def _require(name, extra):
@@ -159,3 +161,44 @@ def to_sklearn(network: Any) -> Any:
     mlp.t_ = 0
     mlp.loss_ = float("nan")
     return mlp
+
+
+def layers_of(model: Any) -> list:
+    """Every layer ``(W, b)`` (W of shape (out, in), float64) of a ReLU network of any depth.
+
+    Parameters
+    ----------
+    model : torch.nn.Module or fitted sklearn MLPRegressor / MLPClassifier
+        A torch module made of ``nn.Linear`` layers with ``nn.ReLU`` between them (in the
+        order of ``module.modules()``; layers without bias give zeros), or an sklearn MLP
+        with ``activation="relu"`` (a classifier's last layer gives its logits).
+
+    Returns
+    -------
+    list of (ndarray, ndarray)
+        The output layer last, as in ``DeepResult.layers``.
+    """
+    if hasattr(model, "coefs_") and hasattr(model, "intercepts_"):
+        if getattr(model, "activation", "relu") != "relu":
+            raise ValueError(f"layers_of expects activation='relu'; got {model.activation!r}")
+        return [
+            (np.asarray(W, dtype=np.float64).T.copy(), np.asarray(b, dtype=np.float64).copy())
+            for W, b in zip(model.coefs_, model.intercepts_)
+        ]
+    torch = _require("torch", "torch")
+    nn = torch.nn
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"layers_of expects a torch.nn.Module or a fitted sklearn MLP; got {type(model).__name__}")
+    others = [
+        type(mod).__name__
+        for mod in model.modules()
+        if mod is not model and not isinstance(mod, (nn.Linear, nn.ReLU, nn.Sequential, nn.Identity, nn.Flatten))
+    ]
+    if others:
+        raise ValueError(f"layers_of expects nn.Linear and nn.ReLU modules only; got {sorted(set(others))}")
+    out = []
+    for lin in (mod for mod in model.modules() if isinstance(mod, nn.Linear)):
+        W = lin.weight.detach().cpu().double().numpy().copy()
+        b = np.zeros(W.shape[0]) if lin.bias is None else lin.bias.detach().cpu().double().numpy().copy()
+        out.append((W, b))
+    return out
