@@ -431,7 +431,7 @@ def _degenerate(P, n_tent, n_last):
     return tent, last
 
 
-def _group(oracle, known, tent, pool, tol):
+def _group(oracle, known, tent, pool, tol, delta=None):
     """Hyperplanes of units from kinks of the pool grouped by unit (no walking).
 
     Kinks of one unit share its hyperplane, and all satisfy the null direction of every
@@ -440,7 +440,13 @@ def _group(oracle, known, tent, pool, tol):
     the last known layer's units inactive throughout), one fewer when a kink of another unit
     is among them. Groups grow greedily from each kink in turn; a group whose kinks see
     every tentative unit with both signs (and every unit of the last known layer active)
-    has a one-dimensional null space: the unit's hyperplane."""
+    has a one-dimensional null space: the unit's hyperplane.
+
+    With the signs of the tentative layer known (``delta``: 1 for the units to flip, from
+    the units found so far), the linear term is known too: ``beta = -sum_j delta_j v_j w~_j``
+    (:func:`.fit.resolve_signs`). These equations remove the null direction of a unit that
+    is active (in its true orientation) throughout the group; only units inactive throughout
+    still count in agree."""
     layers = [*known, tent]
     n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
     n = len(pool)
@@ -450,11 +456,21 @@ def _group(oracle, known, tent, pool, tol):
     M = M / np.maximum(np.linalg.norm(M, axis=2, keepdims=True), 1e-300)
     T, Lz = _degenerate(_pattern(layers, pool.x), n_tent, n_last)
     cols = M.shape[2]
+    extra_rows = np.zeros((0, cols))
+    if delta is not None:
+        T = T ^ delta[None, :]  # true orientation: inactive throughout is what stays degenerate
+        Wt = tent[0]
+        extra_rows = np.hstack([(delta[:, None] * Wt).T, np.eye(Wt.shape[1]), np.zeros((Wt.shape[1], 1))])
+        extra_rows /= np.linalg.norm(extra_rows, axis=1, keepdims=True)
+
+    def stack(g):
+        return np.vstack([M[g].reshape(-1, cols), extra_rows])
 
     def consistent(g):
-        sv = np.linalg.svd(M[g].reshape(-1, cols), compute_uv=False)
+        sv = np.linalg.svd(stack(g), compute_uv=False)
         null = int((sv <= tol * sv[0]).sum()) + max(0, cols - len(sv))
-        agree = int((T[g].all(axis=0) | (~T[g]).all(axis=0)).sum() + Lz[g].all(axis=0).sum())
+        stays = (~T[g]).all(axis=0) if delta is not None else (T[g].all(axis=0) | (~T[g]).all(axis=0))
+        agree = int(stays.sum() + Lz[g].all(axis=0).sum())
         return null == agree + 1, agree
 
     found, used = [], np.zeros(n, dtype=bool)
@@ -469,7 +485,7 @@ def _group(oracle, known, tent, pool, tol):
                     extra += agree == 0  # kinks added once the group was determined
                     g, agree = g + [q], a
         if agree == 0 and len(g) >= GROUP_MIN and extra >= GROUP_CONFIRM:
-            theta = _solve(M[g], tol)
+            theta = _solve(stack(g)[None], tol)
             if theta is not None:
                 found.append(theta)
                 used[g] = True
@@ -497,6 +513,23 @@ def _add(Theta, found, k, tol):
         if np.max(cos) <= 1 - tol:
             Theta = np.vstack([Theta, theta])
     return Theta
+
+
+def _signs(tent, Theta):
+    """The sign flips of the tentative layer (bool per unit) the units found so far determine
+    (:func:`.fit.resolve_signs`), or None while they do not (a unit none of them reads)."""
+    if len(Theta) == 0:
+        return None
+    from .fit import resolve_signs
+
+    kt = tent[0].shape[0]
+    coef = Theta[:, :kt]
+    if np.any(np.abs(coef).max(axis=0) < 1e-3 * np.abs(coef).max()):
+        return None
+    W, _, _, _, ok = resolve_signs(tent[0], tent[1], coef, Theta[:, kt:-1], Theta[:, -1])
+    if not ok:
+        return None
+    return np.sign(np.sum(W * tent[0], axis=1)) < 0
 
 
 def _prune(pool, known, tent, Theta, tol):
@@ -527,7 +560,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         for _ in range(GROUP_LINES):
             _refill(oracle, layers, widths, rng, pool, tol)
         _prune(pool, known, tent, Theta, tol)
-        found = _group(oracle, known, tent, pool, _null_tol(oracle))
+        found = _group(oracle, known, tent, pool, _null_tol(oracle), _signs(tent, Theta))
         if len(found):
             Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
