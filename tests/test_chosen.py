@@ -109,7 +109,15 @@ def test_two_layer_float32_certified_at_float32(d, k, m):
 
 
 #: Three-layer networks the deep stages extract exactly (seeded draws).
-DEEP_CASES = [(10, (6, 4), 1, 1), (10, (6, 4), 3, 8), (10, (6, 4), 2, 8), (10, (8, 6), 1, 1)]
+DEEP_CASES = [
+    (10, (6, 4), 1, 1),
+    (10, (6, 4), 1, 2),
+    (10, (6, 4), 3, 8),
+    (10, (6, 4), 2, 8),
+    (10, (8, 6), 1, 1),
+    (10, (8, 6), 1, 2),
+    (12, (8, 6), 2, 1),
+]
 
 
 @pytest.mark.parametrize("d,widths,m,seed", DEEP_CASES)
