@@ -377,11 +377,14 @@ def _gram_rank(gram, tol=1e-12):
     return int(np.sum(ev > tol * ev[-1])) if ev[-1] > 0 else 0
 
 
-def _spans(Xa, need, tol=1e-10):
-    """True when the rows of Xa have rank >= need (an SVD of at most 8 columns' worth of rows)."""
-    if Xa.shape[0] < need:
+def _spans(Xa, active, need, tol=1e-10):
+    """True when the first 2 need rows of Xa where ``active`` holds have rank >= need (one
+    small SVD; rows in general position span with the first need of them, and False only
+    sends the unit to the exact check over all samples)."""
+    rows = np.flatnonzero(active)[: 2 * need]
+    if len(rows) < need:
         return False
-    s = np.linalg.svd(Xa[: 8 * Xa.shape[1]], compute_uv=False)
+    s = np.linalg.svd(Xa[rows], compute_uv=False)
     return bool(s[0] > 0 and np.sum(s > tol * s[0]) >= need)
 
 
@@ -402,8 +405,8 @@ def undetermined_units(
       linear there, and its bias trades against the offset ``c``.
 
     ``samples`` is a :class:`relufast.stages.reduce.Samples` (any layout); the first
-    UNIT_HEAD_ROWS samples settle most units (cost O(rows k d) and an SVD of 8 d active
-    rows per unit), and one pass over all samples (a reduction under MPI) decides the
+    UNIT_HEAD_ROWS samples settle most units (cost O(rows k d) and an SVD of 2 (d + 1)
+    active rows per unit), and one pass over all samples (a reduction under MPI) decides the
     units they leave in doubt. ``y_norm`` is ||Y||_F over all samples; ``intercept``
     (default: ``c`` given) says whether the model has an offset; ``input_rank`` (default d)
     the rank of X (inputs in a subspace are reported by :mod:`relufast.subspace`);
@@ -431,7 +434,7 @@ def undetermined_units(
         i
         for i in range(k)
         if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head
-        or not _spans(Xa[A[:, i]], need, rank_tol)
+        or not _spans(Xa, A[:, i], need, rank_tol)
         or (intercept and count[i] == head_n)
     ]
     grams = {i: np.zeros((d + int(intercept),) * 2) for i in doubt}

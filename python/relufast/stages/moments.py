@@ -239,8 +239,60 @@ def hermite_moment_reference(X, Y):
     return T
 
 
-def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None):
-    """Moment of ``Y Q`` (Q None: Y itself), span W (d, k), projected tensor P (k, k, k).
+def use_mean_span(d, k, m):
+    """Whether :func:`moment_span` should take the span of V from the first moment: the
+    moment of the ``m`` outputs in that k-dimensional span (``d m + d k + m k^2`` a sample)
+    then costs under half the full moment (``m d^2``), and d >= 40. False at the small
+    sizes where the full moment is cheap anyway."""
+    return d >= 40 and d * m + d * k + m * k * k < 0.5 * m * d * d
+
+
+def _mean_span(X, Y, k, Q, whitener):
+    """Span of V from the first moment ``M = mean_s (Y Q)_s x_w,s^T``: for ReLU units and
+    Gaussian inputs ``E[y x^T] = U diag(c_1 ||V_j||) V_unit`` (c_1 = 1/2), of rank k when U
+    has rank k. Returns (W (d, k), squared singular values of M, descending)."""
+    from .reduce import Samples
+
+    def part(Xb, Yb):
+        Yq = np.asarray(Yb, dtype=np.float64) if Q is None else np.asarray(Yb, dtype=np.float64) @ Q
+        return {"count": float(len(Xb)), "yx": Yq.T @ np.asarray(Xb, dtype=np.float64)}
+
+    st = X.map_reduce(part) if isinstance(X, Samples) else part(X, Y)
+    M = st["yx"] / max(st["count"], 1.0)
+    if whitener is not None:
+        M = M @ whitener
+    _, sv, Vt = np.linalg.svd(M, full_matrices=False)
+    return np.ascontiguousarray(Vt[:k].T), sv**2
+
+
+def _whitened_tensor(acc, whitener):
+    T = acc.tensor()
+    if whitener is None:
+        return T
+    d = acc._acc.d
+    st = acc.state()
+    ybar = st["sum_y"] / st["count"]
+    raw = T + ybar[:, None, None] * np.eye(d)  # S_i / n
+    return np.einsum("ab,ibc,cd->iad", whitener, raw, whitener) - ybar[:, None, None] * np.eye(d)
+
+
+def _projected_moment(X, Y, Pm, Q, threads, block_size):
+    """``P[i] = mean_s (Y Q)_si (z_s z_s^T - I)`` with ``z = Pm^T x`` (Pm (d, k)), over the
+    arrays (X, Y) or every block and rank of a Samples X."""
+    from .reduce import Samples
+
+    m = Y.shape[1] if Q is None and Y is not None else (Q.shape[1] if Q is not None else X.m)
+    acc = SecondMomentAccumulator(Pm.shape[1], m, n_jobs=threads or None, block_size=block_size, compress=Q)
+    blocks = X.blocks(bounded=True) if isinstance(X, Samples) else [(X, Y)]
+    for Xb, Yb in blocks:
+        acc.add(np.ascontiguousarray(np.asarray(Xb, dtype=np.float64) @ Pm), Yb)
+    if isinstance(X, Samples) and X.comm is not None:
+        acc.set_state(X.reduce(acc.state()))
+    return acc.tensor()
+
+
+def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None, mean_span=False):
+    """Moment of ``Y Q`` (Q None: Y itself), span W (d, k), projected tensor P (m, k, k).
 
     X may be a :class:`relufast.stages.reduce.Samples` (Y is then ignored): the moment
     is then accumulated over all its blocks and ranks. With ``acc`` (an accumulator that
@@ -250,10 +302,19 @@ def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None):
     inputs ``x_w = whitener x`` (BJW19 Remark 3), obtained from the raw sums without a
     whitened copy of X: ``T_w[i] = Wh (S_i / n) Wh - mean(y_i) I``.
 
-    Returns (W, P, eigenvalues of sum_i T[i]^2 in descending order).
+    With ``mean_span`` (relufast, not in the paper; ReLU units, m >= k) the span comes from
+    the first moment (:func:`_mean_span`) and P from one pass that accumulates the moment of
+    ``Y Q`` in the span (inputs ``W^T x_w``): the full (m, d, d) moment is never formed.
+
+    Returns (W, P, eigenvalues of sum_i T[i]^2 (squared singular values of the first
+    moment with ``mean_span``) in descending order).
     """
     from .reduce import Samples
 
+    if mean_span:
+        W, evals = _mean_span(X, Y, k, Q, whitener)
+        Pm = np.ascontiguousarray(W if whitener is None else whitener @ W)
+        return W, _projected_moment(X, Y, Pm, Q, threads, block_size), evals
     if acc is None:
         d = X.d if isinstance(X, Samples) else X.shape[1]
         acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size, compress=Q)
@@ -261,13 +322,7 @@ def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None):
             X.accumulate(acc)
         else:
             acc.add(X, Y)
-    d = acc._acc.d
-    T = acc.tensor()
-    if whitener is not None:
-        st = acc.state()
-        ybar = st["sum_y"] / st["count"]
-        raw = T + ybar[:, None, None] * np.eye(d)  # S_i / n
-        T = np.einsum("ab,ibc,cd->iad", whitener, raw, whitener) - ybar[:, None, None] * np.eye(d)
+    T = _whitened_tensor(acc, whitener)
     W, evals = input_span(T, k)
     return W, project(T, W), evals
 

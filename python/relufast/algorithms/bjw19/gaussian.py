@@ -28,7 +28,7 @@ from ...stages.diagnostics import (
     warn_if_not_gaussian,
 )
 from ...stages.fit import BIAS_FREE_TOL, certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
-from ...stages.moments import SecondMomentAccumulator, moment_span
+from ...stages.moments import SecondMomentAccumulator, moment_span, use_mean_span
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
 from ...stages.refine import RowPool, output_basis, refine_rows
@@ -404,13 +404,18 @@ def _moment(run, s, p, acc, full):
         if p.adaptive and p.n_est <= GATHER_FRACTION * n:
             if p.n_est > len(p.Xp):
                 p.Xp, p.Yp = data.extend(p.stream, p.n_est, (p.Xp, p.Yp))
-            acc.add(p.Xp[full["n_in_acc"] : p.n_est], p.Yp[full["n_in_acc"] : p.n_est])
-            full["n_in_acc"] = p.n_est
-            return moment_span(None, None, k, None, s.threads, s.block_size, whitener=p.Wh, acc=acc)
+            if not full["mean_span"]:
+                acc.add(p.Xp[full["n_in_acc"] : p.n_est], p.Yp[full["n_in_acc"] : p.n_est])
+                full["n_in_acc"] = p.n_est
+                return moment_span(None, None, k, None, s.threads, s.block_size, whitener=p.Wh, acc=acc)
+            Q, Xe, Ye = None if s.m == k else p.Q, p.Xp[: p.n_est], p.Yp[: p.n_est]
+            return moment_span(Xe, Ye, k, Q, s.threads, s.block_size, whitener=p.Wh, mean_span=True)
         p.n_est = n
         if full.get("moment") is None:
             Q = None if s.m == k else p.Q
-            full["moment"] = moment_span(data, None, k, Q, s.threads, s.block_size, whitener=p.Wh)
+            full["moment"] = moment_span(
+                data, None, k, Q, s.threads, s.block_size, whitener=p.Wh, mean_span=full["mean_span"]
+            )
         return full["moment"]
 
 
@@ -453,10 +458,15 @@ def _estimate(run, s, p, tol_p, prec):
     network fails the certificate over all samples double both. Returns :class:`_Found`."""
     n, k = s.n, s.k
     noise_tol = prec.tol(NOISE_FLOOR, s.d, k)
+    # At size (ReLU units) the span of V comes from the first moment and P from the moment
+    # in that span (stages.moments.moment_span): the full (k, d, d) moment costs k d^2 a
+    # sample. The accumulator then stays empty.
+    mean_span = s.act is RELU and use_mean_span(s.d, k, k)
     acc = SecondMomentAccumulator(
         s.d, k, n_jobs=s.threads or None, block_size=s.block_size, compress=None if s.m == k else p.Q
     )
-    moment_state = {"n_in_acc": 0}
+    moment_state = {"n_in_acc": 0, "mean_span": mean_span}
+    run.diag["span_from_first_moment"] = mean_span
     c = dict(doublings=0, escalations=0, certify_passes=0, restarts=0, candidates=0)
     gaps = []
     while True:
