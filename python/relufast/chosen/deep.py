@@ -445,8 +445,8 @@ def _group(oracle, known, tent, pool, tol, delta=None):
     With the signs of the tentative layer known (``delta``: 1 for the units to flip, from
     the units found so far), the linear term is known too: ``beta = -sum_j delta_j v_j w~_j``
     (:func:`.fit.resolve_signs`). These equations remove the null direction of a unit that
-    is active (in its true orientation) throughout the group; only units inactive throughout
-    still count in agree."""
+    is active (in its true orientation) throughout the group, and those of the last known
+    layer; only tentative units inactive throughout still count in agree."""
     layers = [*known, tent]
     n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
     n = len(pool)
@@ -469,8 +469,10 @@ def _group(oracle, known, tent, pool, tol, delta=None):
     def consistent(g):
         sv = np.linalg.svd(stack(g), compute_uv=False)
         null = int((sv <= tol * sv[0]).sum()) + max(0, cols - len(sv))
-        stays = (~T[g]).all(axis=0) if delta is not None else (T[g].all(axis=0) | (~T[g]).all(axis=0))
-        agree = int(stays.sum() + Lz[g].all(axis=0).sum())
+        if delta is not None:  # the linear term is fixed: only truly inactive units stay
+            agree = int((~T[g]).all(axis=0).sum())
+        else:
+            agree = int((T[g].all(axis=0) | (~T[g]).all(axis=0)).sum() + Lz[g].all(axis=0).sum())
         return null == agree + 1, agree
 
     found, used = [], np.zeros(n, dtype=bool)
@@ -492,6 +494,9 @@ def _group(oracle, known, tent, pool, tol, delta=None):
     return np.array(found).reshape(-1, cols)
 
 
+#: Growth of the null tolerance per layer already peeled: a hyperplane found from finite
+#: differences carries their error (~1e-7 relative in float64) into phi for the next layer.
+NULL_GROWTH = 100.0
 #: Kinks a group needs (two kinks of different units on opposite sides of every boundary
 #: can pass the null-space count; a third one of the same unit is then consistent only
 #: when all three are).
@@ -560,7 +565,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         for _ in range(GROUP_LINES):
             _refill(oracle, layers, widths, rng, pool, tol)
         _prune(pool, known, tent, Theta, tol)
-        found = _group(oracle, known, tent, pool, _null_tol(oracle), _signs(tent, Theta))
+        found = _group(oracle, known, tent, pool, _null_tol(oracle) * NULL_GROWTH ** len(known), _signs(tent, Theta))
         if len(found):
             Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
