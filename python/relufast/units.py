@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._blas import single_threaded_blas
 from .stages.diagnostics import RANK_TOL
 from .stages.fit import max_abs, power_of_two_scale
 from .stages.precision import resolve_precision
@@ -430,13 +431,14 @@ def undetermined_units(
     Xa = np.column_stack([Xh, np.ones(head_n)]) if intercept else Xh
     y_head = y_norm * math.sqrt(head_n / max(n, 1))
     need = (d if input_rank is None else int(input_rank)) + int(intercept)
-    doubt = [
-        i
-        for i in range(k)
-        if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head
-        or not _spans(Xa, A[:, i], need, rank_tol)
-        or (intercept and count[i] == head_n)
-    ]
+    with single_threaded_blas():  # k small SVDs: a threaded BLAS only spins (10x slower here)
+        doubt = [
+            i
+            for i in range(k)
+            if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head
+            or not _spans(Xa, A[:, i], need, rank_tol)
+            or (intercept and count[i] == head_n)
+        ]
     grams = {i: np.zeros((d + int(intercept),) * 2) for i in doubt}
     if doubt:
         units = np.array(doubt)

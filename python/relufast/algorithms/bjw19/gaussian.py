@@ -555,6 +555,9 @@ def _bias_note(X, Y, Wh):
     )
 
 
+#: Jennrich's minimum relative eigen-gap below which its own candidates are not refined
+#: (they are the polish's starting point; at k = 50 the gap is ~0 and they miss by ~1 rad).
+JENNRICH_GAP = 1e-3
 #: A candidate within this |cosine| of a row already certified in the same coordinates is
 #: the same unit again: it is not refined (relufast; the paper refines every candidate).
 RETIRE_COS = 0.98
@@ -589,8 +592,8 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
         before = len(pool)
         for j, part in enumerate((cand[:k], cand[k:])):
             last = restarts == n_restarts
-            if j == 1 and len(pool) > before and not last:
-                break  # Jennrich alone only when the polished candidates added nothing
+            if j == 1 and (len(pool) > before or gap < JENNRICH_GAP) and not last:
+                break  # Jennrich alone only when it is well conditioned and the polished added nothing
             keep = np.ones(len(part), dtype=bool) if last else _unretired(part, known)
             if not keep.any():
                 continue
