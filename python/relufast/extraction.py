@@ -316,16 +316,21 @@ def extract(
             )
             vis = visible_units(X, Y, precision=prec)
             visible = vis.count
-            # Dead or pruned units leave no trace: recover the visible ones.
-            k = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
-            names = [method] if method != "auto" else _auto_methods(X, Y, k)
-            for name in names:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RelufastWarning)
-                    res = METHODS[name].function(X, Y, k, precision=prec, random_state=rng, n_jobs=n_jobs)
-                if result is None or res.exact or (not result.exact and res.residual < result.residual):
-                    result = res
-                if res.exact:
+            # Dead or pruned units leave no trace: recover the visible ones. A unit whose
+            # trace is below the statistic's floor may still be recovered: the given
+            # n_hidden is tried first, the visible count after it.
+            k_visible = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
+            for k in dict.fromkeys([min(k_given, d) if k_given is not None else k_visible, k_visible]):
+                names = [method] if method != "auto" else _auto_methods(X, Y, k)
+                for name in names:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RelufastWarning)
+                        res = METHODS[name].function(X, Y, k, precision=prec, random_state=rng, n_jobs=n_jobs)
+                    if result is None or res.exact or (not result.exact and res.residual < result.residual):
+                        result = res
+                    if res.exact:
+                        break
+                if result.exact:
                     break
             assert result is not None  # names is never empty
             history.append((len(X), result.status.value, float(result.residual)))
@@ -344,7 +349,8 @@ def extract(
         f"differential extraction [CJM20, CCHRSS23] needs of the order of {crypt} for d = {d}, k = {k} "
         "(relufast's own rough estimate, not the papers' counts: relufast.extraction.cryptanalytic_queries)"
     )
-    message = _units_note(vis, k_given, k, Y.shape[1]) + message
+    if k_given is None or (result.n_hidden or 0) < k_given:
+        message = _units_note(vis, k_given, k, Y.shape[1]) + message
     if not result.exact and result.V is not None and merged is None:
         dup = near_duplicate_message(near_duplicates(result.V, d))
         message += f". {dup}" if dup else ""
