@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cluster import cluster_units
 from .first_layer import random_lines
 from .hyperplanes import jump_normals
 from .lines import Kinks, find_kinks, window_kinks
@@ -305,9 +306,14 @@ def _across(oracle, layers, partial, rng, pool):
             g = J[u]
             base.append(x - 1.2 * z[u] * g / max(float(g @ g), 1e-300))
             dirs.append(n)
-    if not base:
-        return
-    kinks = find_kinks(oracle, np.array(base), np.array(dirs) * ACROSS_WIDTH, np.linspace(-1.0, 1.0, ACROSS_POINTS))
+    if base:
+        _search(oracle, layers, np.array(base), np.array(dirs), rng, pool)
+
+
+def _search(oracle, layers, base, dirs, rng, pool):
+    """Kinks on the lines ``base + t dirs`` (|t| <= ACROSS_WIDTH) on no known boundary,
+    with their normals, into the pool."""
+    kinks = find_kinks(oracle, base, dirs * ACROSS_WIDTH, np.linspace(-1.0, 1.0, ACROSS_POINTS))
     Z, _ = pre_activations(layers, kinks.x)
     fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window())[0]
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng)
@@ -509,6 +515,11 @@ GROUP_CONFIRM = 2
 GROUP_LINES, GROUP_ROUNDS = 2, 25
 
 
+#: Largest angle between two restrictions of one unit (:func:`.cluster.cluster_units`), in
+#: units of the null tolerance.
+ANGLE = 1000.0
+
+
 def _add(Theta, found, k, tol):
     """Theta with the rows of ``found`` that are new (up to sign and scale), at most k rows."""
     for theta in found:
@@ -565,7 +576,13 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         for _ in range(GROUP_LINES):
             _refill(oracle, layers, widths, rng, pool, tol)
         _prune(pool, known, tent, Theta, tol)
-        found = _group(oracle, known, tent, pool, _null_tol(oracle) * NULL_GROWTH ** len(known), _signs(tent, Theta))
+        ntol, delta = _null_tol(oracle) * NULL_GROWTH ** len(known), _signs(tent, Theta)
+        if delta is not None:
+            found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * ntol)
+            if asks:
+                _search(oracle, layers, np.array([a for a, _ in asks]), np.array([u for _, u in asks]), rng, pool)
+        else:
+            found = _group(oracle, known, tent, pool, ntol, delta)
         if len(found):
             Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:

@@ -1,0 +1,230 @@
+"""Units of a deeper layer from kinks clustered by their restricted rows (signs known).
+
+Once the signs of the tentative layer l+1 are known (:func:`.deep._signs`), the features of
+the next layer are ``h_{l+1} = relu(z_{l+1})`` and a unit u of layer l+2 is ``z_u = v . h_{l+1}
++ c`` with no linear term. At a kink x_p of u with measured normal n_p (:mod:`.hyperplanes`)
+only the units S_p of layer l+1 active at x_p enter: ``A_{p,S}^T v_S`` is parallel to n_p
+(``A_p = d h_{l+1} / dx``, known) and ``h_S(x_p) . v_S + c = 0``. When these d + 1 equations
+in the |S_p| + 1 unknowns have a one-dimensional null space, the kink alone gives u's row
+restricted to S_p, up to scale (the restriction of [RK20] Sec. 4 and [CJM20] Sec. 5 to one
+activation region; relufast's own batched form).
+
+Two kinks of the same unit give restrictions parallel on their common coordinates; kinks of
+different units do not. Kinks are linked when they share at least MIN_OVERLAP units of layer
+l+1 and agree there; each linked component is one unit, whose full row is the null vector of
+all its kinks' equations stacked (one-dimensional once the active sets of its kinks cover
+every unit of layer l+1). All pairs are compared in one matrix product, no SVD per pair.
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+.. [RK20] D. Rolnick, K. Kording, "Reverse-Engineering Deep ReLU Networks", ICML 2020.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .net import feature_jacobians, features, preact_jacobians
+
+__all__ = ["signed", "cluster_units", "to_phi"]
+
+#: Units of layer l+1 two kinks must both see active to be compared.
+MIN_OVERLAP = 2
+#: Kinks a component needs before its stacked equations are solved.
+CLUSTER_MIN = 3
+
+
+def signed(tent, flip):
+    """The tentative layer with the units of ``flip`` negated (their true orientation)."""
+    s = np.where(flip, -1.0, 1.0)
+    return tent[0] * s[:, None], tent[1] * s
+
+
+def to_phi(tent, flip, rows):
+    """Rows ``(v, c)`` on ``[relu(z_{l+1}), 1]`` (true signs) as rows on ``[phi, 1]`` of the
+    tentative layer (:func:`.net.features`): ``relu(-z~) = relu(z~) - z~``."""
+    Wt, bt = tent
+    kt = Wt.shape[0]
+    v, c = rows[:, :kt], rows[:, -1]
+    vf = v * flip[None, :]
+    beta = -vf @ Wt
+    const = c - vf @ bt
+    return np.hstack([v, beta, const[:, None]])
+
+
+def _equations(known, true_tent, x, n):
+    """Equations (K, d + 1, k + 1) on (v, c) at kinks x with normals n, and the active sets."""
+    kt = true_tent[0].shape[0]
+    A = feature_jacobians(known, true_tent, x)[:, :kt]  # (K, k, d)
+    Phi, Z = features(known, true_tent, x)
+    K, d = x.shape
+    P = np.eye(d)[None] - n[:, :, None] * n[:, None, :]
+    T = np.einsum("kij,kDj->kiD", P, A)
+    T /= np.maximum(np.linalg.norm(T, axis=(1, 2), keepdims=True), 1e-300)
+    pt = np.concatenate([Phi[:, :kt], np.ones((K, 1))], axis=1)
+    pt /= np.linalg.norm(pt, axis=1, keepdims=True)
+    E = np.concatenate([np.concatenate([T, np.zeros((K, d, 1))], axis=2), pt[:, None, :]], axis=1)
+    return E, Z[-1] > 0
+
+
+def _restrictions(E, S, tol):
+    """Per kink the normalised restricted row (zeros off S and NaN rows where the kink does
+    not determine it: a null space of another dimension)."""
+    K, _, cols = E.shape
+    R = np.full((K, cols), np.nan)
+    for p in range(K):
+        idx = np.append(np.nonzero(S[p])[0], cols - 1)
+        if len(idx) < 2:
+            continue
+        _, s, Vt = np.linalg.svd(E[p][:, idx], full_matrices=True)
+        s = np.concatenate([s, np.zeros(len(idx) - len(s))])
+        if s[-1] <= tol * s[0] and (len(s) < 2 or s[-2] > GAP * tol * s[0]):
+            R[p] = 0.0
+            R[p, idx] = Vt[-1] * np.sign(Vt[-1, -1] if Vt[-1, -1] != 0 else 1.0)
+    return R
+
+
+#: The second smallest singular value of a kink's restricted equations must exceed GAP
+#: times the null tolerance.
+GAP = 100.0
+
+
+def _components(adj):
+    """Connected components (lists of indices) of a boolean adjacency matrix."""
+    n = len(adj)
+    label = -np.ones(n, dtype=int)
+    comps = []
+    for s in range(n):
+        if label[s] >= 0:
+            continue
+        stack, comp = [s], []
+        label[s] = len(comps)
+        while stack:
+            i = stack.pop()
+            comp.append(i)
+            for j in np.nonzero(adj[i] & (label < 0))[0]:
+                label[j] = len(comps)
+                stack.append(j)
+        comps.append(comp)
+    return comps
+
+
+def _null_row(E, tol):
+    """The null vector of stacked equations E when it is one-dimensional with a clear gap."""
+    R = E.reshape(-1, E.shape[-1])
+    _, s, Vt = np.linalg.svd(R, full_matrices=False)
+    if len(s) < R.shape[1] or s[-1] > tol * s[0] or s[-2] <= GAP * tol * s[0]:
+        return None
+    return Vt[-1]
+
+
+def cluster_units(known, tent, flip, x, n, tol, angle):
+    """Rows (on ``[phi, 1]`` of the tentative layer, :func:`to_phi`) of the units whose kinks
+    among (x, n) form a linked component covering every unit of the tentative layer.
+
+    Parameters
+    ----------
+    known : list of (W, b)
+    tent : (W~, b~)
+        Tentative layer; ``flip`` (bool per unit) gives its true orientation.
+    x, n : ndarray of shape (K, d)
+        Kinks not explained by any known unit and their normals.
+    tol : float
+        Relative singular value below which equations count as satisfied.
+    angle : float
+        Largest angle between two restrictions of one unit on their common coordinates.
+
+    Returns (rows, asks): asks are (kink, normal, unit) triples of components some unit of
+    the tentative layer was never active at (:func:`_nearest_kinks`).
+    """
+    true_tent = signed(tent, flip)
+    kt = tent[0].shape[0]
+    if len(x) < CLUSTER_MIN:
+        return np.zeros((0, kt + tent[0].shape[1] + 1)), []
+    E, S = _equations(known, true_tent, x, n)
+    R = _restrictions(E, S, tol)
+    det = np.nonzero(np.isfinite(R[:, 0]))[0]
+    R, M = R[det], np.hstack([S[det], np.ones((len(det), 1), dtype=bool)]).astype(float)
+    R2 = R**2
+    dot = R @ R.T
+    na, nb = R2 @ M.T, M @ R2.T  # |r_p|^2 on q's set, |r_q|^2 on p's set
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = np.abs(dot) / np.sqrt(na * nb)
+    overlap = M[:, :-1] @ M[:, :-1].T
+    adj = (overlap >= MIN_OVERLAP) & (cos >= np.cos(angle))
+    np.fill_diagonal(adj, False)
+    rows, asks = [], []
+    for comp in _components(adj):
+        if len(comp) < CLUSTER_MIN:
+            continue
+        members = det[comp]
+        missing = np.nonzero(~S[members].any(axis=0))[0]
+        if len(missing):
+            asks.extend(_entry_lines(known, true_tent, E[members], x[members], missing, tol))
+            continue
+        row = _null_row(E[members], tol)
+        if row is not None:
+            rows.append(row / np.linalg.norm(row[:-1]))
+    if not rows:
+        return np.zeros((0, kt + tent[0].shape[1] + 1)), asks
+    return to_phi(tent, flip, np.array(rows)), asks
+
+
+def _partial_row(E, missing, tol):
+    """The row of a component restricted to the units it saw active (zero on ``missing``):
+    its equations keep one null direction per missing unit besides it. None otherwise."""
+    R = E.reshape(-1, E.shape[-1])
+    _, s, Vt = np.linalg.svd(R, full_matrices=True)
+    s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
+    K = Vt[s <= tol * s[0]]
+    if len(K) != len(missing) + 1:
+        return None
+    _, _, Ct = np.linalg.svd(K[:, missing].T, full_matrices=True)
+    theta = Ct[-1] @ K
+    return theta / np.linalg.norm(theta)
+
+
+def _entry_lines(known, true_tent, E, x, missing, tol):
+    """Lines (base, direction) that cross a unit's boundary just inside the active side of
+    each unit j it was never seen active with.
+
+    Where z_j <= 0 the unit is ``theta0 . h + c`` with theta0 its partial row
+    (:func:`_partial_row`), known; its boundary enters the side z_j > 0 at points where
+    both theta0 . h + c and z_j vanish, found by Newton steps from the component's kink
+    nearest to z_j = 0 (computed, no query). A short line just past such a point, across
+    the boundary, meets it there (at a distance set by the unknown coefficient v_j)."""
+    theta = _partial_row(E, missing, tol)
+    if theta is None:
+        return []
+    layers = [*known, true_tent]
+    kt = true_tent[0].shape[0]
+    out = []
+    for j in missing:
+        z = preact_jacobians(layers, x)[-1][:, j]
+        zj = features(known, true_tent, x)[1][-1][:, j]
+        y = x[np.argmin(np.abs(zj) / np.maximum(np.linalg.norm(z, axis=1), 1e-300))].copy()
+        for _ in range(NEWTON):
+            Phi, Z = features(known, true_tent, y[None])
+            gu = theta[:kt] @ feature_jacobians(known, true_tent, y[None])[0, :kt]
+            g = np.stack([preact_jacobians(layers, y[None])[-1][0, j], gu])
+            r = np.array([Z[-1][0, j], Phi[0, :kt] @ theta[:kt] + theta[-1]])
+            y = y - np.linalg.pinv(g) @ r
+        Phi, Z = features(known, true_tent, y[None])
+        gj = preact_jacobians(layers, y[None])[-1][0, j]
+        if abs(Z[-1][0, j]) > 1e-9 * np.linalg.norm(gj) or abs(Phi[0, :kt] @ theta[:kt] + theta[-1]) > 1e-9:
+            continue
+        gj = gj / np.linalg.norm(gj)
+        base = y + ENTRY_STEP * gj
+        grad = theta[:kt] @ feature_jacobians(known, true_tent, base[None])[0, :kt]
+        m = grad - (grad @ gj) * gj
+        if np.linalg.norm(m) > 0:
+            out.append((base, m / np.linalg.norm(m)))
+    return out
+
+
+#: Newton steps to a point where a unit's boundary meets the boundary of a unit it missed.
+NEWTON = 12
+#: How far past that point, into the missed unit's active side, the line is drawn.
+ENTRY_STEP = 0.01
