@@ -217,6 +217,68 @@ def test_atv21_gaussian_with_mean_and_covariance():
     assert _fresh_error(res, net, d, rng, mean=mu, cov_root=L) < 1e-9
 
 
+def _in_layout(tmp_path, layout, X, Y, **kw):
+    """``recover`` on X, Y as NumPy arrays, a memmap of X, dask arrays or two ranks."""
+    if layout == "memmap":
+        np.save(tmp_path / "X.npy", X)
+        return _quiet(relufast.recover, np.load(tmp_path / "X.npy", mmap_mode="r"), Y, **kw)
+    if layout == "dask":
+        da = pytest.importorskip("dask.array")
+        return _quiet(relufast.recover, da.from_array(X, chunks=7000), da.from_array(Y, chunks=7000), **kw)
+    if layout == "comm":
+        parts = np.array_split(np.arange(len(X)), 2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", relufast.RelufastWarning)
+            out, _ = run_ranks(2, lambda r, comm: relufast.recover(X[parts[r]], Y[parts[r]], comm=comm, **kw))
+        assert out[0].status == out[1].status
+        return out[0]
+    return _quiet(relufast.recover, X, Y, **kw)
+
+
+@pytest.mark.parametrize(
+    "layout,scale,seed", [("memmap", 3.0, 30), ("dask", 1.5, 31), ("comm", 4.0, 32), ("comm", "affine", 33)]
+)
+def test_atv21_any_units_of_x_in_every_layout(tmp_path, layout, scale, seed):
+    """Item 4 for inputs left where they live: memmaps, dask arrays and MPI ranks were not
+    whitened (X scaled by 3 failed there); their mean and covariance are one pass over the
+    blocks (summed over the ranks) and the whitening is lazy (dask) or per rank."""
+    rng = np.random.default_rng(seed)
+    d, k, m = 7, 3, 2
+    net = _net(rng, d, k, m, bias=rng.uniform(-0.4, 0.4, k), offset=rng.standard_normal(m))
+    L = np.eye(d) + 0.4 * rng.standard_normal((d, d)) if scale == "affine" else np.eye(d) * scale
+    mu = rng.uniform(-2, 2, d) if scale == "affine" else np.zeros(d)
+    Z = rng.standard_normal((30000, d))
+    res = _in_layout(tmp_path, layout, Z @ L.T + mu, net.predict(Z), n_hidden=k, method="atv21", random_state=0)
+    assert res.status == "exact", res.message
+    Zt = rng.standard_normal((3000, d))
+    Yt = net.predict(Zt)
+    assert np.linalg.norm(res.predict(Zt @ L.T + mu) - Yt) / np.linalg.norm(Yt) < 1e-9
+
+
+@pytest.mark.parametrize("layout,scale,dead,seed", [("numpy", 3.0, True, 34), ("dask", "mean", False, 35)])
+def test_auto_sends_any_gaussian_with_biases_to_atv21(tmp_path, layout, scale, dead, seed):
+    """auto looked for biases only in standard Gaussian X: X scaled by 3 (or shifted) with
+    hidden biases never reached atv21 (failed after 10 s, no unit reported)."""
+    rng = np.random.default_rng(seed)
+    d, k, m = 6, 3, 3
+    b = rng.uniform(-0.3, 0.3, k)
+    if dead:
+        b[0] = -7.0
+    net = _net(rng, d, k, m, bias=b, offset=rng.standard_normal(m))
+    mu = rng.uniform(-1, 1, d) if scale == "mean" else np.zeros(d)
+    s = 1.0 if scale == "mean" else scale
+    Z = rng.standard_normal((20000, d))
+    res = _in_layout(tmp_path, layout, Z * s + mu, net.predict(Z), n_hidden=k, random_state=0, time_limit=2)
+    assert res.diagnostics["auto_attempts"][0]["method"] == "atv21"
+    if dead:  # the returned units are in the method's order
+        assert res.status == "non_identifiable" and len(res.undetermined_units) == 1, res.message
+        assert res.residual < 1e-9
+        return
+    assert res.status == "exact", res.message
+    Zt = rng.standard_normal((3000, d))
+    assert np.linalg.norm(res.predict(Zt * s + mu) - net.predict(Zt)) / np.linalg.norm(net.predict(Zt)) < 1e-9
+
+
 # ----------------------------------------------------------------- 5. useless fits
 def test_fits_worse_than_the_mean_are_not_a_success(capfd):
     """Issue 21 item 5: atv21-general without fit on noiseless data (residual >> 1) and
@@ -332,6 +394,32 @@ def test_more_units_than_inputs_are_not_called_invisible():
     # a truly dead unit with k <= d is still reported
     Y2 = np.maximum(X @ V[:3].T, 0) @ rng.standard_normal((4, 3)).T
     assert visible_units(X, Y2).count == 3
+
+
+# ----------------------------------------------------------------- 10. the CLI
+def test_cli_truncated_npy_and_out_under_a_file_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    """A truncated .npy (header kept, data cut) printed numpy's "mmap length is greater than
+    file size"; an --out whose folder is a file was "the output folder ... does not exist"."""
+    from relufast.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(36)
+    np.save("X.npy", rng.standard_normal((400, 3)))
+    np.save("Y.npy", rng.standard_normal((400, 2)))
+    with open("X.npy", "rb") as f:
+        head = f.read(300)
+    with open("cut.npy", "wb") as f:
+        f.write(head)
+    cases = [
+        (["--x", "cut.npy", "--y", "Y.npy"], "cut.npy is a truncated .npy file"),
+        (["--x", "X.npy", "--y", "cut.npy"], "cut.npy is a truncated .npy file"),
+        (["--x", "X.npy", "--y", "Y.npy", "--out", "X.npy/a/net.npz"], "X.npy is a file, not a folder"),
+        (["--x", "X.npy", "--y", "Y.npy", "--diagnostics", "Y.npy/d.json"], "Y.npy is a file, not a folder"),
+    ]
+    for args, needle in cases:
+        assert main(["recover", *args, "--n-hidden", "2", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1, err
 
 
 # ----------------------------------------------------------------- the fuzz, reduced

@@ -166,6 +166,12 @@ def _read_array(path, option, ndmin=1):
         return np.load(path, mmap_mode="r")
     except EOFError:
         raise ValueError(f"{option} {path} is an empty or truncated .npy file") from None
+    except ValueError as exc:  # e.g. "mmap length is greater than file size"
+        if "length" in str(exc) or "size" in str(exc):
+            raise ValueError(
+                f"{option} {path} is a truncated .npy file (its header promises more data than it holds)"
+            ) from None
+        raise ValueError(f"{option} {path}: {exc}") from None
 
 
 def _read_npz(path):
@@ -258,6 +264,11 @@ def _output_problem(given, option, path=None, example="net.npz"):
     path = path or given
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
+        parent = folder
+        while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+            parent = os.path.dirname(parent)
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            return f"cannot write {option} {given}: {parent} is a file, not a folder"
         return f"the output folder {folder} does not exist"
     existed = os.path.exists(path)
     try:

@@ -486,6 +486,8 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
     if not g["gaussian_ok"] and centred:
         W, _ = whitener(Xh_s)
         gaussian_sigma = W is not None and gaussianity(Xh_s, W)["gaussian_ok"]
+    Zh = Xh_s if gaussian else _affine_whitened(Xh_s)  # atv21 whitens any mean and covariance
+    gaussian_affine = Zh is not None and (gaussian or gaussianity(Zh)["gaussian_ok"])
     facts = {
         "n": n,
         "d": d,
@@ -494,6 +496,7 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
         "rank_Y": rank,
         "standard_gaussian": gaussian,
         "gaussian_other_covariance": gaussian_sigma,
+        "gaussian_any_mean_covariance": gaussian_affine,
         "centred": centred,
         "largest_mean_over_sd": mean_rel,
         "symmetry_statistic": gklw19.symmetry_statistic(Xh_s),
@@ -503,10 +506,10 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
     }
     if data.distributed:
         facts["ranks"] = int(comm.Get_size())
-    if gaussian and k <= d and "atv21" in METHODS:
+    if gaussian_affine and k <= d and "atv21" in METHODS:
         from .stages.diagnostics import bias_evidence
 
-        bias = bias_evidence(Xh_s, Yh_s)
+        bias = bias_evidence(Zh, Yh_s)  # a mean of X acts as hidden biases: atv21's model
         facts["biased"] = bool(bias["biased"])
         facts["bias_statistic"] = float(np.max(np.abs(bias["z"])))
     if gaussian:
@@ -515,9 +518,25 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
         law = "X looks Gaussian with a non-identity covariance (whitened, BJW19 Remark 3)"
     elif not centred:
         law = f"X is not centred (largest |mean| / sd = {mean_rel:.2f}; the methods assume centred inputs)"
+        if gaussian_affine:
+            law += "; it looks Gaussian about its mean (atv21 whitens it)"
+    elif gaussian_affine:
+        law = "X looks Gaussian with a non-identity covariance (whitened)"
     else:
         law = "X does not look Gaussian"
     return k, facts, law, data
+
+
+def _affine_whitened(X):
+    """(X - mean) Sigma^-1/2 of the probe, or None when its covariance is singular: the
+    inputs atv21 sees after :func:`relufast._units.whiten_inputs`."""
+    if len(X) < 2 * (X.shape[1] + 1):
+        return None
+    C = np.cov(X, rowvar=False, bias=True).reshape(X.shape[1], X.shape[1])
+    w, E = np.linalg.eigh(C)
+    if not (w[0] > 1e-10 * w[-1] and w[-1] > 0):
+        return None
+    return (X - X.mean(axis=0)) @ ((E / np.sqrt(w)) @ E.T)
 
 
 def _auto_plan(facts, law, *, distributed=False):
@@ -545,12 +564,21 @@ def _auto_plan(facts, law, *, distributed=False):
         )
     if k <= d and rank < k and m >= 2:
         plan.append(("bjw19-fpt", f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"))
-    if gaussian and k <= d and m < k and not biased and "atv21" in METHODS:
+    any_gaussian = gaussian or facts.get("gaussian_any_mean_covariance", False)
+    if any_gaussian and k <= d and m < k and not biased and "atv21" in METHODS:
         plan.append(
             (
                 "atv21",
                 f"{law} and m = {m} < k = {k}: ATV21 handles any number of outputs "
                 "(after bjw19-fpt, which is exact from fewer samples when it applies)",
+            )
+        )
+    if any_gaussian and k <= d and rank >= k and "atv21" in METHODS and not any(n == "atv21" for n, _ in plan):
+        plan.append(
+            (
+                "atv21",
+                f"{law}: ATV21's model (hidden biases, an offset, any mean and covariance) in case "
+                "the bias-free methods before it are not exact",
             )
         )
     n_feat = d * (d + 1) // 2

@@ -176,10 +176,14 @@ def whiten_inputs(X, options):
     is x ~ N(0, I) (ATV21): a Gaussian of any mean and covariance becomes standard, as in
     bjw19-gaussian (BJW19 Remark 3). None when X already looks standard (mean and
     covariance within WHITEN_Z standard errors of 0 and I: no copy), when its covariance is
-    singular (the row-space restriction runs first), or for inputs left in place (MPI
-    ``comm``, dask arrays, memmaps: a whitened copy would load them into memory)."""
-    if "comm" in options or file_backed(X):
-        return None
+    singular (the row-space restriction runs first), or when X is not a finite numeric
+    matrix (the method's own validation speaks).
+
+    Inputs left in place keep their layout (:func:`_whiten_in_place`): the moments are one
+    pass over the blocks (summed over the MPI ranks of ``comm``), dask arrays and memmaps
+    are whitened lazily block by block (a dask graph), a rank's in-memory rows in memory."""
+    if "comm" in options or file_backed(X) or _is_dask(X):
+        return _whiten_in_place(X, options.get("comm"))
     Xa = plain_array(X)
     if Xa is None or Xa.ndim != 2 or Xa.shape[0] < 2 * (Xa.shape[1] + 1) or not np.all(np.isfinite(Xa)):
         return None
@@ -187,14 +191,108 @@ def whiten_inputs(X, options):
     X64 = np.asarray(Xa, dtype=np.float64)
     mu = X64.mean(axis=0)
     C = np.cov(X64, rowvar=False, bias=True).reshape(d, d)
+    affine = _whitener_from_moments(n, mu, C)
+    return None if affine is None else (np.ascontiguousarray((X64 - mu) @ affine[1]), affine)
+
+
+def _is_dask(A):
+    from .stages.reduce import is_dask
+
+    return is_dask(A)
+
+
+def _whitener_from_moments(n, mu, C):
+    """(mu, W) from the sample mean and covariance of n inputs, or None when they already
+    look standard (within WHITEN_Z standard errors) or C is singular."""
+    d = len(mu)
     se = 1.0 / np.sqrt(n)
     if np.max(np.abs(mu)) <= WHITEN_Z * se and np.max(np.abs(C - np.eye(d))) <= WHITEN_Z * np.sqrt(2.0) * se:
         return None
     w, E = np.linalg.eigh(C)
     if not (w[0] > 1e-10 * w[-1] and w[-1] > 0):
         return None
-    W = (E / np.sqrt(w)) @ E.T
-    return np.ascontiguousarray((X64 - mu) @ W), (mu, W)
+    return mu, (E / np.sqrt(w)) @ E.T
+
+
+def _local_moments(X):
+    """(count, sum, shifted second moments, shift) of this process's rows of X, one block
+    at a time (float64 sums; the shift, the first row, keeps a large mean from cancelling),
+    or None when X is not a finite numeric matrix."""
+    from .stages.reduce import BLOCK_ROWS, row_blocks
+
+    if getattr(X, "ndim", None) != 2 or getattr(X, "dtype", None) is None:
+        return None
+    if not np.issubdtype(X.dtype, np.number) or np.issubdtype(X.dtype, np.complexfloating):
+        return None
+    n, d = int(X.shape[0]), int(X.shape[1])
+    if n == 0 or d == 0:
+        return (0, np.zeros(d), np.zeros((d, d)), None)
+    if _is_dask(X):
+        blocks = (Xb for Xb, _ in row_blocks(X, np.zeros((n, 1))))
+    else:
+        blocks = (X[s : s + BLOCK_ROWS] for s in range(0, n, BLOCK_ROWS))
+    shift, s1, s2 = None, np.zeros(d), np.zeros((d, d))
+    for Xb in blocks:
+        Xb = np.asarray(Xb, dtype=np.float64)
+        if not np.all(np.isfinite(Xb)):
+            return None
+        if shift is None:
+            shift = Xb[0].copy()
+        Z = Xb - shift
+        s1 += Z.sum(axis=0)
+        s2 += Z.T @ Z
+    return (n, s1, s2, shift)
+
+
+def _whiten_in_place(X, comm):
+    """:func:`whiten_inputs` for inputs left where they live: MPI ranks (moments summed over
+    the ranks in rank order, so every rank gets the same whitener and takes the same
+    decision), dask arrays and memmaps (whitened lazily through dask; None without dask)."""
+    from .stages.reduce import check_comm
+
+    try:
+        comm = check_comm(comm)
+    except (TypeError, ValueError):
+        return None  # the method names what comm should be
+    try:
+        local = _local_moments(X)
+    except Exception:  # noqa: BLE001 - exotic input: the method's validation reports it
+        local = None
+    if local is not None and local[3] is not None and comm is not None:
+        local = (local[0], local[1] + local[0] * local[3], local[2], local[3])  # raw sums for the merge
+    parts = [local] if comm is None else list(comm.allgather(local))
+    if any(p is None for p in parts):
+        return None
+    n = sum(p[0] for p in parts)
+    d = len(parts[0][1])
+    if n < 2 * (d + 1):
+        return None
+    if comm is None:
+        count, s1, s2, shift = parts[0]
+        mu = shift + s1 / n
+        C = s2 / n - np.outer(s1 / n, s1 / n)
+    else:
+        mu = sum(p[1] for p in parts) / n  # sums of raw rows, in rank order
+        C = np.zeros((d, d))
+        for c, s1, s2, shift in parts:  # each rank's shifted moments, moved to mu
+            if c:
+                dm = shift - mu
+                C += s2 + np.outer(dm, s1 - c * shift) + np.outer(s1 - c * shift, dm) + c * np.outer(dm, dm)
+        C /= n
+    affine = _whitener_from_moments(n, mu, (C + C.T) / 2)
+    if affine is None:
+        return None
+    mu, W = affine
+    if _is_dask(X) or file_backed(X):
+        try:
+            import dask.array as da
+        except ImportError:
+            return None
+        from .stages.reduce import BLOCK_ROWS
+
+        Xd = X if _is_dask(X) else da.from_array(X, chunks=(BLOCK_ROWS, -1))
+        return (Xd.astype(np.float64) - mu) @ W, affine
+    return np.ascontiguousarray((np.asarray(X, dtype=np.float64) - mu) @ W), affine
 
 
 def unwhiten(res, affine):
