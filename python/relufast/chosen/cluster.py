@@ -120,7 +120,7 @@ def _null_row(E, tol):
     return Vt[-1]
 
 
-def cluster_units(known, tent, flip, x, n, tol, angle):
+def cluster_units(known, tent, flip, x, n, tol, angle, rng):
     """Rows (on ``[phi, 1]`` of the tentative layer, :func:`to_phi`) of the units whose kinks
     among (x, n) form a linked component covering every unit of the tentative layer.
 
@@ -135,6 +135,7 @@ def cluster_units(known, tent, flip, x, n, tol, angle):
         Relative singular value below which equations count as satisfied.
     angle : float
         Largest angle between two restrictions of one unit on their common coordinates.
+    rng : numpy Generator
 
     Returns (rows, asks): asks are (kink, normal, unit) triples of components some unit of
     the tentative layer was never active at (:func:`_nearest_kinks`).
@@ -162,7 +163,7 @@ def cluster_units(known, tent, flip, x, n, tol, angle):
         members = det[comp]
         missing = np.nonzero(~S[members].any(axis=0))[0]
         if len(missing):
-            asks.extend(_entry_lines(known, true_tent, E[members], x[members], missing, tol))
+            asks.extend(_entry_lines(known, true_tent, E[members], x[members], missing, tol, rng))
             continue
         row = _null_row(E[members], tol)
         if row is not None:
@@ -186,7 +187,7 @@ def _partial_row(E, missing, tol):
     return theta / np.linalg.norm(theta)
 
 
-def _entry_lines(known, true_tent, E, x, missing, tol):
+def _entry_lines(known, true_tent, E, x, missing, tol, rng):
     """Lines (base, direction) that cross a unit's boundary just inside the active side of
     each unit j it was never seen active with.
 
@@ -200,30 +201,43 @@ def _entry_lines(known, true_tent, E, x, missing, tol):
         return []
     layers = [*known, true_tent]
     kt = true_tent[0].shape[0]
-    out = []
-    for j in missing:
-        z = preact_jacobians(layers, x)[-1][:, j]
-        zj = features(known, true_tent, x)[1][-1][:, j]
-        y = x[np.argmin(np.abs(zj) / np.maximum(np.linalg.norm(z, axis=1), 1e-300))].copy()
+
+    def newton(y, j):
         for _ in range(NEWTON):
             Phi, Z = features(known, true_tent, y[None])
             gu = theta[:kt] @ feature_jacobians(known, true_tent, y[None])[0, :kt]
             g = np.stack([preact_jacobians(layers, y[None])[-1][0, j], gu])
-            r = np.array([Z[-1][0, j], Phi[0, :kt] @ theta[:kt] + theta[-1]])
-            y = y - np.linalg.pinv(g) @ r
+            y = y - np.linalg.pinv(g) @ np.array([Z[-1][0, j], Phi[0, :kt] @ theta[:kt] + theta[-1]])
         Phi, Z = features(known, true_tent, y[None])
-        gj = preact_jacobians(layers, y[None])[-1][0, j]
-        if abs(Z[-1][0, j]) > 1e-9 * np.linalg.norm(gj) or abs(Phi[0, :kt] @ theta[:kt] + theta[-1]) > 1e-9:
-            continue
-        gj = gj / np.linalg.norm(gj)
-        base = y + ENTRY_STEP * gj
-        grad = theta[:kt] @ feature_jacobians(known, true_tent, base[None])[0, :kt]
-        m = grad - (grad @ gj) * gj
-        if np.linalg.norm(m) > 0:
-            out.append((base, m / np.linalg.norm(m)))
+        res = max(abs(Z[-1][0, j]), abs(Phi[0, :kt] @ theta[:kt] + theta[-1]))
+        return y, g, res <= 1e-9
+
+    out = []
+    for j in missing:
+        z = preact_jacobians(layers, x)[-1][:, j]
+        zj = features(known, true_tent, x)[1][-1][:, j]
+        order = np.argsort(np.abs(zj) / np.maximum(np.linalg.norm(z, axis=1), 1e-300))
+        for p in order[:ENTRY_POINTS]:
+            y, g, ok = newton(x[p].copy(), j)
+            if ok:  # a random step along the intersection spreads the entry points
+                t = rng.standard_normal(len(y))
+                t -= np.linalg.pinv(g) @ (g @ t)
+                y2, _, ok2 = newton(y + ENTRY_SPREAD * t / max(np.linalg.norm(t), 1e-300), j)
+                y = y2 if ok2 else y
+            if not ok:
+                continue
+            gj = preact_jacobians(layers, y[None])[-1][0, j]
+            gj = gj / np.linalg.norm(gj)
+            base = y + ENTRY_STEP * gj
+            grad = theta[:kt] @ feature_jacobians(known, true_tent, base[None])[0, :kt]
+            m = grad - (grad @ gj) * gj
+            if np.linalg.norm(m) > 0:
+                out.append((base, m / np.linalg.norm(m)))
     return out
 
 
+#: Entry points per missed unit, and the length of the random step that spreads them.
+ENTRY_POINTS, ENTRY_SPREAD = 3, 0.3
 #: Newton steps to a point where a unit's boundary meets the boundary of a unit it missed.
 NEWTON = 12
 #: How far past that point, into the missed unit's active side, the line is drawn.

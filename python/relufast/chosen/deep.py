@@ -310,16 +310,19 @@ def _across(oracle, layers, partial, rng, pool):
         _search(oracle, layers, np.array(base), np.array(dirs), rng, pool)
 
 
-def _search(oracle, layers, base, dirs, rng, pool):
-    """Kinks on the lines ``base + t dirs`` (|t| <= ACROSS_WIDTH) on no known boundary,
-    with their normals, into the pool."""
-    kinks = find_kinks(oracle, base, dirs * ACROSS_WIDTH, np.linspace(-1.0, 1.0, ACROSS_POINTS))
+def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None):
+    """Kinks on the lines ``base + t dirs`` (|t| <= width) on no known boundary, with
+    their normals, into the pool."""
+    width, points = width or ACROSS_WIDTH, points or ACROSS_POINTS
+    kinks = find_kinks(oracle, base, dirs * width, np.linspace(-1.0, 1.0, points))
     Z, _ = pre_activations(layers, kinks.x)
     fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window())[0]
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng)
     pool.add(nrm.x, nrm.n, nrm.error)
 
 
+#: Half-width and points of the lines into the active side of a unit a cluster missed.
+ENTRY_WIDTH, ENTRY_POINTS = 0.5, 128
 #: Half-width and points of the lines drawn across a boundary a chain could not cross.
 ACROSS_WIDTH, ACROSS_POINTS = 1.0, 96
 
@@ -578,9 +581,10 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         _prune(pool, known, tent, Theta, tol)
         ntol, delta = _null_tol(oracle) * NULL_GROWTH ** len(known), _signs(tent, Theta)
         if delta is not None:
-            found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * ntol)
+            found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * ntol, rng)
             if asks:
-                _search(oracle, layers, np.array([a for a, _ in asks]), np.array([u for _, u in asks]), rng, pool)
+                base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
+                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS)
         else:
             found = _group(oracle, known, tent, pool, ntol, delta)
         if len(found):
