@@ -51,3 +51,14 @@ def test_lift_rows_certify_directly():
     V, b = atv._lift_refine(X, Y, V1 / n1[:, None], b0 / n1, 1, pool)
     assert pool.full
     assert np.max(np.abs(V - V0)) < 1e-12 and np.max(np.abs(b - b0)) < 1e-12
+
+
+def test_lift_pool_over_tensor_steps_at_k_above_the_region_limit():
+    # k = 14 > LIFT_WAIT_K: region refinement waits for the last tensor step while the
+    # pooled lift rows grow; exact with no region round.
+    net = rf.planted.two_layer(d=30, k=14, m=14, bias="random", offset="random", random_state=4)
+    X, Y = net.sample(100_000, random_state=5)
+    res = rf.recover(X, Y, n_hidden=14, method="atv21", random_state=0)
+    assert res.status.value == "exact" and res.counts["refine_rounds"] == 0
+    err = rf.metrics.parameter_error(res, net)
+    assert max(err.U, err.V, err.b) < 1e-10

@@ -626,6 +626,14 @@ def _estimate(T, W, s, noise, polish, P2=None):
 #: units are active on a few percent of the samples; more rows only add chances that an
 #: estimate's confidently-off set holds a sample where the unit is on.
 LIFT_ROWS = 5000
+#: Disjoint chunks of LIFT_ROWS rows the lift tries for the units still uncertified.
+LIFT_CHUNKS = 4
+#: Rows of the least-squares fit of (U, c) after the lift.
+LIFT_FIT_ROWS = 50000
+#: Above this many units the activation-region refinement runs only on the last tensor
+#: step while the lift's pool can still grow (at (40, 20, 20) six region refinements cost
+#: 72 of 92 s before the pool filled).
+LIFT_WAIT_K = 12
 
 
 def _lift_refine(Xs, Ys, V0, b0, n_jobs, pool):
@@ -643,16 +651,22 @@ def _lift_refine(Xs, Ys, V0, b0, n_jobs, pool):
     rows = min(len(Xs), max(LIFT_ROWS, 20 * (d + 1)))
     if rows < 2 * (k + 1) + 5:
         return None
-    X1 = np.column_stack([Xs[:rows], np.ones(rows)])
-    B, sv, _ = output_basis(np.column_stack([Ys[:rows], np.ones(rows)]), k + 1)
-    if len(sv) < k + 1 or not sv[k] > 1e-8 * sv[0]:
-        return None  # [Y, 1] has rank <= k: its span does not hold each unit's vector
     C = np.column_stack([V0, b0])
     C /= np.linalg.norm(C, axis=1, keepdims=True)
-    out = refine_rows(B, X1, C, n_jobs=n_jobs or 0)
-    for i in np.flatnonzero(out["certified"]):
-        if np.linalg.norm(out["rows"][i][:d]) > 0:
-            pool.add(out["rows"][i] / np.linalg.norm(out["rows"][i]))
+    # Disjoint chunks of rows: a unit whose estimate fails on one chunk (a sample where it
+    # is on inside its confidently-off set) may pass on the next.
+    for start in range(0, min(len(Xs), LIFT_CHUNKS * rows) - rows + 1, rows):
+        X1 = np.column_stack([Xs[start : start + rows], np.ones(rows)])
+        B, sv, _ = output_basis(np.column_stack([Ys[start : start + rows], np.ones(rows)]), k + 1)
+        if len(sv) < k + 1 or not sv[k] > 1e-8 * sv[0]:
+            return None  # [Y, 1] has rank <= k: its span does not hold each unit's vector
+        todo = np.max(np.abs(C @ np.array(pool.rows).T), axis=1) < 0.98 if len(pool) else np.ones(k, dtype=bool)
+        out = refine_rows(B, X1, C[todo], n_jobs=n_jobs or 0)
+        for i in np.flatnonzero(out["certified"]):
+            if np.linalg.norm(out["rows"][i][:d]) > 0:
+                pool.add(out["rows"][i] / np.linalg.norm(out["rows"][i]))
+        if pool.full:
+            break
     V, b = V0.copy(), b0.copy()
     if pool.full:
         R = np.array(pool.rows)
@@ -668,8 +682,10 @@ def _lift_refine(Xs, Ys, V0, b0, n_jobs, pool):
 
 
 def _lifted_fit(Xs, Ys, V, b):
-    """(U, c) by least squares for exact (V, b) on the refinement sample, as a
-    :class:`RegionRefinement` with no region round."""
+    """(U, c) by least squares for (V, b) on the first LIFT_FIT_ROWS rows of the refinement
+    sample (exact rows give the exact (U, c) from any rows of full rank; the certificate
+    reads every sample), as a :class:`RegionRefinement` with no region round."""
+    Xs, Ys = Xs[:LIFT_FIT_ROWS], Ys[:LIFT_FIT_ROWS]
     Uc, _ = fit_output_layer(Xs, Ys, V, b=b, intercept=True)
     U, c = Uc[:, :-1], Uc[:, -1]
     R = Ys - (np.maximum(Xs @ V.T + b, 0.0) @ U.T + c)
@@ -677,7 +693,7 @@ def _lifted_fit(Xs, Ys, V, b):
     return RegionRefinement(U, V, b, c, residual, (residual,), 0, (), 0, len(Xs), 0)
 
 
-def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None):
+def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None, last=True):
     """Step 7: (U, c) for every output by least squares and the activation-region
     refinement (relufast's own, :func:`relufast.stages.refine.region_refine`) on the
     refinement sample. Returns (rr, whether rr.residual is over all samples): the
@@ -691,10 +707,15 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None):
         lifted = _lift_refine(Xs, Ys, V0, b0, s.n_jobs, pool)
     if lifted is not None:
         V0, b0 = lifted
-        if pool.full:
-            rr = _lifted_fit(Xs, Ys, V0, b0)
-            if rr.residual <= s.tol:
-                return (rr, covers_all) if covers_all else (_certify_all(data, rr), True)
+        rr = _lifted_fit(Xs, Ys, V0, b0)
+        whole = covers_all and len(Xs) <= LIFT_FIT_ROWS  # rr's residual is over all samples
+        if pool.full and rr.residual <= s.tol:
+            return (rr, True) if whole else (_certify_all(data, rr), True)
+        if not last and s.k > LIFT_WAIT_K:
+            # The next tensor step may certify the units still missing: the activation-region
+            # refinement (costly at this k: most samples have their own region) waits for the
+            # last step, from the pooled rows.
+            return rr, whole
     try:
         rr = region_refine(Xs, Ys, V0, b0, tol=min(1e-14, s.tol), **kw)
     except TooManyRegions:
@@ -738,7 +759,8 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts,
             continue
         V0, a, bb, c0, d6 = est
         with run.stage("refine"):
-            rr, over_all = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine, pool)
+            last = attempt == (n_restarts if refine else 1) - 1
+            rr, over_all = _refine_and_certify(data, s, sample, covers_all, V0, bb, refine, pool, last)
         run.counts["certify_passes"] += over_all
         attempts.append(rr.residual)
         if best is None or rr.residual < best[0].residual:
