@@ -77,3 +77,29 @@ def test_size(benchmark, machine, d, k, m, n, bias):
     )
     assert res.status.value == "exact", res.message
     assert err is not None and max(err.U, err.V, err.b) < 1e-8
+
+
+@pytest.mark.parametrize("d,k,m", [(10, 5, 5), (20, 10, 10), (40, 20, 20)])
+def test_extract_biased(benchmark, machine, d, k, m):
+    """``extract`` with random Gaussian queries on a biased planted network (a callable):
+    queries and seconds; the anchor (chosen queries, CJM20's code on this machine) took
+    8.5 s at (40, 20, 20)."""
+    net = rf.planted.two_layer(d=d, k=k, m=m, bias="random", offset="random", random_state=0)
+    out = {}
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rf.RelufastWarning)
+            out["res"] = rf.extract(net.predict, n_features=d, n_hidden=k, random_state=0)
+
+    benchmark.pedantic(run, rounds=1, warmup_rounds=0)
+    res = out["res"]
+    err = rf.metrics.parameter_error(res, net)
+    benchmark.extra_info.update(
+        machine,
+        status=res.status.value,
+        queries=int(res.counts["queries"]),
+        weight_error=float(max(err.U, err.V, err.b)),
+        seconds={key: round(v, 3) for key, v in res.seconds.items()},
+    )
+    assert res.status.value == "exact" and max(err.U, err.V, err.b) < 1e-8
