@@ -365,6 +365,31 @@ def test_nan_in_y_is_a_value_error(method, random_state):
         _quiet(relufast.recover, X, Y, n_hidden=k, method=method, random_state=random_state)
 
 
+@pytest.mark.parametrize(
+    "method,where", [("atv21", "Y"), ("gklw19", "X"), ("bjw19-noisy", "Y"), ("auto", "X"), ("auto", "Y")]
+)
+def test_non_finite_dask_samples_are_a_value_error(method, where):
+    """Dask arrays are checked lazily: NaN in Y (or inf in X) reached atv21, gklw19 and
+    bjw19-noisy as a LinAlgError turned into 'failed' (LAPACK printed DLASCL), and auto's
+    probe raised a raw 'SVD did not converge'. The outputs' pass (NaN no longer dropped
+    by fmax) and auto's probe now say what is wrong."""
+    da = pytest.importorskip("dask.array")
+    rng = np.random.default_rng(37)
+    d, k, m, n = 5, 3, 3, 6000
+    net = _net(rng, d, k, m)
+    X = rng.standard_normal((n, d))
+    Y = net.predict(X)
+    row = int(rng.integers(10, 200)) if method == "auto" else n - 7
+    if where == "X":
+        X[row, 2] = np.inf
+    else:
+        Y[row, 1] = np.nan
+    with pytest.raises(ValueError, match="finite"):
+        _quiet(
+            relufast.recover, da.from_array(X, chunks=2000), da.from_array(Y, chunks=2000), n_hidden=k, method=method
+        )
+
+
 def test_no_samples_is_a_value_error():
     for method in ("auto", "bjw19-gaussian", "atv21"):
         with pytest.raises(ValueError):

@@ -459,6 +459,9 @@ def _auto_probe(X, Y, comm):
         return Samples(Xc, Yc), Xc[:AUTO_CHECK_ROWS], Yc[:AUTO_CHECK_ROWS]
     data = Samples.from_arrays(X, Y, comm=comm)
     Xh, Yh = data.take(np.arange(min(data.n, AUTO_CHECK_ROWS)))
+    bad = int(np.count_nonzero(~np.isfinite(Xh)) + np.count_nonzero(~np.isfinite(Yh)))
+    if bad:  # dask arrays are checked lazily: the probe (the same rows on every rank) is read now
+        raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries")
     return data, Xh, Yh
 
 

@@ -338,20 +338,27 @@ class _Outputs:
         m = samples.m
         s1, s2, hi, lo = np.zeros(m), np.zeros(m), np.full(m, -np.inf), np.full(m, np.inf)
         with np.errstate(over="ignore", invalid="ignore"):  # outputs far above the head's scale
-            for _, Yb in samples.blocks(bounded=True):
+            for Xb, Yb in samples.blocks(bounded=True):
                 Yb = np.asarray(Yb.compute() if hasattr(Yb, "compute") else Yb)
                 if len(Yb) == 0:
                     continue
+                if samples.lazy and not np.all(np.isfinite(Xb)):  # dask: no method checked X yet
+                    hi = lo = np.full(m, np.nan)
+                    break
                 Ys = Yb if scale == 1.0 else Yb * scale
                 s1 += Ys.sum(axis=0, dtype=np.float64)
                 s2 += np.einsum("ij,ij->j", Ys, Ys, dtype=np.float64)
-                hi, lo = np.fmax(hi, Ys.max(axis=0)), np.fmin(lo, Ys.min(axis=0))
+                # np.maximum, not fmax: a NaN must propagate to be seen
+                hi, lo = np.maximum(hi, Ys.max(axis=0)), np.minimum(lo, Ys.min(axis=0))
                 if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))):
                     hi = lo = np.full(m, np.nan)  # NaN or inf in Y
                     break
         bad = 0
         if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))):  # count them for the message
-            bad = sum(int(np.count_nonzero(~np.isfinite(np.asarray(Yb)))) for _, Yb in samples.blocks(bounded=True))
+            bad = sum(
+                _count_nonfinite(Yb) + (_count_nonfinite(Xb) if samples.lazy else 0)
+                for Xb, Yb in samples.blocks(bounded=True)
+            )
         if samples.distributed:
             parts = samples.allgather((s1, s2, hi, lo, bad))
             s1, s2 = sum(p[0] for p in parts), sum(p[1] for p in parts)
@@ -368,6 +375,10 @@ class _Outputs:
         self.norm = float(np.sqrt(sy)) / scale  # ||Y||_F
         #: relative residual of predicting the mean of Y: ||Y - mean(Y)||_F / ||Y||_F
         self.mean_residual = float(np.sqrt(centred / sy)) if sy > 0 else float("nan")
+
+
+def _count_nonfinite(A):
+    return int(np.count_nonzero(~np.isfinite(np.asarray(A))))
 
 
 def _samples_of(X, Y, options):
