@@ -365,6 +365,24 @@ def test_nan_in_y_is_a_value_error(method, random_state):
         _quiet(relufast.recover, X, Y, n_hidden=k, method=method, random_state=random_state)
 
 
+@pytest.mark.parametrize("method", ["bjw19-ica"])
+def test_non_finite_rows_drawn_by_a_doubling_are_a_value_error(method, capfd):
+    """ica (and fpt) checked only their first estimation sample: an inf in a row drawn when
+    the sample doubled reached LAPACK (DLASCL printed) before the ValueError. (X in units
+    of 1e3: non-finite X is not rescaled, and there the first sample does not suffice.)"""
+    rng = np.random.default_rng(38)
+    d, k, m, n = 6, 3, 3, 20000
+    net = _net(rng, d, k, m)
+    X = rng.standard_normal((n, d)) * 1e3
+    Y = net.predict(X)
+    for row in rng.choice(n, 3, replace=False):
+        Xb = X.copy()
+        Xb[row, int(rng.integers(d))] = np.inf
+        with pytest.raises(ValueError, match="finite"):
+            _quiet(relufast.recover, Xb, Y, n_hidden=k, method=method, random_state=0)
+    assert "DLASCL" not in "".join(capfd.readouterr())
+
+
 @pytest.mark.parametrize(
     "method,where", [("atv21", "Y"), ("gklw19", "X"), ("bjw19-noisy", "Y"), ("auto", "X"), ("auto", "Y")]
 )

@@ -171,6 +171,8 @@ def _group(run, data, k, min_size, class_tol, rng, n_estimate):
             break
         n_est, doublings = min(n, 2 * n_est), doublings + 1
         Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
+        if not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):  # the new rows, before LAPACK sees them
+            raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
     run.counts.update(classes=len(classes), n_estimate=len(Xe), doublings=doublings, n_certify=n)
     run.diag["class_sizes"] = tuple(len(c) for c in classes)
     return Xe, Ye, classes

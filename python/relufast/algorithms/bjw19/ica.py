@@ -191,6 +191,15 @@ def _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol):
     return cand, iters
 
 
+def _finite(Xe, Ye):
+    """The estimation sample, or the ValueError of non-finite data (LAPACK on NaN prints
+    DLASCL errors before it fails)."""
+    bad = int(np.count_nonzero(~np.isfinite(Xe)) + np.count_nonzero(~np.isfinite(Ye)))
+    if bad:
+        raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries")
+    return Xe, Ye
+
+
 def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, threads, prec):
     """Steps 1-4 on a growing random sample (relufast: it doubles until k rows are certified
     or every sample is used): per restart a fresh sketch and FastICA start, Alg. 5 on the
@@ -198,9 +207,7 @@ def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, thr
     LinAlgError when the sketched outputs have rank < k."""
     n, d = data.n, data.d
     stream = SampleStream(n, rng)
-    Xe, Ye = data.extend(stream, n_est)
-    if not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
-        raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
+    Xe, Ye = _finite(*data.extend(stream, n_est))
     Xr, Yr = Xe[:ell], Ye[:ell]
     B, _, _ = output_basis(Yr, k)
     pool, approx, iters_all = RowPool(k), None, []
@@ -223,7 +230,7 @@ def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, thr
         if pool.full or len(Xe) >= n:
             break
         n_est, doublings = min(n, 2 * n_est), doublings + 1
-        Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
+        Xe, Ye = _finite(*data.extend(stream, n_est, (Xe, Ye)))  # the new rows, before any LAPACK call
     run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n, certify_passes=1)
     run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
     run.counts["certified_rows"] = len(pool)
