@@ -147,9 +147,21 @@ def test_three_layer_expansive_first_layer():
     assert res.counts["queries"] < 91700
 
 
+def test_four_layer_exact():
+    """8-8-6-4-1: a draw whose units all switch within the region the lines explore (many
+    planted four-layer draws have a unit that never switches there)."""
+    d, widths, m = 8, (8, 6, 4), 1
+    hidden, out = planted(d, widths, m, seed=26)
+    f = model(hidden, out)
+    res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
+    assert res.exact and res.status == "exact" and res.n_hidden == widths
+    assert function_error(res, f, d) <= FUNC_TOL
+    assert weight_error(res.layers, hidden, out) <= WEIGHT_TOL
+
+
 def test_four_layer_never_wrongly_exact():
-    """Four layers: the deep stages do not yet determine every unit of such networks within
-    the default rounds; the result must then say so (never a wrong exact)."""
+    """Four layers where the deep stages do not determine every unit within the budget (a
+    third-layer unit never switches near the origin): the result must say so (never a wrong exact)."""
     d, widths, m = 10, (6, 4, 3), 1
     hidden, out = planted(d, widths, m, seed=1)
     f = model(hidden, out)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from .cluster import cluster_units
-from .first_layer import random_lines
+from .first_layer import KinkPool, random_lines
 from .hyperplanes import jump_normals
 from .lines import Kinks, find_kinks, window_kinks
 from .net import feature_jacobians, features, pre_activations, preact_jacobians
@@ -523,6 +523,19 @@ GROUP_LINES, GROUP_ROUNDS = 2, 25
 ANGLE = 1000.0
 
 
+#: Kinks of the pool (the newest) that the grouping, quadratic in their number, looks at.
+GROUP_CAP = 96
+
+
+def _recent(pool, cap):
+    """The newest ``cap`` kinks of the pool, as a pool."""
+    if len(pool) <= cap:
+        return pool
+    sub = KinkPool(pool.x.shape[1])
+    sub.add(pool.x[-cap:], pool.n[-cap:], pool.err[-cap:])
+    return sub
+
+
 def _add(Theta, found, k, tol):
     """Theta with the rows of ``found`` that are new (up to sign and scale), at most k rows."""
     for theta in found:
@@ -581,12 +594,12 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         _prune(pool, known, tent, Theta, tol)
         ntol, delta = _null_tol(oracle) * NULL_GROWTH ** len(known), _signs(tent, Theta)
         if delta is not None:
-            found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * ntol, rng)
+            found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng)
             if asks:
                 base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
                 _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS)
         else:
-            found = _group(oracle, known, tent, pool, ntol, delta)
+            found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
             Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
