@@ -67,13 +67,15 @@ def _normalise(hidden, out):
 
 
 def _fit_points(known, tent, n, d, rng):
-    """Points for the output layer and the polish: half at scale 1 (a quarter at scale 10
-    for deep networks), half at scale 3, then
-    more at scale 3 until every unit is active on at least twice its fan-in (a unit active on
-    fewer points is underdetermined, and the polish would fit the points, not the model)."""
+    """Points for the output layer and the polish: half at scale 1, half at scale 3 (deep
+    networks: a quarter of them and n / 2 more at scale 10, where some combinations of
+    active units are only met), then more at scale 3 until every unit is active on at least
+    twice its fan-in (a unit active on fewer points is underdetermined, and the polish would
+    fit the points, not the model)."""
     X = np.vstack([rng.standard_normal((n - n // 2, d)), 3.0 * rng.standard_normal((n // 2, d))])
-    if len(known):  # deep: some region combinations are only met far out (the certificate's scale 10)
+    if len(known):
         X[: n // 4] *= 10.0
+        X = np.vstack([X, 10.0 * rng.standard_normal((n // 2, d))])
     for _ in range(FIT_ROUNDS):
         Z, _ = pre_activations([*known, tent], X)
         need = [2 * (W.shape[1] + 1) for W, _ in [*known, tent]]
