@@ -35,9 +35,15 @@ def test_mismatched_samples():
 
 
 def test_too_few_samples():
+    # A named method refuses with a clear error; auto, when every applicable method needs
+    # more samples, returns the status insufficient_samples with a warning.
     X, Y = _data(n=9, d=4)
     with pytest.raises(ValueError, match=r"at least 2 \(d \+ 1\) = 10 samples for d = 4; got n = 9"):
-        rf.recover(X, Y, n_hidden=2)
+        rf.recover(X, Y, n_hidden=2, method="bjw19-gaussian")
+    with pytest.warns(rf.RelufastWarning, match="too few samples"):
+        res = rf.recover(X, Y, n_hidden=2)
+    assert res.status.value == "insufficient_samples" and res.V is None
+    assert "at least 2 (d + 1) = 10 samples" in res.message
 
 
 def test_more_hidden_units_than_features():

@@ -41,6 +41,7 @@ from ._result import (
     warn,
 )
 from ._units import map_back, plain_array, rescale
+from ._validation import InsufficientSamples
 from .algorithms import atv21, bjw19, gklw19, gp19
 
 __all__ = ["recover", "METHODS", "Method", "AUTO_TIME_LIMIT"]
@@ -121,9 +122,7 @@ def _accepted_options(function):
         return None
     # Names starting with "_" are the package's own switches, not options for users.
     return [
-        p.name
-        for p in params
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and not p.name.startswith("_")
+        p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and not p.name.startswith("_")
     ]
 
 
@@ -633,6 +632,16 @@ def _auto_try(plan, X, Y, k, options, budget, t0, data):
 def _auto_best(attempts, results, errors, facts):
     """The best result (status preference, then residual), with every attempt and the facts
     in its diagnostics; raises the first refusal when every method refused the data."""
+    if not results and errors and all(isinstance(e, InsufficientSamples) for e in errors):
+        # Degenerate data, not bad input: a status and a warning, not an exception.
+        run = Run("auto")
+        run.diag.update(auto_attempts=tuple(attempts), auto_facts=facts, auto="too few samples for every method")
+        res = run.result(
+            Status.INSUFFICIENT_SAMPLES,
+            f"auto: too few samples ({facts['n']}) for every applicable method: " + "; ".join(str(e) for e in errors),
+        )
+        warn(res.message)
+        return res
     if not results and errors:
         raise errors[0]  # every applicable method refused these data: the first refusal says why
     if not results:

@@ -75,6 +75,12 @@ def check_xy(X, Y):
     return X, Y
 
 
+class InsufficientSamples(ValueError):
+    """A method needs more samples than it was given (a ValueError: direct callers see the
+    method's message; ``method="auto"`` reports the status ``insufficient_samples`` when
+    every applicable method says so)."""
+
+
 def check_positive_int(value, name, *, minimum=1):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer >= {minimum}; got {value!r}")

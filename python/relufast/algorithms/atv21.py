@@ -47,6 +47,7 @@ from .._blas import single_threaded_blas
 from .._native import BACKEND
 from .._result import Run, Status, warn
 from .._validation import (
+    InsufficientSamples,
     check_n_hidden,
     check_positive_int,
     check_random_state,
@@ -429,7 +430,7 @@ def _validate(
         raise ValueError(f"tol must be a positive number; got {tol!r}")
     n_min = max(2 * (d + 1), 20 * k)
     if n < n_min:
-        raise ValueError(
+        raise InsufficientSamples(
             f"atv21 needs at least max(2 (d + 1), 20 k) = {n_min} samples for d = {d}, k = {k}; got n = {n}"
         )
     n_restarts = check_positive_int(n_restarts, "n_restarts")
@@ -1300,7 +1301,7 @@ def _validate_general(X, Y, n_hidden, tol, block_size, n_jobs, comm):
         )
     n_min = max(4 * (d + 1), 50 * k)
     if n < n_min:
-        raise ValueError(f"atv21-general needs at least {n_min} samples for d = {d}, k = {k}; got n = {n}")
+        raise InsufficientSamples(f"atv21-general needs at least {n_min} samples for d = {d}, k = {k}; got n = {n}")
     return data, k, block_size
 
 

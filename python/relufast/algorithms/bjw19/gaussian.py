@@ -16,7 +16,13 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status, recovery_method
-from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
+from ..._validation import (
+    InsufficientSamples,
+    check_n_hidden,
+    check_positive_int,
+    check_random_state,
+    resolve_n_jobs,
+)
 from ...activations import RELU, get_activation, hermite_coefficient
 from ...stages.diagnostics import (
     GAUSS_ROWS,
@@ -234,7 +240,7 @@ def _validate(
     k = check_n_hidden(n_hidden, d)
     n_min = 2 * (d + 1)
     if n < n_min:
-        raise ValueError(f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}")
+        raise InsufficientSamples(f"bjw19-gaussian needs at least 2 (d + 1) = {n_min} samples for d = {d}; got n = {n}")
     n_estimate = check_n_estimate(n_estimate, n_min)
     rng = check_random_state(random_state)
     act = get_activation(activation)

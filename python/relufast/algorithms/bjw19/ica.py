@@ -6,7 +6,13 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._result import Run, Status, recovery_method
-from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
+from ..._validation import (
+    InsufficientSamples,
+    check_n_hidden,
+    check_positive_int,
+    check_random_state,
+    resolve_n_jobs,
+)
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
@@ -154,7 +160,7 @@ def _ica(X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, r
     n_restarts = check_positive_int(n_restarts, "n_restarts")
     rng = check_random_state(random_state)
     if n < 2 * (d + 1):
-        raise ValueError(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
+        raise InsufficientSamples(f"bjw19-ica needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
     n_estimate = check_n_estimate(n_estimate, 2 * (d + 1))
     run.counts.update(n_samples=n, n_hidden=k)
     if m < k:

@@ -9,7 +9,13 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
 from ..._result import Run, Status, recovery_method, warn
-from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
+from ..._validation import (
+    InsufficientSamples,
+    check_n_hidden,
+    check_positive_int,
+    check_random_state,
+    resolve_n_jobs,
+)
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import certify, fit_from_stats, polish, refine_to_exact, residual_from_stats
 from ...stages.moments import moment_span
@@ -170,7 +176,7 @@ def _noisy(
         )
     rng = check_random_state(random_state)
     if n < 2 * (d + 1):
-        raise ValueError(f"bjw19-noisy needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
+        raise InsufficientSamples(f"bjw19-noisy needs at least 2 (d + 1) = {2 * (d + 1)} samples; got n = {n}")
     run.counts.update(n_samples=n, n_hidden=k)
     run.diag["backend"] = BACKEND
     if m < k:
