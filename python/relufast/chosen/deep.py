@@ -15,7 +15,10 @@ its kinks in a few regions are stacked (a one-dimensional null space).
 
 Kinks from random lines are first grouped by unit (:func:`_group`: the stacked equations
 of one unit keep one null direction more than those of two units); a group whose kinks see
-every unit of layer l+1 on both sides determines the unit. For the units left, kinks in
+every unit of layer l+1 on both sides determines the unit. Once the units found fix the
+signs of layer l+1, each kink alone gives its unit's row restricted to the active units of
+layer l+1, and kinks are clustered by these restrictions, with lines computed into the
+active side of the units a cluster missed (:mod:`.cluster`). For the units left, kinks in
 other regions are found by following the boundary (all chains in lockstep, one model call
 per step for all of them): from x_p a random direction v tangent
 to the boundary is followed to the first known boundary (computed, no query); just past
