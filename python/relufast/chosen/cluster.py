@@ -111,6 +111,25 @@ def _components(adj):
     return comps
 
 
+def _split(E, S, adj, comp, tol):
+    """The row of a component whose stacked equations have no null vector (kinks of two
+    units joined by one false link): the closed neighbourhood of one of its best-linked
+    kinks (SPLIT_TRIES of them, by degree) that covers every unit and has a null vector."""
+    comp = np.asarray(comp)
+    sub = adj[np.ix_(comp, comp)]
+    for i in np.argsort(-sub.sum(axis=1))[:SPLIT_TRIES]:
+        hood = comp[np.append(np.nonzero(sub[i])[0], i)]
+        if len(hood) >= CLUSTER_MIN and S[hood].any(axis=0).all():
+            row = _null_row(E[hood], tol)
+            if row is not None:
+                return row
+    return None
+
+
+#: Best-linked kinks of a failed component whose neighbourhoods are tried.
+SPLIT_TRIES = 6
+
+
 def _null_row(E, tol):
     """The null vector of stacked equations E when it is one-dimensional with a clear gap."""
     R = E.reshape(-1, E.shape[-1])
@@ -166,6 +185,8 @@ def cluster_units(known, tent, flip, x, n, tol, angle, rng):
             asks.extend(_entry_lines(known, true_tent, E[members], x[members], missing, tol, rng))
             continue
         row = _null_row(E[members], tol)
+        if row is None:  # a false link joined two units: try the neighbourhoods of its hubs
+            row = _split(E[det], S[det], adj, comp, tol)
         if row is not None:
             rows.append(row / np.linalg.norm(row[:-1]))
     if not rows:
