@@ -408,10 +408,14 @@ def test_non_finite_dask_samples_are_a_value_error(method, where):
         )
 
 
-def test_no_samples_is_a_value_error():
-    for method in ("auto", "bjw19-gaussian", "atv21"):
-        with pytest.raises(ValueError):
-            relufast.recover(np.zeros((0, 4)), np.zeros((0, 2)), n_hidden=2, method=method)
+@pytest.mark.parametrize("n", [0, 1])
+def test_no_samples_is_a_value_error(n):
+    """n = 0 raised LinAlgError('SVD did not converge'), itself a ValueError subclass: the
+    error must name the samples, not the linear algebra."""
+    for method in ("auto", "bjw19-gaussian", "atv21", "bjw19-ica", "bjw19-noisy", "gklw19", "atv21-general"):
+        with pytest.raises(ValueError, match="samples") as info:
+            relufast.recover(np.zeros((n, 4)), np.ones((n, 2)), n_hidden=2, method=method)
+        assert not isinstance(info.value, np.linalg.LinAlgError), method
 
 
 def test_atv21_with_zero_inputs_is_a_status(tmp_path):
