@@ -147,11 +147,12 @@ def test_three_layer_expansive_first_layer():
     assert res.counts["queries"] < 91700
 
 
-def test_four_layer_exact():
-    """8-8-6-4-1: a draw whose units all switch within the region the lines explore (many
+@pytest.mark.parametrize("seed", [26, 31])
+def test_four_layer_exact(seed):
+    """8-8-6-4-1: draws whose units all switch within the region the lines explore (many
     planted four-layer draws have a unit that never switches there)."""
     d, widths, m = 8, (8, 6, 4), 1
-    hidden, out = planted(d, widths, m, seed=26)
+    hidden, out = planted(d, widths, m, seed=seed)
     f = model(hidden, out)
     res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
     assert res.exact and res.status == "exact" and res.n_hidden == widths
