@@ -2,6 +2,7 @@
 statistic's floor is still recovered (the given n_hidden is tried before the visible count)."""
 
 import numpy as np
+import pytest
 
 import relufast as rf
 from relufast.units import visible_units
@@ -16,3 +17,22 @@ def test_given_n_hidden_recovers_a_weak_unit():
     assert "never active" not in res.message
     Xf = np.random.default_rng(2).standard_normal((1000, 10))
     assert np.max(np.abs(res.predict(Xf) - net.predict(Xf))) < 1e-9
+
+
+@pytest.mark.parametrize("k", [6, 8])
+def test_more_units_than_inputs_are_not_called_dead(k):
+    # Gaussian-query methods recover at most d units: the message says so, and does not
+    # claim that the other units are never active (all of them are).
+    rng = np.random.default_rng(k)
+    V, U, b = rng.standard_normal((k, 4)), rng.standard_normal((2, k)), 0.3 * rng.standard_normal(k)
+
+    def f(X):
+        return np.maximum(X @ V.T + b, 0) @ U.T
+
+    with pytest.warns(rf.RelufastWarning):
+        res = rf.extract(f, n_features=4, n_hidden=k, random_state=0, max_queries=40_000)
+    assert res.status.value != "exact"
+    assert "never active" not in res.message and f"n_hidden = {k} > d = 4" in res.message
+    with pytest.warns(rf.RelufastWarning):
+        res = rf.extract(f, n_features=4, random_state=0, max_queries=40_000)
+    assert "inf" not in res.message and "never active" not in res.message.split("(units that")[0]

@@ -21,6 +21,7 @@ References
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import warnings
 from typing import Any
@@ -155,8 +156,15 @@ def as_query_function(model: Any) -> tuple:
     )
 
 
-def _units_note(vis, k_given, k, m):
-    """The message's opening when fewer units are visible than given, or none was given."""
+def _units_note(vis, k_given, k, m, d):
+    """The message's opening when fewer units were recovered than given, or none was given."""
+    if k_given is not None and k_given > d:
+        # Not dead units: Gaussian queries see at most d directions of hidden rows.
+        return (
+            f"n_hidden = {k_given} > d = {d}: the Gaussian-query methods recover at most d hidden "
+            f"units (they need k <= d), so a network with {k} units was fitted; queries='chosen' "
+            "extracts wider layers. "
+        )
     if k_given is not None:
         return invisible_message(vis.count, k_given) + ". " if vis.count < k_given else ""
     moment = (
@@ -164,8 +172,9 @@ def _units_note(vis, k_given, k, m):
         if vis.output_rank < m
         else f", {vis.moment_count} singular value(s) of the stacked moments above their floor"
     )
+    seen = f"at least {k}" if math.isinf(vis.count) else str(vis.count)
     return (
-        f"n_hidden not given: {vis.count} hidden unit(s) visible in the outputs (rank of the centred "
+        f"n_hidden not given: {seen} hidden unit(s) visible in the outputs (rank of the centred "
         f"outputs {vis.output_rank}{moment}), recovered with n_hidden={k} (units that are never "
         "active on Gaussian queries or have a zero output column cannot be counted). "
     )
@@ -350,7 +359,7 @@ def extract(
         "(relufast's own rough estimate, not the papers' counts: relufast.extraction.cryptanalytic_queries)"
     )
     if k_given is None or (result.n_hidden or 0) < k_given:
-        message = _units_note(vis, k_given, k, Y.shape[1]) + message
+        message = _units_note(vis, k_given, k, Y.shape[1], d) + message
     if not result.exact and result.V is not None and merged is None:
         dup = near_duplicate_message(near_duplicates(result.V, d))
         message += f". {dup}" if dup else ""
