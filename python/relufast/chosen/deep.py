@@ -381,7 +381,7 @@ def _crossings(known, tent, Theta, rng, d):
     P, U = np.full((len(Theta), d), np.nan), np.zeros((len(Theta), d))
     t = np.linspace(-3.0, 3.0, 1024)
     for i, theta in enumerate(Theta):
-        for _ in range(8):
+        for _ in range(CROSSING_TRIES):
             a, u = 0.5 * rng.standard_normal(d), rng.standard_normal(d)
             z = _zeta(known, tent, a + t[:, None] * u, theta[None])[:, 0]
             ch = np.nonzero(np.sign(z[:-1]) * np.sign(z[1:]) < 0)[0]
@@ -395,6 +395,11 @@ def _crossings(known, tent, Theta, rng, d):
                 P[i], U[i] = a + 0.5 * (lo + hi) * u, u / np.linalg.norm(u)
                 break
     return P, U
+
+
+#: Random lines (computed, no query) tried for a crossing of a predicted boundary: a unit
+#: that switches in a small part of the region needs many.
+CROSSING_TRIES = 64
 
 
 def _verified(oracle, known, tent, Theta, rng):
