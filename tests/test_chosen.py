@@ -133,11 +133,12 @@ def test_three_layer_exact(d, widths, m, seed):
     assert res.counts["queries"] > 0 and res.seconds["total"] > 0
 
 
-def test_three_layer_expansive_first_layer():
-    """10-15-15-1: more first-layer units than inputs, so kinks near the origin rarely see
+@pytest.mark.parametrize("m", [1, 3])
+def test_three_layer_expansive_first_layer(m):
+    """10-15-15-m: more first-layer units than inputs, so kinks near the origin rarely see
     every first-layer unit active; the deep stage computes lines into the active side of the
     units a cluster missed. Fewer queries than the public code of [CJM20] (91,700)."""
-    d, widths, m = 10, (15, 15), 1
+    d, widths = 10, (15, 15)
     hidden, out = planted(d, widths, m, seed=1)
     f = model(hidden, out)
     res = relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
