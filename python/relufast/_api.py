@@ -43,6 +43,7 @@ from ._result import (
 from ._units import map_back, plain_array, rescale
 from ._validation import InsufficientSamples
 from .algorithms import atv21, bjw19, gklw19, gp19
+from .subspace import non_identifiable_from_null_space
 
 __all__ = ["recover", "METHODS", "Method", "AUTO_TIME_LIMIT"]
 
@@ -177,36 +178,6 @@ def _identify(res, X):
     if not N.shape[0]:
         return res
     return non_identifiable_from_null_space(res, N)
-
-
-def non_identifiable_from_null_space(res, N):
-    """Turn an exact fit into ``non_identifiable``: rows of V projected on the orthogonal
-    complement of span(N) (the minimum-norm representatives, since X N^T = 0 leaves the
-    fit unchanged), renormalised, with U rescaled to keep the network's outputs."""
-    V = res.V - (res.V @ N.T) @ N
-    s = np.linalg.norm(V, axis=1)
-    if not np.all(s > 0):  # a row entirely in the null space: its unit never fires
-        s = np.where(s > 0, s, 1.0)
-    diag = dict(res.diagnostics)
-    diag["input_null_space"] = N
-    diag["undetermined_rows"] = tuple(range(V.shape[0]))
-    d = V.shape[1]
-    message = (
-        f"{res.message}. The fit is exact but not unique: the inputs span only a "
-        f"{d - N.shape[0]}-dimensional subspace of R^{d}, so every row of V is free along "
-        f"the {N.shape[0]} input direction(s) in diagnostics['input_null_space']; returned "
-        "the minimum-norm representative (rows projected on the row space of X)"
-    )
-    return dataclasses.replace(
-        res,
-        U=res.U * s[None, :],
-        V=V / s[:, None],
-        b=None if res.b is None else res.b / s,
-        status=Status.NON_IDENTIFIABLE,
-        exact=False,
-        message=message,
-        diagnostics=diag,
-    )
 
 
 def _causes(res, X, Y, n_hidden, options):
