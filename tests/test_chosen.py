@@ -108,6 +108,26 @@ def test_two_layer_float32_certified_at_float32(d, k, m):
     assert function_error(res, model(hidden, out), d) <= F32_FUNC_TOL
 
 
+#: Three-layer networks evaluated in float32 that the deep stages certify at float32.
+DEEP_F32_CASES = [
+    (10, (6, 4), 1, 2),
+    (10, (6, 4), 3, 8),
+    (10, (8, 6), 1, 2),
+]
+
+
+@pytest.mark.parametrize("d,widths,m,seed", DEEP_F32_CASES)
+def test_three_layer_float32_certified_at_float32(d, widths, m, seed):
+    hidden, out = planted(d, widths, m, seed)
+    f32 = model(hidden, out, np.float32)
+    res = relufast.extract(f32, n_features=d, n_hidden=widths, queries="chosen", random_state=0)
+    assert isinstance(res, DeepResult)
+    assert res.exact and res.precision == "float32" and res.n_hidden == widths
+    assert res.residual <= res.diagnostics["certificate_tolerance"]
+    assert function_error(res, model(hidden, out), d) <= F32_FUNC_TOL
+    assert res.counts["queries"] < 120_000
+
+
 #: Three-layer networks the deep stages extract exactly (seeded draws).
 DEEP_CASES = [
     (10, (6, 4), 1, 1),

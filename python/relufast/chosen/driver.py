@@ -30,8 +30,9 @@ import numpy as np
 from .._result import RecoveryResult, Status, warn
 from .._validation import check_random_state
 from .deep import next_layer
-from .first_layer import KinkPool, first_layer
+from .first_layer import KinkPool, first_layer, refit_rows
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
+from .hyperplanes import LOW_PRECISION
 from .net import pre_activations
 from .oracle import BudgetSpent, Oracle
 from .result import DeepResult
@@ -98,6 +99,9 @@ def _stages(oracle, widths, rng, clock, diag):
     diag["line_rounds"] = rounds
     if len(W) < widths[0]:
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
+    if L > 1 and oracle.eps > LOW_PRECISION:
+        with clock.stage("refit"):
+            W, b = refit_rows(oracle, W, b, rng)
     known, tent, signs_ok = [], (W, b), True
     for li in range(1, L):
         with clock.stage(f"layer_{li + 1}"):

@@ -131,3 +131,55 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     if len(W) and len(pool):
         pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
     return W, b, rounds
+
+
+#: Exact refit of the first layer (low precision): points per unit, half-length of the
+#: segment across the boundary, samples per side, and the largest rms residual of a side's
+#: affine fit in units of eps * max |output|.
+REFIT_POINTS, REFIT_HALF, REFIT_SAMPLES, REFIT_RESIDUAL = 3, 0.02, 16, 4.0
+
+
+def refit_rows(oracle, W, b, rng):
+    """First-layer hyperplanes refitted through precisely located kinks ([CJM20] Sec. 4.2).
+
+    A first-layer boundary is a global hyperplane. On REFIT_POINTS * d segments across each
+    one (along its normal), the model is fitted by an affine map of t on each side, away from
+    the predicted kink; the kink is where the two lines meet, located far below the rounding
+    of a single output because each fit averages REFIT_SAMPLES outputs. Segments whose fits
+    leave a line (another boundary crossed) or whose slope jump is lost in the rounding are
+    dropped; a row is replaced by the hyperplane through its kinks (least squares) when
+    enough remain and it agrees with the row to the accuracy of a measured normal.
+    """
+    k, d = W.shape
+    P, S = REFIT_POINTS * d, REFIT_SAMPLES
+    Z = 2.0 * rng.standard_normal((k, P, d))
+    Z -= (np.einsum("kpd,kd->kp", Z, W) + b[:, None])[:, :, None] * W[:, None, :]
+    side = np.linspace(REFIT_HALF / 8, REFIT_HALF, S)
+    t = np.concatenate([-side[::-1], side])
+    X = Z[:, :, None, :] + t[None, None, :, None] * W[:, None, None, :]
+    Y = oracle(X.reshape(-1, d)).reshape(k, P, 2 * S, -1)
+    A = np.stack([np.ones(S), side], axis=1)
+    pinv = np.linalg.pinv(A)
+    lo = np.einsum("ij,kpjm->kpim", pinv, Y[:, :, :S][:, :, ::-1])
+    hi = np.einsum("ij,kpjm->kpim", pinv, Y[:, :, S:])
+    # lo fitted as a function of -side (t = -s): value a_lo, slope -s_lo in t
+    rms_lo = np.sqrt(np.mean((np.einsum("ji,kpim->kpjm", A, lo) - Y[:, :, :S][:, :, ::-1]) ** 2, axis=(2, 3)))
+    rms_hi = np.sqrt(np.mean((np.einsum("ji,kpim->kpjm", A, hi) - Y[:, :, S:]) ** 2, axis=(2, 3)))
+    scale = np.abs(Y).max(axis=(2, 3))
+    da = hi[:, :, 0] - lo[:, :, 0]  # (k, P, m): a_hi - a_lo
+    ds = hi[:, :, 1] + lo[:, :, 1]  # slope_hi - slope_lo in t (lo's slope is in -t)
+    jump = np.linalg.norm(ds, axis=2)
+    t0 = -np.einsum("kpm,kpm->kp", da, ds) / np.maximum(jump**2, 1e-300)
+    noise = REFIT_RESIDUAL * oracle.eps * scale
+    ok = (rms_lo <= noise) & (rms_hi <= noise) & (jump * REFIT_HALF > 1e3 * noise) & (np.abs(t0) < REFIT_HALF / 8)
+    W2, b2 = W.copy(), b.copy()
+    for i in range(k):
+        if ok[i].sum() < d + 3:
+            continue
+        pts = Z[i, ok[i]] + t0[i, ok[i], None] * W[i]
+        mu = pts.mean(axis=0)
+        n = np.linalg.svd(pts - mu)[2][-1]
+        n *= np.sign(n @ W[i])
+        if np.linalg.norm(n - W[i]) <= oracle.normal_tol():
+            W2[i], b2[i] = n, -n @ mu
+    return W2, b2

@@ -83,6 +83,7 @@ def jump_normals(oracle, kinks, rng):
     n = n[keep]
     if oracle.eps > LOW_PRECISION and len(keep):
         n = _refine(oracle, kinks.x[keep], n, Q)
+        n = _affine_refine(oracle, kinks.x[keep], n, rng)
     return Normals(keep, kinks.x[keep], n, err[keep])
 
 
@@ -112,3 +113,49 @@ def _refine(oracle, x, n, Q):
     n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
     agree = np.linalg.norm(n2 - n, axis=1) <= oracle.normal_tol()
     return np.where(agree[:, None], n2, n)
+
+
+#: Affine least-squares pass (low precision): box centres at AFFINE_OFFSET from the boundary
+#: with half-width AFFINE_OFFSET / 2, tried at each offset in turn; points per box; the
+#: largest rms residual of a fit in units of eps * max |output| (a box that crossed another
+#: boundary fits far worse); the largest distance to the first estimate (other units'
+#: normals are O(1) away, the first estimate can be 1e-2 off for a small jump).
+AFFINE_OFFSETS, AFFINE_POINTS, AFFINE_RESIDUAL, AFFINE_AGREE = (0.02, 0.008), 64, 4.0, 0.1
+
+
+def _affine_refine(oracle, x, n, rng):
+    """Low-precision outputs: the affine map on each side fitted by least squares on
+    AFFINE_POINTS points spread over a box of the linear region (the network is piecewise
+    linear, so the fit averages the rounding of the outputs away, [CJM20] Sec. 4.3); the
+    normal is the top right singular vector of the jump. Kept where both fits stay in one
+    region (rms residual at the rounding level) and agree with the first estimate."""
+    done = np.zeros(len(x), dtype=bool)
+    n = n.copy()
+    for off in AFFINE_OFFSETS:
+        todo = np.nonzero(~done)[0]
+        if len(todo) == 0:
+            break
+        n2, ok = _affine_normals(oracle, x[todo], n[todo], off, rng)
+        n[todo[ok]] = n2[ok]
+        done[todo[ok]] = True
+    return n
+
+
+def _affine_normals(oracle, x, n, off, rng):
+    """Normals from affine fits in boxes at ``off`` on both sides, and where they hold."""
+    K, d = x.shape
+    M = AFFINE_POINTS
+    J, ok = [], np.ones(K, dtype=bool)
+    for sgn in (1.0, -1.0):
+        D = 0.5 * off * rng.uniform(-1.0, 1.0, (K, M, d))
+        P = (x + sgn * off * n)[:, None, :] + D
+        Y = oracle(P.reshape(-1, d)).reshape(K, M, -1)
+        A = np.concatenate([D, np.ones((K, M, 1))], axis=2)
+        coef = np.linalg.pinv(A) @ Y  # (K, d + 1, m)
+        rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
+        ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
+        J.append(np.swapaxes(coef[:, :d], 1, 2))
+    _, _, Vt = np.linalg.svd(J[0] - J[1], full_matrices=False)
+    n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
+    ok &= np.linalg.norm(n2 - n, axis=1) <= AFFINE_AGREE
+    return n2, ok
