@@ -120,7 +120,7 @@ def _refine(oracle, x, n, Q):
 #: largest rms residual of a fit in units of eps * max |output| (a box that crossed another
 #: boundary fits far worse); the largest distance to the first estimate (other units'
 #: normals are O(1) away, the first estimate can be 1e-2 off for a small jump).
-AFFINE_OFFSETS, AFFINE_POINTS, AFFINE_RESIDUAL, AFFINE_AGREE = (0.02, 0.008), 64, 4.0, 0.1
+AFFINE_OFFSETS, AFFINE_POINTS, AFFINE_RESIDUAL, AFFINE_AGREE = (0.05, 0.02, 0.008), 64, 4.0, 0.1
 
 
 def _affine_refine(oracle, x, n, rng):
