@@ -28,26 +28,13 @@ CJM20 = {
 
 
 def planted(d, widths, m, seed):
-    rng = np.random.default_rng(seed)
-    dims = [d, *widths]
-    hidden = []
-    for i, k in enumerate(widths):
-        W = rng.standard_normal((k, dims[i]))
-        hidden.append((W / np.linalg.norm(W, axis=1, keepdims=True), 0.5 * rng.standard_normal(k)))
-    return hidden, (rng.standard_normal((m, widths[-1])), rng.standard_normal(m))
+    """A random ReLU network with biases (:func:`relufast.planted.deep_relu`)."""
+    return rf.planted.deep_relu(d, widths, m, random_state=seed)
 
 
-def model(hidden, out, dtype):
-    hs = [(W.astype(dtype), b.astype(dtype)) for W, b in hidden]
-    Wo, c = out[0].astype(dtype), out[1].astype(dtype)
-
-    def f(X):
-        H = np.asarray(X).astype(dtype)
-        for W, b in hs:
-            H = np.maximum(H @ W.T + b, 0)
-        return H @ Wo.T + c
-
-    return f
+def model(hidden, out, dtype=np.float64, activation=None):
+    """The network as a callable computed in ``dtype`` (:func:`relufast.planted.relu_function`)."""
+    return rf.planted.relu_function(hidden, out, dtype, activation)
 
 
 def function_error(res, f, d):

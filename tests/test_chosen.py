@@ -15,29 +15,13 @@ F32_FUNC_TOL = 1e-5
 
 
 def planted(d, widths, m, seed):
-    """A random ReLU network with biases: unit Gaussian rows, b ~ N(0, 1/4), output offset."""
-    rng = np.random.default_rng(seed)
-    dims = [d, *widths]
-    hidden = []
-    for i, k in enumerate(widths):
-        W = rng.standard_normal((k, dims[i]))
-        hidden.append((W / np.linalg.norm(W, axis=1, keepdims=True), 0.5 * rng.standard_normal(k)))
-    return hidden, (rng.standard_normal((m, widths[-1])), rng.standard_normal(m))
+    """A random ReLU network with biases (:func:`relufast.planted.deep_relu`)."""
+    return relufast.planted.deep_relu(d, widths, m, random_state=seed)
 
 
 def model(hidden, out, dtype=np.float64, activation=None):
-    """The network as a callable on (n, d) arrays, computed in ``dtype``."""
-    act = activation or (lambda z: np.maximum(z, 0))
-    hs = [(W.astype(dtype), b.astype(dtype)) for W, b in hidden]
-    Wo, c = out[0].astype(dtype), out[1].astype(dtype)
-
-    def f(X):
-        H = np.asarray(X).astype(dtype)
-        for W, b in hs:
-            H = act(H @ W.T + b)
-        return H @ Wo.T + c
-
-    return f
+    """The network as a callable computed in ``dtype`` (:func:`relufast.planted.relu_function`)."""
+    return relufast.planted.relu_function(hidden, out, dtype, activation)
 
 
 def layers_of(res):

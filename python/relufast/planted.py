@@ -736,3 +736,40 @@ def deep_teacher(
 
 __all__ += ["GP19_ACTIVATIONS", "DeepTeacher", "deep_teacher"]
 # ---- end GP19
+
+
+def deep_relu(d, widths, m, random_state=None):
+    """A random ReLU network with L = len(widths) hidden layers and biases, as layers.
+
+    Rows of every hidden layer are unit Gaussian directions with biases ~ N(0, 1/4); the
+    output layer and its offset are standard Gaussian. Returns ``(hidden, out)``: hidden a
+    list of ``(W, b)`` with W of shape (k_l, k_{l-1}), out ``(W_out (m, k_L), c (m,))``;
+    :func:`relu_function` makes it a callable. (The test networks of chosen-query
+    extraction, :mod:`relufast.chosen`.)
+    """
+    rng = np.random.default_rng(random_state)
+    dims, hidden = [d, *widths], []
+    for i, k in enumerate(widths):
+        W = rng.standard_normal((k, dims[i]))
+        hidden.append((W / np.linalg.norm(W, axis=1, keepdims=True), 0.5 * rng.standard_normal(k)))
+    return hidden, (rng.standard_normal((m, widths[-1])), rng.standard_normal(m))
+
+
+def relu_function(hidden, out, dtype=np.float64, activation=None):
+    """The network ``(hidden, out)`` of :func:`deep_relu` as a callable on (n, d) arrays,
+    computed in ``dtype`` (float32 models a deployed network); ``activation`` replaces the
+    ReLU (out-of-class models)."""
+    act = activation or (lambda z: np.maximum(z, 0))
+    hs = [(W.astype(dtype), b.astype(dtype)) for W, b in hidden]
+    Wo, c = out[0].astype(dtype), out[1].astype(dtype)
+
+    def f(X):
+        H = np.asarray(X).astype(dtype)
+        for W, b in hs:
+            H = act(H @ W.T + b)
+        return H @ Wo.T + c
+
+    return f
+
+
+__all__ += ["deep_relu", "relu_function"]

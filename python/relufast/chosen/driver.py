@@ -23,11 +23,10 @@ References
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
-from .._result import RecoveryResult, Status, warn
+from .._result import RecoveryResult, Run, Status, warn
 from .._validation import check_random_state
 from .deep import next_layer
 from .first_layer import KinkPool, first_layer, refit_rows
@@ -38,20 +37,6 @@ from .oracle import BudgetSpent, Oracle
 from .result import DeepResult
 
 __all__ = ["extract_chosen"]
-
-
-class _Clock:
-    def __init__(self):
-        self.seconds = {}
-        self.t0 = time.perf_counter()
-
-    @contextmanager
-    def stage(self, name):
-        t = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
 
 def _normalise(hidden, out):
@@ -180,7 +165,7 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     RecoveryResult (one hidden layer) or DeepResult
     """
     rng = check_random_state(random_state)
-    clock = _Clock()
+    clock = Run("chosen")  # its stage timings (the result is built here)
     oracle = Oracle(f, n_features, max_queries, dtype_name, precision)
     diag: dict = {}
     hidden = out = None
@@ -194,7 +179,7 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     except BudgetSpent as exc:
         note, errs = f"{exc}: stopped before the network was complete", [np.inf, np.inf]
         hidden = out = None
-    clock.seconds["total"] = time.perf_counter() - clock.t0
+    clock.seconds["total"] = time.perf_counter() - clock.t_start
     prec = oracle.precision.name if oracle.precision is not None else "float64"
     tol = cert_tolerance(oracle.eps, (n_features, *widths))
     residual = float(max(errs))
