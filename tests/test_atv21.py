@@ -59,7 +59,8 @@ def test_coefficient_matches_quadrature(b):
     phi = lambda z: np.exp(-z * z / 2) / np.sqrt(2 * np.pi)
     for r in range(9):
         val = quad(
-            lambda z, r=r: (z + b) * A._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15, epsrel=1e-14, limit=200
+            lambda z, r=r: (z + b) * A.tensors._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15, epsrel=1e-14,
+            limit=200,
         )[0]
         assert abs(A.hermite_coefficient(r, b) - val) <= QUAD_TOL
 
@@ -443,7 +444,7 @@ def test_output_pencil_recovers_exact_directions():
     P2 = np.einsum("qi,ai,bi->qab", C, Wt, Wt)
     T2 = (Wt * beta) @ Wt.T
     for polish in ("cp", "jennrich"):
-        Z, diag = A._output_pencil(P2, T2, np.random.default_rng(0), 10, polish)
+        Z, diag = A.tensors._output_pencil(P2, T2, np.random.default_rng(0), 10, polish)
         cos = np.abs(Z.T @ Wt).max(axis=0)
         assert np.all(1.0 - cos < 1e-10), (polish, cos)
         assert "output pencil" in diag["directions_from"]
@@ -479,8 +480,8 @@ def test_too_many_regions_refines_on_fewer_rows(monkeypatch):
         return R.region_refine(X, Y, V, b, max_regions=LIMIT, **kw)
 
     LIMIT = 300
-    monkeypatch.setattr(A, "region_refine", small_limit)
-    monkeypatch.setattr(A, "REGION_ROWS", LIMIT)
+    monkeypatch.setattr(A.pipeline, "region_refine", small_limit)
+    monkeypatch.setattr(A.pipeline, "REGION_ROWS", LIMIT)
     net = bounded_network(12, 9, 3, 1)
     X, Y = net.sample(60000, random_state=2)
     res = quiet(A.atv21, X, Y, 9, random_state=0, n_estimate="all")

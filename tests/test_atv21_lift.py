@@ -48,7 +48,7 @@ def test_lift_rows_certify_directly():
     V1 = V0 + 0.05 * rng.standard_normal(V0.shape)
     n1 = np.linalg.norm(V1, axis=1)
     pool = RowPool(6)
-    V, b = atv._lift_refine(X, Y, V1 / n1[:, None], b0 / n1, 1, pool)
+    V, b = atv.lift._lift_refine(X, Y, V1 / n1[:, None], b0 / n1, 1, pool)
     assert pool.full
     assert np.max(np.abs(V - V0)) < 1e-12 and np.max(np.abs(b - b0)) < 1e-12
 

@@ -33,7 +33,7 @@ from ...stages.diagnostics import (
     outputs_below_hidden_message,
     warn_if_not_gaussian,
 )
-from ...stages.fit import BIAS_FREE_TOL, certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
+from ...stages.fit import certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
 from ...stages.moments import SecondMomentAccumulator, moment_span, use_mean_span
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
@@ -262,9 +262,6 @@ def _gaussian(run, s, n_refine, whiten, tol, n_jobs, prec):
     Alg. 4 + 5, step 1, steps 2-5 with adaptive escalation, and the outcome."""
     data, d, m, k = s.data, s.d, s.m, s.k
     in_memory = not (data.distributed or data.lazy)
-    if m < k and s.act is RELU and whiten is not True and in_memory:
-        check_finite_once(data)
-        return _fewer_outputs(run, data.X, data.Y, k, prec.tol(tol, d, k), n_jobs, s.rng, s.block_size, s.threads)
     if m < k:
         return _early(
             run,
@@ -688,59 +685,3 @@ def _outcome(
         "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21"
     )
 
-
-def _fewer_outputs(run, X, Y, k, tol, n_jobs, rng, block_size, threads):
-    """m < k, beyond the paper (BJW19 Thm 7 needs rank(U) = k): the rows of V from the
-    fourth-order moment in the span of V (the ATV21 estimate, which for b = 0 uses T_4 only),
-    made exact by the activation-region refinement; certified bias-free at the end."""
-    import warnings
-
-    from ..._result import RelufastWarning
-    from ..atv21 import atv21 as atv21_estimate
-
-    with run.stage("atv21"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RelufastWarning)
-        res = atv21_estimate(
-            X, Y, k, tol=tol, n_jobs=n_jobs, random_state=rng, block_size=block_size, precision=run.precision
-        )
-    run.diag["m_below_k"] = (
-        "m < k: rows of V from the fourth-order moment in the span of V "
-        "(ATV21 estimate) and the activation-region refinement"
-    )
-    run.diag["atv21_status"] = res.status.value
-    run.counts["refine_rounds"] = res.counts.get("refine_rounds", 0)
-    m = Y.shape[1]
-    if res.exact:
-        scale = max(float(np.sqrt(np.mean(Y * Y))), 1e-300)
-        bias_tol = max(BIAS_FREE_TOL, tol)  # at float32 precision the rounding floor
-        if np.max(np.abs(res.b)) <= bias_tol and np.max(np.abs(res.c)) <= bias_tol * scale:
-            residual = relative_residual(X, Y, res.V, res.U, threads, RELU)
-            if residual <= tol:
-                return run.result(
-                    Status.EXACT,
-                    f"recovered {k} hidden units exactly from m = {m} < k outputs (beyond "
-                    "BJW19 Thm 7: fourth-order moment in the span of V, then activation-region "
-                    f"refinement); relative residual {residual:.2e} over {X.shape[0]} samples",
-                    U=res.U,
-                    V=res.V,
-                    exact=True,
-                    residual=residual,
-                )
-        return run.result(
-            Status.FAILED,
-            f"the outputs are exactly those of a network with hidden biases or an output offset "
-            f"(max |b| = {np.max(np.abs(res.b)):.2e}, max |c| = {np.max(np.abs(res.c)):.2e}), "
-            "not BJW19's bias-free model: use method='atv21'",
-            U=res.U,
-            V=res.V,
-            residual=res.residual,
-        )
-    return run.result(
-        Status.FAILED,
-        f"m = {m} < k = {k}: BJW19 Thm 7 needs m >= k; the fourth-order route (ATV21 estimate "
-        f"and activation-region refinement) ended {res.status.value}: {res.message}. For "
-        "m >= 2 with pairwise independent columns of U, bjw19-fpt (Alg. 7) may work",
-        U=res.U,
-        V=res.V,
-        residual=res.residual,
-    )
