@@ -482,6 +482,7 @@ def test_too_many_regions_refines_on_fewer_rows(monkeypatch):
     LIMIT = 300
     monkeypatch.setattr(A.pipeline, "region_refine", small_limit)
     monkeypatch.setattr(A.pipeline, "REGION_ROWS", LIMIT)
+    monkeypatch.setattr(A.lift, "LM_MAX_PARAMS", 0)  # the region pass, not Levenberg-Marquardt
     net = bounded_network(12, 9, 3, 1)
     X, Y = net.sample(60000, random_state=2)
     res = quiet(A.atv21, X, Y, 9, random_state=0, n_estimate="all")

@@ -19,7 +19,7 @@ from ...stages.fit import certify, relative_residual
 from ...stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ...stages.reduce import Samples
 from ...stages.tensor import cp_als, jennrich, merge_symmetric_factors
-from .pipeline import _batch_tensors, _rows
+from .sample_tensors import _batch_tensors, _rows
 from .tensors import _SQRT_2PI, NOISE_BATCHES, _phi, _sympow_ls
 
 

@@ -19,13 +19,14 @@ from ..._validation import (
 from ...activations import RELU
 from ...stages.diagnostics import GAUSS_ROWS, gaussianity
 from ...stages.fit import relative_residual
-from ...stages.moments import HermiteAccumulator, SecondMomentAccumulator
+from ...stages.moments import SecondMomentAccumulator
 from ...stages.precision import resolve_precision
 from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
 from ...stages.refine import RowPool, TooManyRegions, region_refine
 from ...stages.tensor import input_span
-from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _lift_refine, _lifted_fit
-from .tensors import NOISE_BATCHES, _algorithm6, _output_pencil
+from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _lift_refine, _lifted_fit, _lm_refine
+from .sample_tensors import _hermite_tensors
+from .tensors import _algorithm6, _output_pencil
 
 REGION_ROWS = 1 << 16
 
@@ -157,95 +158,6 @@ def _span_and_combination(run, data, s):
     return W, g, P2
 
 
-def _rows(data, start, stop):
-    """This rank's part of the global rows ``start .. stop - 1`` as a one-process
-    :class:`relufast.stages.reduce.Samples` (a view: memmaps and dask arrays stay lazy)."""
-    lo, hi = (int(np.clip(t - data.offset, 0, data.n_local)) for t in (start, stop))
-    return Samples(data.X[lo:hi], data.Y[lo:hi], n_jobs=data.n_jobs)
-
-
-def _batch_tensors(data, stop, outputs, n_batches, make):
-    """Hermite tensors of derived outputs ``outputs(X_b, Y_b)`` (n_b, p) over the global rows
-    ``0 .. stop - 1``, cut into ``n_batches`` batches of consecutive rows (their spread
-    estimates the noise). Each rank adds its part of every batch to an accumulator from
-    ``make()``, block by block; the batch sums are reduced over the ranks in one exchange.
-    Returns (T of all rows, per-batch T, cuts), each T a list of (p,) + (k,) * r arrays."""
-    cuts = np.linspace(0, stop, n_batches + 1).astype(int)
-    accs, state = [], {}
-    for j, (a, e) in enumerate(zip(cuts[:-1], cuts[1:])):
-        acc, part = make(), _rows(data, a, e)
-        if part.n_local:
-            for Xb, Yb in part.blocks(bounded=True):
-                acc.add(Xb, np.ascontiguousarray(outputs(Xb, Yb)))
-        accs.append(acc)
-        state.update({f"{j}/{key}": v for key, v in acc.state().items()})
-    state = data.reduce(state)
-    for j, acc in enumerate(accs):
-        acc.set_state({key[len(f"{j}/") :]: v for key, v in state.items() if key.startswith(f"{j}/")})
-    parts = [acc.tensors() for acc in accs]
-    total = accs[0]
-    for acc in accs[1:]:
-        total.merge(acc)
-    return total.tensors(), parts, cuts
-
-
-def _batch_noise(T, parts, cuts, out, orders):
-    """Standard error (Frobenius) of ``T[r][out]`` from the batch spread, weighted by size."""
-    wts = np.diff(cuts) / cuts[-1]
-    return [
-        float(
-            np.sqrt(
-                np.sum(np.tensordot(wts, np.stack([p[r][out] - T[r][out] for p in parts]) ** 2, axes=1))
-                / max(len(parts) - 1, 1)
-            )
-        )
-        for r in orders
-    ]
-
-
-def _hermite_tensors(run, data, s, W, g):
-    """Step 3: T_0..T_4 of ``y = Y g`` in the span, ``z = W^T x`` (C++ raw sums, ATV21
-    Sec. 2.5 estimator), in NOISE_BATCHES batches whose spread estimates the noise of each
-    tensor. Returns (T list, noise list).
-
-    Two passes, the second with control variates (relufast's own; same expectations,
-    several times less noise): He_r(z) is orthogonal to every polynomial of degree < r
-    under N(0, I), so ``E[(y - q(z)) He_r(z)] = T_r`` for any q of degree < r. Pass 1
-    gives T_0, T_1, T_2 of y; pass 2 gives T_2 of ``y - q_1`` and T_3, T_4 of ``y - q_2``,
-    where ``q_1 = T_0 + T_1 . z`` and ``q_2 = q_1 + <T_2, He_2(z)> / 2`` are y's projections
-    on the Hermite polynomials of degree <= 1 and <= 2 (a ReLU network's constant and
-    linear parts carry most of its variance).
-    """
-    n, nb = data.n, min(NOISE_BATCHES, data.n)
-    T, parts, cuts = _batch_tensors(
-        data,
-        n,
-        lambda Xb, Yb: Yb @ g[:, None],
-        nb,
-        lambda: HermiteAccumulator(1, order=2, basis=W, n_jobs=s.n_jobs, block_size=s.block_size),
-    )
-    T0, T1, T2 = T[0][0], T[1][0], T[2][0]
-    noise = _batch_noise(T, parts, cuts, 0, range(3))
-
-    def residual_outputs(Xb, Yb):
-        Z = np.asarray(Xb, dtype=np.float64) @ W
-        y1 = Yb @ g - T0 - Z @ T1
-        y2 = y1 - 0.5 * (np.sum((Z @ T2) * Z, axis=1) - np.trace(T2))
-        return np.column_stack([y1, y2])
-
-    Tc, parts, cuts = _batch_tensors(
-        data,
-        n,
-        residual_outputs,
-        nb,
-        lambda: HermiteAccumulator(2, order=4, basis=W, n_jobs=s.n_jobs, block_size=s.block_size),
-    )
-    run.diag["tensor_noise_plain"] = np.array(noise)
-    noise = noise[:2] + _batch_noise(Tc, parts, cuts, 0, [2]) + _batch_noise(Tc, parts, cuts, 1, [3, 4])
-    run.diag["tensor_noise"] = np.array(noise)
-    return [T0, T1, Tc[2][0], Tc[3][1], Tc[4][1]], noise
-
-
 def _refinement_sample(data, s):
     """The samples of the refinement rounds: ``n_refine`` random rows gathered on every rank
     (:meth:`Samples.take`), or all samples when there are no more. Returns ((X_s, Y_s),
@@ -303,6 +215,14 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None, 
             # refinement (costly at this k: most samples have their own region) waits for the
             # last step, from the pooled rows.
             return rr, whole
+    if lifted is None and refine:
+        lm = _lm_refine(Xs, Ys, V0, b0, s.tol)
+        if lm is not None:
+            V0, b0 = lm[:2]
+            rr = _lifted_fit(Xs, Ys, V0, b0, rounds=lm[2])
+            if rr.residual <= s.tol:
+                whole = covers_all and len(Xs) <= LIFT_FIT_ROWS
+                return (rr, True) if whole else (_certify_all(data, rr), True)
     try:
         rr = region_refine(Xs, Ys, V0, b0, tol=min(1e-14, s.tol), **kw)
     except TooManyRegions:
