@@ -39,6 +39,11 @@ from .result import DeepResult
 __all__ = ["extract_chosen"]
 
 
+#: Searches for a deeper layer's units before giving up (each draws new lines and keeps
+#: the kinks found so far).
+LAYER_TRIES = 3
+
+
 def _normalise(hidden, out):
     """Unit rows in every hidden layer, the scale moved into the next layer."""
     layers = [(W.copy(), b.copy()) for W, b in [*hidden, out]]
@@ -90,7 +95,11 @@ def _stages(oracle, widths, rng, clock, diag):
     known, tent, signs_ok = [], (W, b), True
     for li in range(1, L):
         with clock.stage(f"layer_{li + 1}"):
-            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool)
+            found = None
+            for _ in range(LAYER_TRIES):  # each try draws new lines; the kink pool is kept
+                found = next_layer(oracle, known, tent, widths[li], widths, rng, pool)
+                if found is not None:
+                    break
         if found is None:
             return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
         coef, beta, const = found
