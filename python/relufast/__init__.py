@@ -20,9 +20,7 @@ mr19 = algorithms.mr19  #: MR19 (Mazumdar & Rawat): robust code recovery and col
 
 __version__ = "0.1.0"
 
-# The stages are also reachable under their short names (``relufast.moments``, ...), and
-# ``relufast.lp`` is the historical name of the HiGHS stage.
-lp = highs
+# The stages are also reachable under their short names (``relufast.moments``, ...).
 for _name, _mod in (
     ("moments", moments),
     ("tensor", tensor),
@@ -30,7 +28,7 @@ for _name, _mod in (
     ("refine", refine),
     ("fit", fit),
     ("robust_pca", robust_pca),
-    ("lp", highs),
+    ("highs", highs),
 ):
     _sys.modules.setdefault(f"{__name__}.{_name}", _mod)
 del _name, _mod
@@ -67,7 +65,6 @@ __all__ = [
     "planted",
     "refine",
     "tensor",
-    "lp",
     "patterns",
     "robust_pca",
     "BACKEND",

@@ -250,7 +250,7 @@ def _estimate(run, data, k, n_sign, n_restarts, polish_steps, rng, threads, bloc
 
 
 def _refine_exact(run, data, sample, U, V, tol, prec, threads):
-    """Step 4 (relufast, beyond BJW19; issue 9): the activation-region refinement from the
+    """Step 4 (relufast, beyond BJW19): the activation-region refinement from the
     Alg. 6 estimate on the in-memory ``sample`` (the sign test's), certified over all
     samples for the bias-free model (:func:`relufast.stages.fit.refine_to_exact`; memmaps,
     dask and MPI alike). Returns the ``exact`` result, or None (the data are noisy, or fit
