@@ -189,3 +189,44 @@ def test_adaptive_vs_all(benchmark, machine, n, mode):
         }
     )
     assert all(r.exact for r in results) and not any(r.exact and not ok for r, ok in zip(results, right))
+
+
+def fewer_outputs_teacher(d, k, m, seed):
+    """Hidden biases N(0, 1/4), an offset N(0, 1), |U| uniform in [0.5, 2] of random sign."""
+    r = np.random.default_rng(seed)
+    V = r.standard_normal((k, d))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    U = r.choice([-1.0, 1.0], (m, k)) * r.uniform(0.5, 2.0, (m, k))
+    return PlantedNetwork(U=U, V=V, b=0.5 * r.standard_normal(k), c=r.standard_normal(m))
+
+
+@pytest.mark.parametrize("d,k,m,n_seeds", [(20, 10, 1, 4), (20, 12, 3, 4), (40, 20, 1, 3), (30, 25, 1, 2)])
+def test_fewer_outputs_than_units(benchmark, machine, d, k, m, n_seeds):
+    """m < k with biases and an offset, n = 1e6: exact fits of random teachers (seeds
+    0..n_seeds-1), seconds per fit and per stage; the Levenberg-Marquardt stage and, for k
+    above 12, the deflation (units the tensor step missed, from the residual's tensors)."""
+    cases = []
+    for s in range(n_seeds):
+        net = fewer_outputs_teacher(d, k, m, s)
+        X, Y = net.sample(1_000_000, random_state=50 + s)
+        cases.append((net, X, Y[:, 0] if m == 1 else Y))
+    results = fit_each(benchmark, [(X, Y) for _, X, Y in cases], k)
+    errs = [rf.metrics.parameter_error(r, net) for r, (net, _, _) in zip(results, cases)]
+    right = [r.exact and max(e.U, e.V, e.b, e.c) < 1e-8 for r, e in zip(results, errs)]
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update(
+        {
+            "d": d,
+            "k": k,
+            "m": m,
+            "n": 1_000_000,
+            "exact": int(sum(right)),
+            "of": len(results),
+            "wrong_exact": int(sum(r.exact and not ok for r, ok in zip(results, right))),
+            "seconds": [round(r.seconds["total"], 2) for r in results],
+            "stage_seconds": [{s: round(t, 2) for s, t in r.seconds.items()} for r in results],
+            "deflations": [r.counts.get("deflations", 0) for r in results],
+            "max_weight_error": float(max(max(e.U, e.V) for e in errs)),
+        }
+    )
+    assert not any(r.exact and not ok for r, ok in zip(results, right))

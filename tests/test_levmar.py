@@ -57,3 +57,50 @@ def test_atv21_exact_with_one_output_and_more_units(seed):
         res = rf.recover(X, Y[:, 0], n_hidden=8, method="atv21", random_state=0)
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and max(err.U, err.V) < 1e-8, res.message
+
+
+def test_a_reflected_unit_is_no_local_minimum_with_the_linear_part():
+    # relu(z) = z + relu(-z): with a free linear part a unit started as (-v, -b) fits as well,
+    # and fold_linear reflects it back (its coefficient in the linear part is -1).
+    from relufast.stages.levmar import fold_linear
+
+    d, k, m = 12, 6, 2
+    net = _teacher(d, k, m, 3)
+    rng = np.random.default_rng(4)
+    X, Y = net.sample(lm_rows(d, k, m) + d, random_state=5)
+    V0, b0 = _tilted(net.V, 0.2, rng), net.b.copy()
+    V0[[1, 4]] *= -1
+    b0[[1, 4]] *= -1
+    out = levenberg_marquardt(X, Y, V0, b0, linear=True)
+    assert out.L is not None and out.L.shape == (m, d) and np.abs(out.L).max() > 0.1
+    folded, off = fold_linear(out)
+    assert out.history[-1] < 1e-14 and off < 1e-10 and folded.L is None
+    res = rf.RecoveryResult(U=folded.U, V=folded.V, b=folded.b, c=folded.c, status="exact", message="", method="lm")
+    err = rf.metrics.parameter_error(res, net)
+    assert max(err.U, err.V, err.b, err.c) < 1e-10
+
+
+def test_a_unit_the_tensor_step_missed_is_found_from_the_residual(monkeypatch):
+    # The tensor step returns one unit twice and misses another (as Jennrich does at k near
+    # 20 with one output); the deflation fits the distinct units, estimates the missing one
+    # from the residual's Hermite tensors, and the fit of all units is certified.
+    from relufast.algorithms import atv21 as A
+
+    original = A.pipeline._estimate
+
+    def duplicating(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if out is None:
+            return None
+        V0, a, bb, c0, d6 = out
+        V0, bb = V0.copy(), bb.copy()
+        V0[1], bb[1] = V0[0], bb[0]  # unit 0 twice, unit 1 missing
+        return V0, a, bb, c0, d6
+
+    monkeypatch.setattr(A.pipeline, "_estimate", duplicating)
+    net = _teacher(10, 6, 1, 0)
+    X, Y = net.sample(300_000, random_state=1)
+    res = rf.recover(X, Y[:, 0], n_hidden=6, method="atv21", random_state=0, n_restarts=2)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and max(err.U, err.V, err.b, err.c) < 1e-8, res.message
+    assert res.counts["deflations"] >= 1

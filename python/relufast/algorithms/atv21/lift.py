@@ -4,7 +4,7 @@ Algorithm 5 in its margin form (rows from samples where one unit is confidently 
 import numpy as np
 
 from ...stages.fit import fit_output_layer
-from ...stages.levmar import levenberg_marquardt, lm_rows
+from ...stages.levmar import fold_linear, levenberg_marquardt, lm_rows
 from ...stages.refine import RegionRefinement, output_basis, refine_rows
 
 LIFT_ROWS = 5000
@@ -80,6 +80,9 @@ def _lifted_fit(Xs, Ys, V, b, rounds=0):
 #: dense J^T J costs rows * m * P^2 flops: about 1 s at (40, 20, 1) on 5,000 rows).
 LM_MAX_PARAMS = 2000
 
+#: Two estimated directions with cosine above this are one unit found twice.
+DUPLICATE_COS = 0.95
+
 
 def _lm_refine(Xs, Ys, V0, b0, tol):
     """Levenberg-Marquardt on every parameter over the first :func:`lm_rows` rows of the
@@ -90,9 +93,12 @@ def _lm_refine(Xs, Ys, V0, b0, tol):
     k, d = V0.shape
     m = 1 if np.ndim(Ys) == 1 else Ys.shape[1]
     rows = lm_rows(d, k, m)
-    if k * (d + 1) + m * (k + 1) > LM_MAX_PARAMS or len(Xs) < rows:
+    if k * (d + 1) + m * (k + 1 + d) > LM_MAX_PARAMS or len(Xs) < rows + d:
         return None
-    out = levenberg_marquardt(Xs[:rows], Ys[:rows], V0, b0, tol=min(tol, 1e-15))
-    if not out.history[-1] <= max(tol, 1e-13):
+    if k > 1 and np.max(np.triu(V0 @ V0.T, 1)) > DUPLICATE_COS:
+        return None  # a unit found twice: another is missing (the deflation's case)
+    out = levenberg_marquardt(Xs[: rows + d], Ys[: rows + d], V0, b0, tol=min(tol, 1e-15), linear=True)
+    out, off = fold_linear(out)
+    if not (out.history[-1] <= max(tol, 1e-13) and off < 1e-6):
         return None
     return out.V, out.b, out.steps

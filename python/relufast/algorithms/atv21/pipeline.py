@@ -24,6 +24,7 @@ from ...stages.precision import resolve_precision
 from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
 from ...stages.refine import RowPool, TooManyRegions, region_refine
 from ...stages.tensor import input_span
+from .deflate import deflate
 from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _lift_refine, _lifted_fit, _lm_refine
 from .sample_tensors import _hermite_tensors
 from .tensors import _algorithm6, _output_pencil
@@ -223,6 +224,10 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None, 
             if rr.residual <= s.tol:
                 whole = covers_all and len(Xs) <= LIFT_FIT_ROWS
                 return (rr, True) if whole else (_certify_all(data, rr), True)
+        if (1 if np.ndim(Ys) == 1 else Ys.shape[1]) < s.k and s.k > LIFT_WAIT_K:
+            # Fewer outputs than units, many units: the region refinement costs seconds a
+            # step and rarely certifies; the deflation (_tensor_steps) takes over.
+            return _lifted_fit(Xs, Ys, V0, b0), False
     try:
         rr = region_refine(Xs, Ys, V0, b0, tol=min(1e-14, s.tol), **kw)
     except TooManyRegions:
@@ -275,6 +280,50 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts,
         if over_all and rr.residual <= s.tol:
             break
     return best, attempts
+
+
+def _certified(found, tol):
+    return found is not None and found[5] and found[0].residual <= tol
+
+
+def _tensor_steps(run, data, est, s, T, W, g, noise, sample, covers_all, refine, restarts, P2):
+    """The tensor steps of one estimation size (:func:`_restarts`). With fewer outputs than
+    units the deflation (:func:`_deflated`) follows the first failed step when k is above
+    LIFT_WAIT_K (the region refinement of each further step costs seconds there and rarely
+    certifies), else the last; the remaining steps run if it fails too."""
+    first = 1 if (refine and data.m < s.k and s.k > LIFT_WAIT_K) else restarts
+    found, attempts = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, first, P2)
+    if refine and data.m < s.k and not _certified(found, s.tol):
+        found = _deflated(run, data, est, s, T, W, g, noise, sample, covers_all) or found
+        if not _certified(found, s.tol) and restarts > first:
+            more, tried = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, restarts - first, P2)
+            attempts += tried
+            if more is not None and (found is None or more[0].residual < found[0].residual):
+                found = more
+    return found, attempts
+
+
+def _deflated(run, data, est, s, T, W, g, noise, sample, covers_all):
+    """Fewer outputs than units and no tensor step certified: the distinct units of one
+    tensor estimate, fitted, and the missing ones estimated from the residual
+    (:func:`relufast.algorithms.atv21.deflate.deflate`). Returns the ``_restarts`` tuple of
+    a network certified over all samples, or None."""
+    with run.stage("tensor"):
+        est0 = _estimate(T, W, s, noise, "cp")
+    if est0 is None:
+        return None
+    V0, a, bb, c0, d6 = est0
+    with run.stage("deflate"):
+        out = deflate(run, est, s, W, g, V0, bb, sample, s.tol)
+    if out is None:
+        return None
+    rr = _lifted_fit(*sample, out[0], out[1], rounds=out[2])
+    if rr.residual > s.tol:
+        return None
+    if not (covers_all and len(sample[0]) <= LIFT_FIT_ROWS):
+        rr = _certify_all(data, rr)
+        run.counts["certify_passes"] += 1
+    return (rr, d6, a, bb, c0, True) if rr.residual <= s.tol else None
 
 
 def _unit_notes(diag, bb, noise, n):
@@ -406,7 +455,7 @@ def _estimate_and_refine(run, data, s, refine):
         run.counts.update(n_estimate=size, n_refine=len(sample[0]))
         if run.diag["span_eigenvalue_ratio"] >= 1e-12:
             restarts = s.n_restarts if final else min(s.n_restarts, ADAPTIVE_RESTARTS)
-            found, tried = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, restarts, P2)
+            found, tried = _tensor_steps(run, data, est, s, T, W, g, noise, sample, covers_all, refine, restarts, P2)
             attempts += tried
             if found is not None and (best is None or found[0].residual <= best[0].residual):
                 best = found

@@ -54,10 +54,11 @@ def _batch_noise(T, parts, cuts, out, orders):
     ]
 
 
-def _hermite_tensors(run, data, s, W, g):
+def _hermite_tensors(run, data, s, W, g, outputs=None):
     """Step 3: T_0..T_4 of ``y = Y g`` in the span, ``z = W^T x`` (C++ raw sums, ATV21
     Sec. 2.5 estimator), in NOISE_BATCHES batches whose spread estimates the noise of each
-    tensor. Returns (T list, noise list).
+    tensor. Returns (T list, noise list). ``outputs(X_b, Y_b)``, when given, replaces
+    ``y = Y g`` (the residual outputs of :mod:`relufast.algorithms.atv21.deflate`).
 
     Two passes, the second with control variates (relufast's own; same expectations,
     several times less noise): He_r(z) is orthogonal to every polynomial of degree < r
@@ -68,10 +69,11 @@ def _hermite_tensors(run, data, s, W, g):
     linear parts carry most of its variance).
     """
     n, nb = data.n, min(NOISE_BATCHES, data.n)
+    y = (lambda Xb, Yb: Yb @ g) if outputs is None else outputs
     T, parts, cuts = _batch_tensors(
         data,
         n,
-        lambda Xb, Yb: Yb @ g[:, None],
+        lambda Xb, Yb: y(Xb, Yb)[:, None],
         nb,
         lambda: HermiteAccumulator(1, order=2, basis=W, n_jobs=s.n_jobs, block_size=s.block_size),
     )
@@ -80,7 +82,7 @@ def _hermite_tensors(run, data, s, W, g):
 
     def residual_outputs(Xb, Yb):
         Z = np.asarray(Xb, dtype=np.float64) @ W
-        y1 = Yb @ g - T0 - Z @ T1
+        y1 = y(Xb, Yb) - T0 - Z @ T1
         y2 = y1 - 0.5 * (np.sum((Z @ T2) * Z, axis=1) - np.trace(T2))
         return np.column_stack([y1, y2])
 
