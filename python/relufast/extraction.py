@@ -165,6 +165,13 @@ def _units_note(vis, k_given, k, m, d):
             f"units (they need k <= d), so a network with {k} units was fitted; queries='chosen' "
             "extracts wider layers. "
         )
+    if k_given is not None and m < k_given:
+        # With fewer outputs than units the count is a lower bound, not evidence of dead units.
+        return (
+            f"n_hidden = {k_given} was fitted first and not certified; with m = {m} < n_hidden "
+            f"outputs the count of units visible in the outputs ({vis.count}) is only a lower "
+            f"bound, so a network with {k} units was fitted too. "
+        )
     if k_given is not None:
         return invisible_message(vis.count, k_given) + ". " if vis.count < k_given else ""
     moment = (
