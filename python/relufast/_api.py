@@ -536,7 +536,12 @@ def _auto_plan(facts, law, *, distributed=False):
             )
         )
     if k <= d and rank < k and m >= 2:
-        plan.append(("bjw19-fpt", f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"))
+        why = (
+            f"m = {m} < k = {k} outputs: U has rank below k, which Alg. 7 handles"
+            if m < k
+            else f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"
+        )
+        plan.append(("bjw19-fpt", why))
     any_gaussian = gaussian or facts.get("gaussian_any_mean_covariance", False)
     if any_gaussian and k <= d and m < k and not biased and "atv21" in METHODS:
         plan.append(

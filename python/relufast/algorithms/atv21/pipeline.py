@@ -282,6 +282,10 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts,
     return best, attempts
 
 
+#: Tensor estimates the deflation starts from, in turn, until one certifies.
+DEFLATION_MODES = ("cp", "jennrich")
+
+
 def _certified(found, tol):
     return found is not None and found[5] and found[0].residual <= tol
 
@@ -293,8 +297,10 @@ def _tensor_steps(run, data, est, s, T, W, g, noise, sample, covers_all, refine,
     certifies), else the last; the remaining steps run if it fails too."""
     first = 1 if (refine and data.m < s.k and s.k > LIFT_WAIT_K) else restarts
     found, attempts = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, first, P2)
-    if refine and data.m < s.k and not _certified(found, s.tol):
-        found = _deflated(run, data, est, s, T, W, g, noise, sample, covers_all) or found
+    for mode in DEFLATION_MODES if refine and data.m < s.k else ():
+        if _certified(found, s.tol):
+            break
+        found = _deflated(run, data, est, s, T, W, g, noise, sample, covers_all, mode) or found
         if not _certified(found, s.tol) and restarts > first:
             more, tried = _restarts(run, data, s, T, W, noise, sample, covers_all, refine, restarts - first, P2)
             attempts += tried
@@ -303,13 +309,13 @@ def _tensor_steps(run, data, est, s, T, W, g, noise, sample, covers_all, refine,
     return found, attempts
 
 
-def _deflated(run, data, est, s, T, W, g, noise, sample, covers_all):
+def _deflated(run, data, est, s, T, W, g, noise, sample, covers_all, mode):
     """Fewer outputs than units and no tensor step certified: the distinct units of one
     tensor estimate, fitted, and the missing ones estimated from the residual
     (:func:`relufast.algorithms.atv21.deflate.deflate`). Returns the ``_restarts`` tuple of
     a network certified over all samples, or None."""
     with run.stage("tensor"):
-        est0 = _estimate(T, W, s, noise, "cp")
+        est0 = _estimate(T, W, s, noise, mode)
     if est0 is None:
         return None
     V0, a, bb, c0, d6 = est0
