@@ -112,3 +112,58 @@ def test_extract_vs_distill(benchmark, machine, d, k, m, dtype_name):
             "distill_reached_target": bool(best[1] <= target),
         }
     )
+
+
+#: Seconds of Adam for the fewer-outputs sweep (one restart: the sweep has 9 sizes).
+FEWER_BUDGET = float(os.environ.get("RELUFAST_FEWER_BUDGET", "30"))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3])
+@pytest.mark.parametrize("k", [5, 10, 20])
+def test_fewer_outputs_vs_distill(benchmark, machine, k, m):
+    """Fewer outputs than hidden units (m < k), d = 2k, a default-initialised torch teacher
+    with biases: ``extract`` from Gaussian queries (n_hidden given) and from chosen queries,
+    beside Adam on the Gaussian queries (one restart of FEWER_BUDGET seconds). Recorded:
+    status, queries, seconds and weight error of each."""
+    d = 2 * k
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    model = teacher(d, k, m, torch.float64, seed=100 * k + m)
+    truth = rf.from_torch(model)
+
+    def run():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", rf.RelufastWarning)
+            return rf.extract(model, d, k, n_queries=20000, random_state=0)
+
+    res = benchmark.pedantic(run, rounds=1, iterations=1)
+    err = metrics.parameter_error(truth, res)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        chosen = rf.extract(model, d, k, queries="chosen", random_state=0)
+    chosen_seconds = time.perf_counter() - t0
+    err_c = metrics.parameter_error(truth, chosen)
+    target = max(err.V, DISTILL_FLOOR)
+    adam = distill(model, d, k, m, target, n=res.counts["queries"], seed=0, budget=FEWER_BUDGET)
+    benchmark.extra_info.update(machine)
+    benchmark.extra_info.update(
+        {
+            "threads": threads,
+            "d": d,
+            "k": k,
+            "m": m,
+            "gaussian_status": res.status.value,
+            "gaussian_queries": res.counts["queries"],
+            "gaussian_seconds": res.seconds.get("total", float("nan")),
+            "gaussian_V_error": err.V,
+            "chosen_status": chosen.status.value,
+            "chosen_queries": chosen.counts["queries"],
+            "chosen_seconds": chosen_seconds,
+            "chosen_V_error": err_c.V,
+            "distill_seconds": adam[0],
+            "distill_V_error": adam[1],
+            "distill_steps": adam[2],
+        }
+    )
+    assert not (res.exact and err.V > 1e-6) and not (chosen.exact and err_c.V > 1e-6)
