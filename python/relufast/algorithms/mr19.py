@@ -1235,16 +1235,13 @@ def _orthonormal(B, name):
 
 
 def principal_angles(U, V):
-    """Principal angles (radians, ascending) between span(U) and span(V), both (d, k)."""
+    """Principal angles (radians, ascending) between span(U) and span(V), both (d, k):
+    :func:`scipy.linalg.subspace_angles` (accurate for small and large angles) after the
+    shape and rank checks."""
     Qu, Qv = _orthonormal(U, "U"), _orthonormal(V, "V")
     if Qu.shape != Qv.shape:
         raise ValueError(f"U and V must have the same shape; got {Qu.shape} and {Qv.shape}")
-    cos = np.clip(np.linalg.svd(Qu.T @ Qv, compute_uv=False), -1.0, 1.0)  # descending
-    sin = np.clip(np.sort(np.linalg.svd(Qv - Qu @ (Qu.T @ Qv), compute_uv=False)), 0.0, 1.0)
-    by_cos = np.arccos(cos)  # ascending
-    # arcsin keeps small angles accurate, arccos large ones
-    ang = np.where(by_cos < np.pi / 4, np.arcsin(sin), by_cos)
-    return np.sort(ang)
+    return np.sort(sla.subspace_angles(Qu, Qv))
 
 
 def subspace_distance(estimate, truth):
