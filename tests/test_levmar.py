@@ -104,3 +104,24 @@ def test_a_unit_the_tensor_step_missed_is_found_from_the_residual(monkeypatch):
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and max(err.U, err.V, err.b, err.c) < 1e-8, res.message
     assert res.counts["deflations"] >= 1
+
+
+def test_a_trained_scikit_learn_regressor_with_one_output_is_exact():
+    # A network trained elsewhere: scikit-learn, one output, 8 hidden units, fitted to the
+    # outputs of a wider random network (targets with many directions), then queried on
+    # Gaussian inputs. (Targets of one direction, like tanh(x . w), train units into
+    # near-parallel pairs, which the samples can hardly tell apart.)
+    sklearn = pytest.importorskip("sklearn.neural_network")
+    r = np.random.default_rng(0)
+    wide = _teacher(12, 24, 1, 7)
+    Xt = r.standard_normal((4000, 12))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scikit-learn's ConvergenceWarning
+        mlp = sklearn.MLPRegressor(hidden_layer_sizes=(8,), max_iter=300, random_state=0)
+        mlp.fit(Xt, wide.predict(Xt)[:, 0])
+    (W1, W2), (b1, b2) = mlp.coefs_, mlp.intercepts_
+    net = rf.planted.PlantedNetwork(U=W2.T, V=W1.T, b=b1, c=b2)
+    X = r.standard_normal((300_000, 12))
+    res = rf.recover(X, mlp.predict(X), n_hidden=8, method="atv21", random_state=0)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and max(err.U, err.V) < 1e-8, res.message
