@@ -125,3 +125,17 @@ def test_a_trained_scikit_learn_regressor_with_one_output_is_exact():
     res = rf.recover(X, mlp.predict(X), n_hidden=8, method="atv21", random_state=0)
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and max(err.U, err.V) < 1e-8, res.message
+
+
+def test_float32_outputs_with_one_output_are_certified_at_float32():
+    # The same path on a model evaluated in float32: certified at float32, weights to its rounding.
+    net = _teacher(12, 5, 1, 2)
+    W1, b1, W2, c = (np.asarray(a, dtype=np.float32) for a in (net.V.T, net.b, net.U.T, net.c))
+
+    def model(X):
+        X = np.asarray(X, dtype=np.float32)
+        return np.maximum(X @ W1 + b1, 0) @ W2 + c
+
+    res = rf.extract(model, 12, 5, random_state=0)
+    err = rf.metrics.parameter_error(res, net)
+    assert res.exact and res.precision == "float32" and max(err.U, err.V) < 1e-5, res.message
