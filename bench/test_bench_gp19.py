@@ -111,7 +111,7 @@ def test_refinement_iterations_per_halving(benchmark, machine, method, n):
     def run():
         angles = []
         gp19.refine_estimate(
-            gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
+            gp19.data._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
             _start(w, 0.1, 1),
             2.0,
             np.random.default_rng(2),

@@ -298,13 +298,15 @@ def test_estimate_tan_alpha_oracle():
     alpha = 0.05
     z = _start(T.W[0], alpha, 1)
     est, t1, t2 = gp19.estimate_tan_alpha(
-        gp19._BandQueries(T, 0.0, 0.0, 50_000, 1e-3), z, 2.0, np.random.default_rng(0)
+        gp19.data._BandQueries(T, 0.0, 0.0, 50_000, 1e-3), z, 2.0, np.random.default_rng(0)
     )
     assert 0.95 <= est / math.tan(alpha) <= 1.12
     assert abs(0.5 * (t1 + t2) - 2.0 / math.cos(alpha)) <= 0.05
     # Pointing away from every unit the bracket fails: NaN, not a number that looks like an angle.
     assert np.isnan(
-        gp19.estimate_tan_alpha(gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), -T.W[0], 2.0, np.random.default_rng(0))[0]
+        gp19.estimate_tan_alpha(
+            gp19.data._BandQueries(T, 0.0, 0.0, 20_000, 1e-3), -T.W[0], 2.0, np.random.default_rng(0)
+        )[0]
     )
 
 
@@ -314,7 +316,7 @@ def test_refine_estimate_paper_halves_in_20n_iterations():
     T = rf.planted.deep_teacher(2, 2, threshold=2.0, activation="step", polynomial="or", random_state=0)
     w = T.W[0]
     z, ta, info = gp19.refine_estimate(
-        gp19._BandQueries(T, 0.0, 0.0, 10_000, 1e-3),
+        gp19.data._BandQueries(T, 0.0, 0.0, 10_000, 1e-3),
         _start(w, 0.1, 1),
         2.0,
         np.random.default_rng(2),
@@ -336,7 +338,7 @@ def test_refine_estimate_paper_spec_sizes():
     w = T.W[0]
     angles = []
     gp19.refine_estimate(
-        gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
+        gp19.data._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
         _start(w, 0.1, 1),
         2.0,
         np.random.default_rng(2),
@@ -355,7 +357,7 @@ def test_stein_refinement_oracle_factor_per_step():
     T = rf.planted.deep_teacher(10, 10, threshold=2.5, pair=0.5, random_state=0)
     w = T.W[0]
     z, _, _ = gp19.refine_estimate(
-        gp19._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
+        gp19.data._BandQueries(T, 0.0, 0.0, 20_000, 1e-3),
         _start(w, 0.1, 1),
         2.5,
         np.random.default_rng(0),

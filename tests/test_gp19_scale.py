@@ -136,10 +136,10 @@ def test_median_over_ranks_and_blocks_is_exact(n):
     X = np.zeros((n, 1))
     want = float(np.median(y))
     lazy = Samples.from_arrays(da.from_array(X, chunks=(max(n // 3, 1), 1)), da.from_array(y, chunks=max(n // 3, 1)))
-    assert gp19._median(lazy) == want
+    assert gp19.data._median(lazy) == want
     if n >= 2:
         cut = n // 2
-        got, _ = run_ranks(lambda Xr, yr, c: gp19._median(Samples.from_arrays(Xr, yr, comm=c)), _split(X, y, cut))
+        got, _ = run_ranks(lambda Xr, yr, c: gp19.data._median(Samples.from_arrays(Xr, yr, comm=c)), _split(X, y, cut))
         assert got == [want, want]
 
 
@@ -199,12 +199,12 @@ def _old_step1_tpm(data, U, ev, s4, rng, restarts, max_iter, tol, shift):
 def test_unified_power_method_reproduces_the_former_gp19_loop(shift):
     T = rf.planted.deep_teacher(6, 6, threshold=2.0, pair=0.5, random_state=3)
     X, y = T.sample(200_000, random_state=4)
-    data = gp19._prepare_data(X, y, None, None, None, None, None, None)[0]
+    data = gp19.pipeline._prepare_data(X, y, None, None, None, None, None, None)[0]
     u = gp19.hermite_coeffs("relu", 2.0, 4)
-    U, ev, _ = gp19._whiten(data, 6, u[2])
+    U, ev, _ = gp19.step1._whiten(data, 6, u[2])
     args = (data, U, ev, float(np.sign(u[4])))
     old = _old_step1_tpm(*args, np.random.default_rng(5), 3, 100, 1e-10, shift)
-    new = gp19._step1_tpm(*args, np.random.default_rng(5), 3, 100, 1e-10, shift)
+    new = gp19.step1._step1_tpm(*args, np.random.default_rng(5), 3, 100, 1e-10, shift)
     np.testing.assert_array_equal(new[0], old[0])
     np.testing.assert_array_equal(new[1], old[1])
     assert new[2] == old[2]
@@ -239,7 +239,7 @@ def test_unified_power_method_reproduces_the_former_even_ascent():
     X = rng.standard_normal((30_000, 5))
     y = np.abs(X[:, :4]).sum(axis=1)
     res = gp19.even_activation(X, y, 4, restarts=2, tol=1e-9, random_state=0)
-    data = gp19._Data(Samples.from_arrays(X, y), float(np.mean(y)))
+    data = gp19.data._Data(Samples.from_arrays(X, y), float(np.mean(y)))
     u4 = gp19.hermite_coeffs("abs", 0.0, 4)[4]
     found, passes = _old_even_ascent(data, 4, 5, -1.0, 0.05 / abs(u4), np.random.default_rng(0), 2, 500, 1e-9)
     # The step is taken as normalize(s4 g + z / eta) instead of normalize(z + eta s4 g): rounding.

@@ -14,7 +14,17 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Activation", "RELU", "RELU2", "EXPM1", "power", "custom", "get_activation", "hermite_coefficient"]
+__all__ = [
+    "Activation",
+    "RELU",
+    "RELU2",
+    "EXPM1",
+    "power",
+    "custom",
+    "get_activation",
+    "hermite_coefficient",
+    "GP19_ACTIVATIONS",
+]
 
 
 @dataclass(frozen=True)
@@ -103,3 +113,20 @@ def hermite_coefficient(act, r):
         limit=200,
     )
     return val
+
+
+def _gp19_sigmoid(a):
+    return 0.5 * (1.0 + np.tanh(0.5 * a))
+
+
+#: Activations u of GP19's model, applied to ``a = w.x - t`` (``rho`` scales "exp").
+#: "step" is the 0/1 step GP19 writes as sgn (its erratum 14); "abs" and "square" are the
+#: even activations of its Theorem 10; "exp" is ``e^{rho a}`` of Theorem 8.
+GP19_ACTIVATIONS = {
+    "relu": lambda a, rho=1.0: np.maximum(a, 0.0),
+    "step": lambda a, rho=1.0: (a >= 0.0).astype(np.float64),
+    "sigmoid": lambda a, rho=1.0: _gp19_sigmoid(a),
+    "abs": lambda a, rho=1.0: np.abs(a),
+    "square": lambda a, rho=1.0: a * a,
+    "exp": lambda a, rho=1.0: np.exp(rho * a),
+}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import check_positive_int, check_random_state
+from .activations import GP19_ACTIVATIONS as _GP19_ACTIVATIONS
 from .network import Network
 
 __all__ = [
@@ -517,21 +518,8 @@ def relu_dictionary(n, d, k, *, bias=None, max_abs=None, random_state=None):
 # ---- GP19: deep teachers f(x) = P(u(W x - t)) (Goel and Panigrahy 2019) ------------------
 
 
-def _sigmoid(a):
-    return 0.5 * (1.0 + np.tanh(0.5 * a))
-
-
-#: Activations u of GP19's model, applied to ``a = w.x - t`` (``rho`` scales "exp").
-#: "step" is the 0/1 step GP19 writes as sgn (its erratum 14); "abs" and "square" are the
-#: even activations of its Theorem 10; "exp" is ``e^{rho a}`` of Theorem 8.
-GP19_ACTIVATIONS = {
-    "relu": lambda a, rho=1.0: np.maximum(a, 0.0),
-    "step": lambda a, rho=1.0: (a >= 0.0).astype(np.float64),
-    "sigmoid": lambda a, rho=1.0: _sigmoid(a),
-    "abs": lambda a, rho=1.0: np.abs(a),
-    "square": lambda a, rho=1.0: a * a,
-    "exp": lambda a, rho=1.0: np.exp(rho * a),
-}
+#: Activations u of GP19's model (defined in :mod:`relufast.activations`).
+GP19_ACTIVATIONS = _GP19_ACTIVATIONS
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,149 @@
+"""Hermite coefficients of GP19's activations, the activation table and row matching."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy import integrate, special
+
+from ..._validation import check_positive_int
+from ...activations import GP19_ACTIVATIONS
+
+#: Phi^{-1}(0.6) - Phi^{-1}(0.4): the spread of the 0.4 and 0.6 quantiles (Algorithm 2).
+_QUANTILE_SPREAD = float(special.ndtri(0.6) - special.ndtri(0.4))
+#: |u_4| below this fraction of |u_2| counts as a vanishing fourth Hermite coefficient.
+_DEGENERATE_RATIO = 1e-3
+#: Condition number of W (estimated from the top block of M_2) from which Step 1 warns:
+#: a kappa = 11 teacher failed in our measurements (max angle > 1 rad), kappa = 1.6 worked.
+_KAPPA_WARN = 10.0
+#: Step 1 (TPM) stops once 1 - |cos| between iterates < 1e-24 (a move < 1.4e-12): the rows
+#: are then at their fixed points to rounding, so one process, ranks and dask agree to 1e-13
+#: at d = 10; with 1e-10 (a move of 1.4e-5) the stops fell on rounding-amplified paths (1e-8).
+_TPM_TOL = 1e-24
+#: L-BFGS's gtol for the landscapes of Sec. 2.1 and App. B.4.
+_LANDSCAPE_GTOL = 1e-10
+
+_STEP1_ACTIVATIONS = ("relu", "step", "sigmoid", "square")
+#: The Stein update's background band sits this far below the band at (t_1 + t_2) / 2.
+_BACKGROUND_SHIFT = 1.25
+_EVEN = ("abs", "square")
+
+
+class _Unit:
+    """GP19's activation as the hidden map of a result's network (``u(V x + b)``)."""
+
+    def __init__(self, name, reflect=False):
+        self.name = name + ("(-a)" if reflect else "")
+        self._u = _activation(name)
+        self._reflect = reflect
+        self.degree = {"relu": 1.0, "step": 0.0}.get(name)
+
+    @property
+    def homogeneous(self):
+        return self.degree is not None
+
+    def __call__(self, Z):
+        Z = np.asarray(Z, dtype=np.float64)
+        return self._u(-Z if self._reflect else Z)
+
+    def __repr__(self):
+        return f"gp19 activation {self.name}"
+
+
+def _phi(t):
+    return math.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
+
+
+def _he(k, t):
+    """Probabilists' Hermite polynomial He_k(t)."""
+    a, b = 1.0, t
+    if k == 0:
+        return a
+    for j in range(1, k):
+        a, b = b, t * b - j * a
+    return b
+
+
+def _activation(name):
+    return GP19_ACTIVATIONS[name]
+
+
+def hermite_coeffs(activation, t, kmax=4):
+    """Normalised Hermite coefficients ``u_k = E[u(g - t) h_k(g)]``, ``h_k = He_k / sqrt(k!)``.
+
+    Parameters
+    ----------
+    activation : {"relu", "step", "sigmoid", "abs", "square"}
+    t : float
+        Threshold.
+    kmax : int, default=4
+
+    Returns
+    -------
+    ndarray of shape (kmax + 1,)
+
+    Notes
+    -----
+    GP19 App. A.3 with the exact forms (its Lemma 10 bound t^3 is t^2, erratum 4):
+    ReLU ``u_0 = phi(t) - t Phi^c(t)``, ``u_1 = Phi^c(t)``, ``u_k = phi(t) He_{k-2}(t) / sqrt(k!)``;
+    step ``u_0 = Phi^c(t)``, ``u_k = phi(t) He_{k-1}(t) / sqrt(k!)``. Other activations by
+    adaptive quadrature with a break point at t.
+    """
+    t = float(t)
+    kmax = check_positive_int(kmax, "kmax", minimum=0)
+    out = np.zeros(kmax + 1)
+    if activation == "relu":
+        tail = 0.5 * special.erfc(t / math.sqrt(2.0))
+        out[0] = _phi(t) - t * tail
+        if kmax >= 1:
+            out[1] = tail
+        for k in range(2, kmax + 1):
+            out[k] = _phi(t) * _he(k - 2, t) / math.sqrt(math.factorial(k))
+        return out
+    if activation == "step":
+        out[0] = 0.5 * special.erfc(t / math.sqrt(2.0))
+        for k in range(1, kmax + 1):
+            out[k] = _phi(t) * _he(k - 1, t) / math.sqrt(math.factorial(k))
+        return out
+    if activation not in ("sigmoid", "abs", "square"):
+        raise ValueError(f"activation must be one of 'relu', 'step', 'sigmoid', 'abs', 'square'; got {activation!r}")
+    u = _activation(activation)
+    for k in range(kmax + 1):
+        norm = math.sqrt(math.factorial(k))
+
+        def integrand(g, k=k, norm=norm):
+            return float(u(np.asarray(g - t))) * _he(k, g) / norm * _phi(g)
+
+        with warnings.catch_warnings():  # round-off notices near the requested 1e-12
+            warnings.simplefilter("ignore", integrate.IntegrationWarning)
+            lo = integrate.quad(integrand, -np.inf, t, epsabs=1e-14, epsrel=1e-12, limit=200)[0]
+            hi = integrate.quad(integrand, t, np.inf, epsabs=1e-14, epsrel=1e-12, limit=200)[0]
+        out[k] = lo + hi
+    return out
+
+
+def row_angles(V_est, W_true, *, sign_invariant=False):
+    """Angles (radians) between matched rows of V_est and W_true (best permutation).
+
+    ``sign_invariant=True`` matches and measures up to the sign of each row (Step 1 before
+    its sign step, even activations).
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    A = np.asarray(V_est, dtype=np.float64)
+    B = np.asarray(W_true, dtype=np.float64)
+    A = A / np.linalg.norm(A, axis=1, keepdims=True)
+    B = B / np.linalg.norm(B, axis=1, keepdims=True)
+    C = A @ B.T
+    score = np.abs(C) if sign_invariant else C
+    rows, cols = linear_sum_assignment(-score)
+    Bm = B[cols] * (np.sign(C[rows, cols])[:, None] if sign_invariant else 1.0)
+    chord = np.linalg.norm(A[rows] - Bm, axis=1)
+    out = np.empty(len(A))
+    out[rows] = 2.0 * np.arcsin(np.clip(chord / 2.0, 0.0, 1.0))
+    return out
+
+
+# ---- data access: samples or queries --------------------------------------------------------
