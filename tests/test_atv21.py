@@ -266,7 +266,7 @@ def test_auto_routes_biases_and_single_outputs_to_atv21():
     assert res.method == "atv21" and "offset or hidden biases" in res.diagnostics["auto"] and res.exact
     net = rf.planted.two_layer(6, 3, 1, random_state=0)  # bias-free, m = 1 < k
     X, Y = net.sample(10, random_state=1)
-    from relufast._api import _choose
+    from relufast._auto import _choose
 
     assert _choose(X, Y, 3)[0] in ("atv21", ("bjw19-fpt", "atv21"))
     X, Y = net.sample(20000, random_state=1)

@@ -319,7 +319,8 @@ def test_auto_with_dask_reaches_the_enumeration():
 
 
 def test_auto_with_comm_plans_only_methods_that_take_comm():
-    from relufast._api import METHODS, _accepted_options, _auto_plan
+    from relufast._auto import _auto_plan
+    from relufast.methods import METHODS, _accepted_options
 
     facts = {
         "n": 10**5, "d": 10, "m": 2, "k": 5, "rank_Y": 2, "standard_gaussian": True,

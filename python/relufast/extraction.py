@@ -280,7 +280,7 @@ def extract(
         ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude estimate of the query count of
         differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
     """
-    from ._api import METHODS
+    from .methods import METHODS
 
     d = check_positive_int(n_features, "n_features")
     if queries not in ("random", "chosen"):
