@@ -240,9 +240,7 @@ def refine_rows_reference(
     return rows.reshape(len(outs), X.shape[1]), certified, signs
 
 
-# ---------------------------------------------------------------------------------------
-# Activation-region refinement (relufast's exact step for biased networks, any m).
-# ---------------------------------------------------------------------------------------
+# ---- Activation-region refinement (relufast's exact step for biased networks, any m) ----
 
 #: Relative eigenvalue of the joint region system below which a direction is undetermined.
 REGION_RANK_TOL = 1e-11
