@@ -299,7 +299,8 @@ def test_fits_worse_than_the_mean_are_not_a_success(capfd):
 
 def test_nan_residual_is_never_a_success():
     """A two-layer fit whose residual is NaN (settled by every method's decorator) fails."""
-    from relufast._result import Run, _useful
+    from relufast._protocol import _useful
+    from relufast._result import Run
 
     res = _quiet(Run("x").result, "approximate", "m", U=np.ones((1, 1)), V=np.ones((1, 1)), residual=float("nan"))
     out = _quiet(_useful, res, type("Outputs", (), {"mean_residual": 0.5})())

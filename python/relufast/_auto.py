@@ -10,11 +10,10 @@ import time
 import numpy as np
 
 from ._dispatch import AUTO_CHECK_ROWS, MEAN_Z_LIMIT, _mean_statistic, _run
+from ._protocol import _Outputs, settle
 from ._result import (
     Run,
     Status,
-    _Outputs,
-    settle,
     warn,
 )
 from ._units import rescale

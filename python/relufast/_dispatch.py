@@ -8,10 +8,10 @@ import warnings
 
 import numpy as np
 
+from ._protocol import call_method
 from ._result import (
     RelufastWarning,
     Status,
-    call_method,
     warn,
 )
 from ._units import map_back, plain_array, rescale
@@ -156,7 +156,7 @@ def _run(name, X, Y, n_hidden, options, *, quiet=False):
     """One method through the common treatment (see the module docstring)."""
     function = METHODS[name].function
     _check_options(name, function, options)
-    # Methods marked by relufast._result.recovery_method rescale units themselves.
+    # Methods marked by relufast._protocol.recovery_method rescale units themselves.
     if getattr(function, "rescales_units", False) or not METHODS[name].units_free:
         Xs, Ys, opts, scale = X, Y, options, (0, 0, 1.0)
     else:

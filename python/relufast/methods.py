@@ -7,9 +7,7 @@ import difflib
 import inspect
 from typing import Callable, NamedTuple
 
-from ._result import (
-    recovery_method,
-)
+from ._protocol import recovery_method
 from .algorithms import atv21, bjw19, gklw19, gp19
 
 

@@ -17,7 +17,7 @@ status in ``diagnostics["span_status"]``) and the unidentifiable
 directions N in ``diagnostics["unidentifiable_directions"]`` (also ``["input_null_space"]``)
 and ``diagnostics["input_rank"] = r``.
 
-:func:`relufast._result.recovery_method` applies both around every units-free method, so
+:func:`relufast._protocol.recovery_method` applies both around every units-free method, so
 no algorithm needs its own code for this.
 """
 

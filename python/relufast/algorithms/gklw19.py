@@ -38,7 +38,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .._blas import single_threaded_blas
-from .._result import Run, Status, recovery_method, warn
+from .._protocol import recovery_method
+from .._result import Run, Status, warn
 from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
 from ..stages.diagnostics import input_null_space
 from ..stages.fit import certify, max_abs, residual_from_stats

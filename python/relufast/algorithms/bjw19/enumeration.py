@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, recovery_method
+from ..._protocol import recovery_method
+from ..._result import Run, Status
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
 from ...activations import RELU
 from ...stages.diagnostics import RANK_TOL, input_null_space, numerical_rank

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._result import Run, Status, recovery_method
+from ..._protocol import recovery_method
+from ..._result import Run, Status
 from ..._validation import check_n_hidden, check_positive_int, check_random_state
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, resolve_precision

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
-from ..._result import Run, Status, recovery_method
+from ..._protocol import recovery_method
+from ..._result import Run, Status
 from ..._validation import (
     InsufficientSamples,
     check_n_hidden,
@@ -684,4 +685,3 @@ def _outcome(
         "Gaussian and that rows of V are not nearly parallel. Outputs of a network with hidden "
         "biases or an output offset (y = U relu(V x + b) + c) are outside this model: use atv21"
     )
-

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, recovery_method
+from ..._protocol import recovery_method
+from ..._result import Run, Status
 from ..._validation import (
     InsufficientSamples,
     check_n_hidden,

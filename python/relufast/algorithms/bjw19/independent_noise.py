@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, recovery_method
+from ..._protocol import recovery_method
+from ..._result import Run, Status
 from ..._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
 from ...stages.fit import fit_and_certify
 

@@ -8,7 +8,8 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
-from ..._result import Run, Status, recovery_method, warn
+from ..._protocol import recovery_method
+from ..._result import Run, Status, warn
 from ..._validation import (
     InsufficientSamples,
     check_n_hidden,

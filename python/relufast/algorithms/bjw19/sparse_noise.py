@@ -12,7 +12,8 @@ import warnings
 import numpy as np
 
 from ..._blas import single_threaded_blas
-from ..._result import Run, Status, recovery_method
+from ..._protocol import recovery_method
+from ..._result import Run, Status
 from ..._validation import check_positive_int, check_problem
 from ...stages.diagnostics import numerical_rank
 from ...stages.fit import local_rank_deficiency, max_abs, polish, scaled_norm

@@ -1,0 +1,294 @@
+"""The protocol every method runs under (relufast's own): units-free rescaling, the row
+space of X, whitening for Gaussian-model methods, breakdowns as ``failed`` results, the
+constant-output case, and the settling of every result against all samples
+(:func:`settle`). :func:`recovery_method` puts it around a method's public function, so a
+direct call and a call through :func:`relufast.recover` behave the same."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._result import Run, Status, warn
+
+__all__ = ["recovery_method", "settle", "call_method", "OFFSET_MODELS"]
+
+
+def _agreed_seed(function, options):
+    """Options with ``random_state=None`` replaced, under an MPI ``comm``, by rank 0's fresh
+    seed: every rank must draw the same random numbers, or the ranks take different paths and
+    wait for each other in different collectives. Other options are returned unchanged (an
+    invalid comm is left to the method's own check, which names what was expected)."""
+    comm = options.get("comm")
+    if comm is None or not hasattr(comm, "allgather") or options.get("random_state") is not None:
+        return options
+    import inspect
+
+    try:
+        params = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return options
+    if "random_state" not in params:
+        return options
+    seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+    return {**options, "random_state": int(comm.allgather(seed)[0])}
+
+
+def call_method(name, function, X, Y, n_hidden, options):
+    """``function(X, Y, n_hidden, **options)``, with a numerical breakdown inside it (numpy or
+    scipy ``LinAlgError``) returned as a ``failed`` result naming the cause. Under an MPI
+    ``comm`` an unset ``random_state`` becomes one seed agreed by every rank."""
+    options = _agreed_seed(function, options)
+    try:
+        return function(X, Y, n_hidden, **options)
+    except np.linalg.LinAlgError as exc:
+        return Run(name).result(
+            Status.FAILED,
+            f"{name}: a linear-algebra step broke down ({exc}); the data are numerically "
+            "degenerate for this method (collinear or constant inputs, or outputs of extreme "
+            "dynamic range)",
+        )
+
+
+#: Methods whose model has hidden biases and an output offset c.
+OFFSET_MODELS = ("atv21", "atv21-general")
+
+
+class _Outputs:
+    """Figures of every sample's outputs from one pass over Y (no temporaries of the size
+    of Y; reduced over MPI ranks): whether Y is constant (or zero), ||Y||_F, and how much
+    predicting the mean of Y explains."""
+
+    def __init__(self, samples):
+        from .stages.fit import max_abs, power_of_two_scale
+
+        self.n = samples.n
+        _, head = samples.take(np.arange(min(samples.n, 4096)))
+        top = max_abs(head)
+        scale = power_of_two_scale(top) if np.isfinite(top) and top > 0 else 1.0
+        m = samples.m
+        s1, s2, hi, lo = np.zeros(m), np.zeros(m), np.full(m, -np.inf), np.full(m, np.inf)
+        with np.errstate(over="ignore", invalid="ignore"):  # outputs far above the head's scale
+            for Xb, Yb in samples.blocks(bounded=True):
+                Yb = np.asarray(Yb.compute() if hasattr(Yb, "compute") else Yb)
+                if len(Yb) == 0:
+                    continue
+                if samples.lazy and not np.all(np.isfinite(Xb)):  # dask: no method checked X yet
+                    hi = lo = np.full(m, np.nan)
+                    break
+                Ys = Yb if scale == 1.0 else Yb * scale
+                s1 += Ys.sum(axis=0, dtype=np.float64)
+                s2 += np.einsum("ij,ij->j", Ys, Ys, dtype=np.float64)
+                # np.maximum, not fmax: a NaN must propagate to be seen
+                hi, lo = np.maximum(hi, Ys.max(axis=0)), np.minimum(lo, Ys.min(axis=0))
+                if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))):
+                    hi = lo = np.full(m, np.nan)  # NaN or inf in Y
+                    break
+        bad = 0
+        if not (np.all(np.isfinite(hi)) and np.all(np.isfinite(lo))):  # count them for the message
+            bad = sum(
+                _count_nonfinite(Yb) + (_count_nonfinite(Xb) if samples.lazy else 0)
+                for Xb, Yb in samples.blocks(bounded=True)
+            )
+        if samples.distributed:
+            parts = samples.allgather((s1, s2, hi, lo, bad))
+            s1, s2 = sum(p[0] for p in parts), sum(p[1] for p in parts)
+            hi = np.max([p[2] for p in parts], axis=0)
+            lo = np.min([p[3] for p in parts], axis=0)
+            bad = sum(p[4] for p in parts)
+        if bad:
+            where = " over all ranks" if samples.distributed else ""
+            raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries{where}")
+        self.constant = bool(np.all(hi == lo))
+        self.zero = self.constant and not np.any(hi)
+        sy = float(np.sum(s2))
+        centred = float(np.sum(np.maximum(s2 - s1**2 / max(self.n, 1), 0.0)))
+        self.norm = float(np.sqrt(sy)) / scale  # ||Y||_F
+        #: relative residual of predicting the mean of Y: ||Y - mean(Y)||_F / ||Y||_F
+        self.mean_residual = float(np.sqrt(centred / sy)) if sy > 0 else float("nan")
+
+
+def _count_nonfinite(A):
+    return int(np.count_nonzero(~np.isfinite(np.asarray(A))))
+
+
+def _samples_of(X, Y, options):
+    """The caller's samples as a :class:`relufast.stages.reduce.Samples`, in place (no
+    float64 copy of float32 arrays or memmaps: every check converts one block at a time),
+    or None when the method's own validation must speak (the ranks agree on which)."""
+    from .stages.reduce import Samples, check_comm, is_dask
+
+    try:
+        comm = check_comm(options.get("comm"))
+    except (TypeError, ValueError):
+        return None
+
+    def local():
+        Xa = X if is_dask(X) else np.asarray(X)
+        Ya = Y if is_dask(Y) else np.asarray(Y)
+        if Ya.ndim == 1:
+            Ya = Ya[:, None]
+        for A in (Xa, Ya):
+            dt = A.dtype
+            if A.ndim != 2 or not np.issubdtype(dt, np.number) or np.issubdtype(dt, np.complexfloating):
+                return None
+        return (Xa, Ya) if Xa.shape[0] == Ya.shape[0] and min(Xa.shape[1], Ya.shape[1]) > 0 else None
+
+    try:
+        arrays = local()
+    except Exception:  # noqa: BLE001 - ragged or exotic input: the method's validation reports it
+        arrays = None
+    shape = (-1, -1, -1) if arrays is None else (int(arrays[0].shape[0]), *(int(a.shape[1]) for a in arrays))
+    shapes = [shape] if comm is None else [tuple(s) for s in comm.allgather(shape)]
+    counts = [s[0] for s in shapes]
+    if min(counts) < 0 or sum(counts) == 0 or len({s[1:] for s in shapes}) > 1:
+        return None  # the method names what is wrong, on every rank
+    return Samples(arrays[0], arrays[1], comm=comm, counts=counts)
+
+
+def _constant_outputs(name, samples, outputs, n_hidden):
+    """The result for constant outputs: no hidden unit is visible in them."""
+    from ._validation import check_positive_int
+
+    k = check_positive_int(n_hidden, "n_hidden")
+    run = Run(name)
+    run.diag["undetermined_reasons"] = {i: "the outputs are constant" for i in range(k)}
+    res = run.result(
+        Status.NON_IDENTIFIABLE,
+        f"{name}: the outputs are {'all zero' if outputs.zero else 'constant'} over all {samples.n} samples, "
+        "so no hidden unit is "
+        "visible in them: every network whose units are inactive (or have zero output weights) "
+        "fits, and none is determined",
+    )
+    return _replace(res, undetermined_units=tuple(range(k)))
+
+
+def _replace(res, **changes):
+    import dataclasses
+
+    return dataclasses.replace(res, **changes)
+
+
+def _useful(res, outputs):
+    """An approximate fit must explain more than predicting the mean of Y; NaN never counts."""
+    if res.status != Status.APPROXIMATE:
+        return res
+    r, base = res.residual, outputs.mean_residual
+    if np.isfinite(r) and not (np.isfinite(base) and r >= base):
+        return res
+    why = (
+        "its relative residual is not finite"
+        if not np.isfinite(r)
+        else f"its relative residual {r:.3g} is no better than predicting the mean of Y ({base:.3g})"
+    )
+    message = f"{res.message} [not a useful fit: {why}]"
+    warn(message)
+    return _replace(res, status=Status.FAILED, exact=False, message=message)
+
+
+def _undetermined(name, res, samples, outputs, options):
+    """Units the samples cannot determine (:func:`relufast.units.undetermined_units`) in a
+    fit that is exact (or non_identifiable): listed in the result, never ``exact``."""
+    if res.status not in (Status.EXACT, Status.NON_IDENTIFIABLE) or not res.has_finite_parameters:
+        return res
+    if res.activation is not None and not getattr(res.activation, "homogeneous", False):
+        return res
+    from .stages.precision import resolve_precision
+    from .units import undetermined_message, undetermined_units
+
+    k, d = res.V.shape
+    tol = options.get("tol", 1e-10)
+    tol = tol if isinstance(tol, (int, float)) and not isinstance(tol, bool) and tol > 0 else 1e-10
+    try:
+        prec = resolve_precision(samples.Y if res.precision == "float64" else res.precision, options.get("precision"))
+    except (TypeError, ValueError):
+        prec = resolve_precision(None)
+    check = undetermined_units(
+        samples,
+        res.U,
+        res.V,
+        res.b,
+        res.c,
+        y_norm=outputs.norm,
+        threshold=max(prec.tol(tol, d, k), float(res.residual) if np.isfinite(res.residual) else 0.0),
+        intercept=name in OFFSET_MODELS,
+        input_rank=res.diagnostics.get("input_rank"),
+        rank_tol=prec.tol(1e-10, d, k),
+    )
+    if not check.units:
+        return res
+    diag = dict(res.diagnostics, undetermined_reasons=check.reasons)
+    message = f"{res.message}. {undetermined_message(check)}"
+    out = _replace(
+        res,
+        status=Status.NON_IDENTIFIABLE,
+        exact=False,
+        message=message,
+        diagnostics=diag,
+        undetermined_units=tuple(sorted(set(res.undetermined_units) | set(check.units))),
+    )
+    warn(message)
+    return out
+
+
+def settle(name, res, samples, outputs, options, *, span_checked):
+    """What every method's result must satisfy against all samples, wherever they live
+    (NumPy, memmap, dask, MPI ranks): the input null space (:func:`relufast.subspace.identify`,
+    unless the method ran on the row space of X already), units the samples cannot determine
+    (never ``exact``), and an approximate fit that explains more than the mean of Y."""
+    from .subspace import identify
+
+    if samples is None:
+        return res
+    tol = None
+    if res.precision != "float64" and res.V is not None:  # what float32 outputs cannot see
+        from .stages.diagnostics import INPUT_RANK_TOL
+        from .stages.precision import resolve_precision
+
+        tol = resolve_precision(None, res.precision).tol(INPUT_RANK_TOL, *reversed(res.V.shape))
+    if not span_checked or tol is not None:
+        res = identify(res, samples, tol)
+    res = _undetermined(name, res, samples, outputs, options)
+    return _useful(res, outputs)
+
+
+def recovery_method(name, *, whiten=False):
+    """Decorator for a public method function: units-free, run on the row space of X,
+    settled against every sample (:func:`settle`), and never a raw ``LinAlgError``.
+
+    X and Y are rescaled by exact powers of two (:mod:`relufast._units`) before the method
+    runs and its parameters are mapped back. When X spans a proper subspace of R^d (an input
+    null space), the method runs on X in coordinates of its row space and V is mapped back as
+    the minimum-norm representative (:mod:`relufast.subspace`; an exact fit then is
+    ``non_identifiable``). ``whiten`` (methods whose model is x ~ N(0, I), ATV21): in-memory
+    inputs of any mean and covariance are whitened first and the parameters mapped back
+    (:func:`relufast._units.whiten_inputs`). A numerical breakdown inside the method (numpy
+    or scipy ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
+    """
+    import functools
+
+    def wrap(function):
+        @functools.wraps(function)
+        def method(X, Y, n_hidden, **options):
+            from ._units import map_back, rescale, restrict_to_row_space, unwhiten, whiten_inputs
+
+            samples = _samples_of(X, Y, options)
+            outputs = None if samples is None else _Outputs(samples)
+            Xs, Ys, opts, scale = rescale(X, Y, options)
+            restricted = restrict_to_row_space(Xs, n_hidden, opts)
+            Xr = Xs if restricted is None else restricted[0]
+            affine = whiten_inputs(Xr, opts) if whiten else None
+            res = call_method(name, function, Xr if affine is None else affine[0], Ys, n_hidden, opts)
+            res = unwhiten(res, None if affine is None else affine[1])
+            if restricted is not None:
+                from .subspace import extend
+
+                res = extend(res, restricted[1])
+            res = map_back(res, scale)
+            if outputs is not None and outputs.constant:  # after the method checked its options
+                return _constant_outputs(name, samples, outputs, n_hidden)
+            return settle(name, res, samples, outputs, options, span_checked=restricted is not None)
+
+        method.rescales_units = True  # type: ignore[attr-defined]
+        return method
+
+    return wrap
