@@ -59,7 +59,11 @@ def test_coefficient_matches_quadrature(b):
     phi = lambda z: np.exp(-z * z / 2) / np.sqrt(2 * np.pi)
     for r in range(9):
         val = quad(
-            lambda z, r=r: (z + b) * A.tensors._hermite_1d(r, z) * phi(z), -b, np.inf, epsabs=1e-15, epsrel=1e-14,
+            lambda z, r=r: (z + b) * A.tensors._hermite_1d(r, z) * phi(z),
+            -b,
+            np.inf,
+            epsabs=1e-15,
+            epsrel=1e-14,
             limit=200,
         )[0]
         assert abs(A.hermite_coefficient(r, b) - val) <= QUAD_TOL
