@@ -4,6 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -33,9 +36,24 @@ namespace {
 // items) and calls PyErr_CheckSignals, so Ctrl-C stops the kernel within a
 // block instead of after it; the KeyboardInterrupt (or whatever the handler
 // raised) is re-raised here. time_limit > 0 adds a deadline: TimeoutError.
+// The deadline of the method run on this thread (relufast._deadline.limit sets it through
+// _set_deadline): every kernel started on the thread stops once it passes, with the same
+// TimeoutError as an explicit time_limit. Thread-local, so threads that each run a method
+// (simulated MPI ranks) keep their own.
+thread_local bool t_has_deadline = false;
+thread_local std::chrono::steady_clock::time_point t_deadline;
+
+double seconds_left_of_deadline() {
+  if (!t_has_deadline) return 0.0;
+  double left = std::chrono::duration<double>(t_deadline - std::chrono::steady_clock::now()).count();
+  return left > 1e-9 ? left : 1e-9;  // passed: stop at the first check
+}
+
 template <class F>
 auto interruptible(F&& f, double time_limit = 0.0) -> decltype(f()) {
   Cancellation cancel;
+  if (double left = seconds_left_of_deadline(); left > 0.0)
+    time_limit = time_limit > 0.0 ? std::min(time_limit, left) : left;
   PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
   cancel.poll = [&]() {
     py::gil_scoped_acquire gil;
@@ -198,6 +216,18 @@ double fault_pipeline(long long n, long long block, int n_jobs, const std::strin
 }  // namespace
 
 PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
+  m.def(
+      "_set_deadline",
+      [](double seconds) {
+        t_has_deadline = std::isfinite(seconds) && seconds > 0.0;
+        if (t_has_deadline)
+          t_deadline = std::chrono::steady_clock::now() +
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(seconds));
+      },
+      py::arg("seconds"),
+      "Kernels started on this thread stop (TimeoutError) once `seconds` from now have passed; "
+      "0, a negative or a non-finite value clears the deadline. Used by relufast._deadline.");
   m.doc() = "relufast compiled kernels (private; use the relufast package)";
   m.def("hardware_threads", &hardware_threads, "Threads the kernels use at most (hardware threads).");
   m.def("cpu_has_avx2_fma", &cpu_has_avx2_fma, "Whether this CPU supports AVX2 and FMA.");

@@ -97,15 +97,15 @@ def test_extract_callable_float32_escalates():
 def test_extract_auto_skips_the_bias_free_method_on_biased_queries():
     """method="auto": biased queries go to atv21 alone; bias-free ones try bjw19-gaussian
     first; m < k goes to atv21 either way."""
-    from relufast.extraction import _auto_methods
+    from relufast._auto import query_plan
 
     biased = relufast.planted.two_layer(8, 4, 5, bias="random", offset="random", random_state=0)
     plain = relufast.planted.two_layer(8, 4, 5, random_state=0)
     Xb, Yb = biased.sample(20000, random_state=1)
     Xp, Yp = plain.sample(20000, random_state=1)
-    assert _auto_methods(Xb, Yb, 4) == ["atv21"]
-    assert _auto_methods(Xp, Yp, 4) == ["bjw19-gaussian", "atv21"]
-    assert _auto_methods(Xp, Yp[:, :2], 4) == ["atv21"]
+    assert query_plan(Xb, Yb, 4) == ["atv21"]
+    assert query_plan(Xp, Yp, 4) == ["bjw19-gaussian", "atv21"]
+    assert query_plan(Xp, Yp[:, :2], 4) == ["atv21"]
     res = relufast.extract(biased, 8, 4, n_queries=20000, random_state=0)
     assert res.exact and res.method == "atv21"
 

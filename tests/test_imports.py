@@ -13,7 +13,6 @@ FACADE = {
     "relufast",
     "relufast._api",
     "relufast._auto",
-    "relufast._dispatch",
     "relufast.methods",
     "relufast.extraction",
     "relufast.estimator",

@@ -320,14 +320,14 @@ def test_auto_with_dask_reaches_the_enumeration():
 
 def test_auto_with_comm_plans_only_methods_that_take_comm():
     from relufast._auto import _auto_plan
-    from relufast.methods import METHODS, _accepted_options
+    from relufast.methods import METHODS
 
     facts = {
         "n": 10**5, "d": 10, "m": 2, "k": 5, "rank_Y": 2, "standard_gaussian": True,
         "biased": False, "symmetry_statistic": 1.0, "time_limit": 60.0,
     }  # fmt: skip
     names = [name for name, _ in _auto_plan(facts, "X looks standard Gaussian", distributed=True)]
-    assert names and all("comm" in (_accepted_options(METHODS[name].function) or ()) for name in names)
+    assert names and all(METHODS[name].takes_comm for name in names)
     assert "atv21" in names  # m < k, Gaussian: atv21, which takes comm (reductions, a gathered sample)
 
 

@@ -134,12 +134,17 @@ def test_gklw19_zero_outputs_and_singular_inputs_are_statuses():
 
 
 def test_no_linalg_error_reaches_the_user(monkeypatch):
-    def broken(X, Y, n_hidden, *, tol=1e-10):
+    from relufast._protocol import recovery_method
+    from relufast.methods import _spec
+
+    @recovery_method("broken")
+    def broken(X, Y, n_hidden, *, tol=1e-10, random_state=None, n_jobs=None):
         raise np.linalg.LinAlgError("SVD did not converge")
 
-    monkeypatch.setitem(rf.METHODS, "broken", rf._api.Method(broken, "test"))
+    monkeypatch.setitem(rf.METHODS, "broken", _spec(broken, "test"))
     with pytest.warns(rf.RelufastWarning, match="linear-algebra step broke down"):
-        res = rf.recover(np.ones((10, 2)), np.ones((10, 1)), n_hidden=1, method="broken")
+        X = np.random.default_rng(0).standard_normal((10, 2))
+        res = rf.recover(X, np.arange(10.0)[:, None], n_hidden=1, method="broken")
     assert res.status == "failed" and not res.success
 
 

@@ -1,9 +1,10 @@
 """``relufast.recover``: one entry point dispatching over the registry of methods.
 
-Every call through :func:`recover` gets the same treatment whatever the method:
+Every method runs under one protocol (:func:`relufast._protocol.recovery_method`, in the
+method's function, so a direct call behaves the same):
 
-* options are checked against the method's signature (a misspelled option is a TypeError
-  that lists the method's options);
+* options are checked against the method's options (a misspelled option is a TypeError
+  that lists them); ``time_limit`` stops any method at its next stage or kernel check;
 * X and Y are rescaled by exact powers of two to unit root-mean-square entries and the
   parameters are mapped back (``diagnostics["units"]``), so the units of the data do not
   matter;
@@ -26,15 +27,14 @@ from typing import Any
 import numpy as np
 
 from ._auto import AUTO_TIME_LIMIT, _auto
-from ._dispatch import _run
 from ._result import (
     RecoveryResult,
     warn,
 )
 from ._units import plain_array
-from .methods import METHODS, Method
+from .methods import METHODS, MethodSpec, run_method
 
-__all__ = ["recover", "METHODS", "Method", "AUTO_TIME_LIMIT"]
+__all__ = ["recover", "METHODS", "MethodSpec", "AUTO_TIME_LIMIT"]
 
 
 def _explain(res, X, Y, n_hidden, options):
@@ -72,7 +72,11 @@ def _explain(res, X, Y, n_hidden, options):
 
 
 def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:
-    """Recover a planted two-layer network ``Y = relu(X V^T) U^T`` (+ noise).
+    """Recover a two-layer network ``Y = relu(X V^T + b) U^T + c`` (+ noise) from samples.
+
+    Most methods fit the bias-free model (b = 0, c = 0; the result's ``b`` and ``c`` are
+    None); ``atv21`` and ``atv21-general`` fit the hidden biases b and the output offset c.
+    GP19's methods fit the lowest layer of ``P(u(X W^T - t))`` (see their docstrings).
 
     Parameters
     ----------
@@ -98,8 +102,11 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
         only the methods that take ``comm`` (docs/results.md, docs/scale.md).
     **options
         Passed to the method's function (see its docstring); an unknown option is a
-        TypeError listing the valid ones. With ``auto``, each method gets the options it
-        takes.
+        TypeError listing the valid ones. Every method takes ``random_state``, ``n_jobs``
+        (threads: None or -1 all cores, see ``docs/results.md``), ``tol`` and
+        ``time_limit`` (seconds; a method it stops returns ``failed`` with
+        ``diagnostics["stopped_by"] = "time_limit"``). With ``auto``, each method gets the
+        options it takes and ``time_limit`` is the budget of its enumeration stage.
 
     Returns
     -------
@@ -115,7 +122,7 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
             f"unknown method {method!r}; valid methods are 'auto', " + ", ".join(repr(k) for k in sorted(METHODS))
         )
     else:
-        res = _run(method, X, Y, n_hidden, options)
+        res = run_method(method, X, Y, n_hidden, options)
     # With comm= each rank holds other samples: notes drawn from the local rows could differ
     # between ranks, and every rank must return the same result.
     return res if distributed else _explain(res, X, Y, n_hidden, options)

@@ -4,13 +4,12 @@ attempts within a time budget and the choice of the best result."""
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import time
 
 import numpy as np
 
-from ._dispatch import AUTO_CHECK_ROWS, MEAN_Z_LIMIT, _mean_statistic, _run
-from ._protocol import _Outputs, settle
+from ._causes import AUTO_CHECK_ROWS, MEAN_Z_LIMIT, _mean_statistic
+from ._protocol import _Outputs, check_options, settle
 from ._result import (
     Run,
     Status,
@@ -19,7 +18,7 @@ from ._result import (
 from ._units import rescale
 from ._validation import InsufficientSamples
 from .algorithms import gklw19
-from .methods import METHODS, _accepted_options
+from .methods import METHODS, run_method
 
 #: Default wall-time budget (seconds) of ``auto``'s enumeration stage (``time_limit=``).
 AUTO_TIME_LIMIT = 60.0
@@ -127,19 +126,8 @@ def _auto_options(options):
     budget = AUTO_TIME_LIMIT if budget is None else budget
     if not (isinstance(budget, (int, float)) and np.isfinite(budget) and budget > 0):
         raise ValueError(f"time_limit must be a positive number of seconds; got {budget!r}")
-    known: set = set()
-    for entry in METHODS.values():
-        known.update(_accepted_options(entry.function) or ())
-    unknown = [o for o in options if o not in known]
-    if unknown:
-        hints = [
-            f"{o!r}" + (f" (did you mean {c[0]!r}?)" if (c := difflib.get_close_matches(o, known, n=1)) else "")
-            for o in unknown
-        ]
-        raise TypeError(
-            f"method 'auto' got unknown option(s) {', '.join(hints)}; the options of its methods "
-            "are " + ", ".join(sorted(known | {"time_limit"}))
-        )
+    known = sorted({o for spec in METHODS.values() for o in spec.options} - {"time_limit"})
+    check_options("auto", known + ["time_limit"], options, listing="the options of its methods are")
     resolve_n_jobs(options.get("n_jobs"))
     check_random_state(options.get("random_state"))
     tol = options.get("tol", 1e-10)
@@ -303,7 +291,7 @@ def _auto_plan(facts, law, *, distributed=False):
             )
         )
     if distributed:
-        plan = [(name, why) for name, why in plan if "comm" in (_accepted_options(METHODS[name].function) or ())]
+        plan = [(name, why) for name, why in plan if METHODS[name].takes_comm]
     if not any(name == "bjw19-enumeration" for name, _ in plan):
         check_n_hidden(k, d)  # only Thm 1 (rank(Y) = k) allows k > d
     return plan
@@ -314,15 +302,14 @@ def _auto_try(plan, X, Y, k, options, budget, t0, data):
     errors). A method that refuses the data (ValueError, TypeError) is recorded and skipped."""
     attempts, results, errors = [], [], []
     for name, reason in plan:
-        accepted = _accepted_options(METHODS[name].function)
-        opts = {o: v for o, v in options.items() if accepted is None or o in accepted}
+        opts = {o: v for o, v in options.items() if o in METHODS[name].options}
         t = time.perf_counter()
         entry = {"method": name, "note": reason}
         try:
             if name == "bjw19-enumeration":
                 res = _auto_enumeration(X, Y, k, opts, budget - (t - t0), data)
             else:
-                res = _run(name, X, Y, k, opts, quiet=True)
+                res = run_method(name, X, Y, k, opts, quiet=True)
         except (ValueError, TypeError) as exc:  # the method refuses these data: recorded, next one
             entry.update(seconds=time.perf_counter() - t, status="refused", residual=float("nan"), message=str(exc))
             attempts.append(entry)
@@ -391,7 +378,7 @@ def _auto_enumeration(X, Y, k, opts, budget, data):
     if n_sub < n:
         idx = np.sort(np.random.default_rng(0).choice(n, size=n_sub, replace=False))
         Xsub, Ysub = _auto_subsample(X, Y, idx, data)
-        small = _run("bjw19-enumeration", Xsub, Ysub, k, dict(opts, time_limit=budget / 2), quiet=True)
+        small = run_method("bjw19-enumeration", Xsub, Ysub, k, dict(opts, time_limit=budget / 2), quiet=True)
         if (
             small.V is not None
             and small.has_finite_parameters
@@ -402,7 +389,9 @@ def _auto_enumeration(X, Y, k, opts, budget, data):
                 return res
         if budget - (time.perf_counter() - t) <= 0:
             return small
-    return _run("bjw19-enumeration", X, Y, k, dict(opts, time_limit=budget - (time.perf_counter() - t)), quiet=True)
+    return run_method(
+        "bjw19-enumeration", X, Y, k, dict(opts, time_limit=budget - (time.perf_counter() - t)), quiet=True
+    )
 
 
 def _auto_subsample(X, Y, idx, data):
@@ -455,3 +444,20 @@ def _auto_certify_subsample(X, Y, small, idx, data, tol, precision=None):
     return settle(
         "bjw19-enumeration", res, data, _Outputs(data), {"tol": tol64, "precision": precision}, span_checked=False
     )
+
+
+#: Queries (the first ones) on which ``extract``'s ``method="auto"`` looks for biases.
+AUTO_PROBE = 20000
+
+
+def query_plan(X, Y, k):
+    """The methods ``extract(method="auto")`` tries on Gaussian queries, in order: atv21 alone
+    when m < k or when the first queries show biases or an offset (atv21 also fits bias-free
+    networks, so a wrong call costs time, never the certificate); else bjw19-gaussian, then
+    atv21."""
+    from .stages.diagnostics import bias_evidence
+
+    head = slice(0, min(len(X), AUTO_PROBE))
+    if Y.shape[1] < k or bias_evidence(X[head], Y[head])["biased"]:
+        return ["atv21"]
+    return ["bjw19-gaussian", "atv21"]

@@ -6,11 +6,23 @@ direct call and a call through :func:`relufast.recover` behave the same."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from typing import NamedTuple
+
 import numpy as np
 
-from ._result import Run, Status, warn
+from ._result import RelufastWarning, Run, Status, warn
 
-__all__ = ["recovery_method", "settle", "call_method", "OFFSET_MODELS"]
+__all__ = [
+    "recovery_method",
+    "settle",
+    "call_method",
+    "accepted_options",
+    "check_options",
+    "COMMON_OPTIONS",
+    "OFFSET_MODELS",
+]
 
 
 def _agreed_seed(function, options):
@@ -251,44 +263,170 @@ def settle(name, res, samples, outputs, options, *, span_checked):
     return _useful(res, outputs)
 
 
-def recovery_method(name, *, whiten=False):
-    """Decorator for a public method function: units-free, run on the row space of X,
-    settled against every sample (:func:`settle`), and never a raw ``LinAlgError``.
+#: Options every registered method takes (:func:`recovery_method` adds ``time_limit`` where the
+#: method has no stage loop of its own that needs it: the protocol's deadline stops it).
+COMMON_OPTIONS = ("random_state", "n_jobs", "tol", "time_limit")
 
-    X and Y are rescaled by exact powers of two (:mod:`relufast._units`) before the method
-    runs and its parameters are mapped back. When X spans a proper subspace of R^d (an input
-    null space), the method runs on X in coordinates of its row space and V is mapped back as
-    the minimum-norm representative (:mod:`relufast.subspace`; an exact fit then is
-    ``non_identifiable``). ``whiten`` (methods whose model is x ~ N(0, I), ATV21): in-memory
-    inputs of any mean and covariance are whitened first and the parameters mapped back
-    (:func:`relufast._units.whiten_inputs`). A numerical breakdown inside the method (numpy
-    or scipy ``LinAlgError``) returns a ``failed`` result naming the cause instead of raising.
+
+def accepted_options(function):
+    """Names of the keyword options of a method function (None when it takes ``**kwargs``)."""
+    import inspect
+
+    params = list(inspect.signature(function).parameters.values())[3:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    # Names starting with "_" are the package's own switches, not options for users.
+    return [
+        p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and not p.name.startswith("_")
+    ]
+
+
+def check_options(name, valid, options, *, listing="its options are"):
+    """``TypeError`` naming the unknown options (with the closest valid name) of method ``name``."""
+    import difflib
+
+    if valid is None:
+        return
+    unknown = [o for o in options if o not in valid]
+    if unknown:
+        hints = []
+        for o in unknown:
+            close = difflib.get_close_matches(o, valid, n=1)
+            hints.append(f"{o!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise TypeError(f"method {name!r} got unknown option(s) {', '.join(hints)}; {listing} " + ", ".join(valid))
+
+
+class Protocol(NamedTuple):
+    """How :func:`recovery_method` treats a method (read by :class:`relufast.methods.MethodSpec`)."""
+
+    name: str
+    #: X and Y rescaled by powers of two, X restricted to its row space, results settled
+    #: against every sample. False where the model fixes the units of X (GP19's threshold t).
+    units_free: bool
+    #: In-memory inputs whitened first (methods whose model is x ~ N(0, I)).
+    whiten: bool
+    #: The user-facing options, the common ones included.
+    options: tuple
+
+
+def _stopped(name, exc, time_limit):
+    """The ``failed`` result of a method the deadline stopped."""
+    run = Run(name)
+    run.diag.update(stopped_by="time_limit", time_limit=float(time_limit))
+    where = getattr(exc, "where", "in a C++ kernel")
+    return run.result(
+        Status.FAILED,
+        f"{name}: stopped by time_limit = {time_limit:g} s (it passed {where}); no network was certified in "
+        "that time: raise time_limit, or give fewer samples",
+    )
+
+
+def recovery_method(name, *, whiten=False, units_free=True, own_time_limit=False):
+    """Decorator for a public method function: the one protocol every registered method runs
+    under, so a direct call and a call through :func:`relufast.recover` give the same result.
+
+    - The options are checked (an unknown one is a ``TypeError`` naming the closest valid
+      one). ``time_limit`` (seconds) is taken by every method: the protocol sets a deadline
+      (:mod:`relufast._deadline`) that every stage checks and every C++ kernel honours, and a
+      method it stops returns ``failed`` with ``diagnostics["stopped_by"] = "time_limit"``
+      (``own_time_limit``: the method handles ``time_limit`` itself, returning what it found).
+    - ``units_free``: X and Y are rescaled by exact powers of two (:mod:`relufast._units`)
+      before the method runs and its parameters are mapped back. When X spans a proper
+      subspace of R^d (an input null space), the method runs on X in coordinates of its row
+      space and V is mapped back as the minimum-norm representative
+      (:mod:`relufast.subspace`; an exact fit then is ``non_identifiable``); the result is
+      settled against every sample (:func:`settle`).
+    - ``whiten`` (methods whose model is x ~ N(0, I), ATV21): in-memory inputs of any mean and
+      covariance are whitened first and the parameters mapped back
+      (:func:`relufast._units.whiten_inputs`).
+    - A numerical breakdown inside the method (numpy or scipy ``LinAlgError``) returns a
+      ``failed`` result naming the cause instead of raising.
+    - A result that is not exact carries notes on what may have caused it
+      (:func:`relufast._causes.causes`: float32 data, a nonzero input mean, the rank of Y).
+    - The method's :class:`RelufastWarning` s are issued once each, the final one with those
+      notes, and listed in ``diagnostics["warnings"]``.
     """
     import functools
 
     def wrap(function):
+        own = accepted_options(function)
+        valid = None if own is None else own + [o for o in ("time_limit",) if o not in own]
+        passes_time_limit = own is not None and "time_limit" in own
+
         @functools.wraps(function)
         def method(X, Y, n_hidden, **options):
-            from ._units import map_back, rescale, restrict_to_row_space, unwhiten, whiten_inputs
+            from ._deadline import check_time_limit, limit
 
-            samples = _samples_of(X, Y, options)
-            outputs = None if samples is None else _Outputs(samples)
-            Xs, Ys, opts, scale = rescale(X, Y, options)
-            restricted = restrict_to_row_space(Xs, n_hidden, opts)
-            Xr = Xs if restricted is None else restricted[0]
-            affine = whiten_inputs(Xr, opts) if whiten else None
-            res = call_method(name, function, Xr if affine is None else affine[0], Ys, n_hidden, opts)
-            res = unwhiten(res, None if affine is None else affine[1])
-            if restricted is not None:
-                from .subspace import extend
+            check_options(name, valid, options)
+            time_limit = check_time_limit(options.get("time_limit"))
+            call = options if passes_time_limit else {o: v for o, v in options.items() if o != "time_limit"}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RelufastWarning)
+                try:
+                    with contextlib.nullcontext() if own_time_limit else limit(time_limit, _comm(options)):
+                        if units_free:
+                            res = _units_free_call(name, function, whiten, X, Y, n_hidden, call, options)
+                        else:
+                            res = call_method(name, function, X, Y, n_hidden, call)
+                except TimeoutError as exc:  # the deadline stopped a stage or a kernel
+                    if time_limit is None or own_time_limit:
+                        raise
+                    res = _stopped(name, exc, time_limit)
+            return _finish(res, caught, X, Y, n_hidden, options)
 
-                res = extend(res, restricted[1])
-            res = map_back(res, scale)
-            if outputs is not None and outputs.constant:  # after the method checked its options
-                return _constant_outputs(name, samples, outputs, n_hidden)
-            return settle(name, res, samples, outputs, options, span_checked=restricted is not None)
-
-        method.rescales_units = True  # type: ignore[attr-defined]
+        method.protocol = Protocol(name, units_free, whiten, tuple(valid or ()))  # type: ignore[attr-defined]
         return method
 
     return wrap
+
+
+def _comm(options):
+    """The caller's MPI communicator, when it is one (the method names a wrong one)."""
+    comm = options.get("comm")
+    return comm if comm is not None and hasattr(comm, "allgather") else None
+
+
+def _units_free_call(name, function, whiten, X, Y, n_hidden, call, options):
+    from ._units import map_back, rescale, restrict_to_row_space, unwhiten, whiten_inputs
+
+    samples = _samples_of(X, Y, options)
+    outputs = None if samples is None else _Outputs(samples)
+    Xs, Ys, opts, scale = rescale(X, Y, call)
+    restricted = restrict_to_row_space(Xs, n_hidden, opts)
+    Xr = Xs if restricted is None else restricted[0]
+    affine = whiten_inputs(Xr, opts) if whiten else None
+    res = call_method(name, function, Xr if affine is None else affine[0], Ys, n_hidden, opts)
+    res = unwhiten(res, None if affine is None else affine[1])
+    if restricted is not None:
+        from .subspace import extend
+
+        res = extend(res, restricted[1])
+    res = map_back(res, scale)
+    if outputs is not None and outputs.constant:  # after the method checked its options
+        return _constant_outputs(name, samples, outputs, n_hidden)
+    return settle(name, res, samples, outputs, options, span_checked=restricted is not None)
+
+
+def _finish(res, caught, X, Y, n_hidden, options):
+    """The cause notes on a result that is not exact, and the method's warnings issued once
+    each (the method's final message replaced by the full one) and listed in diagnostics."""
+    import dataclasses
+
+    from ._causes import causes
+
+    method_message, method_status = res.message, res.status
+    notes = causes(res, X, Y, n_hidden, options) if options.get("comm") is None else []
+    if notes:
+        res = dataclasses.replace(res, message=res.message.rstrip(". ") + ". " + ". ".join(notes))
+    texts = tuple(dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, RelufastWarning)))
+    for w in caught:
+        if not issubclass(w.category, RelufastWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if texts:
+        res = dataclasses.replace(res, diagnostics=dict(res.diagnostics, warnings=texts))
+    for t in texts:
+        if t != method_message:
+            warn(t)
+    if method_message in texts or res.status != method_status:
+        warn(res.message)
+    return res

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._deadline import check as check_deadline
 from .network import Network
 
 __all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run"]
@@ -228,6 +229,9 @@ class Run:
 
     @contextmanager
     def stage(self, name):
+        """Times the stage ``name`` (``seconds[name]``); a ``time_limit`` that passed stops the
+        method before the stage starts (:mod:`relufast._deadline`)."""
+        check_deadline(f"before the stage {name!r}")
         t = time.perf_counter()
         try:
             yield

@@ -15,6 +15,7 @@ __all__ = [
     "check_random_state",
     "resolve_n_jobs",
     "check_positive_int",
+    "check_scalar",
 ]
 
 
@@ -89,6 +90,27 @@ def check_positive_int(value, name, *, minimum=1):
     return int(value)
 
 
+def check_scalar(value, name, *, kind=float, low=None, high=None, include_low=True, include_high=True):
+    """A finite number of type ``kind`` (float accepts any real number, int only integers; never
+    a bool) within ``[low, high]`` (bounds left out when ``include_low`` / ``include_high`` is
+    False). Returns it as ``kind``; ``TypeError`` for a wrong type, ``ValueError`` for a value
+    out of range, each naming what was expected and what was got."""
+    lo = "" if low is None else ("[" if include_low else "(") + f"{low:g}"
+    hi = "" if high is None else f"{high:g}" + ("]" if include_high else ")")
+    interval = f" in {lo or '(-inf'}, {hi or 'inf)'}" if (low is not None or high is not None) else ""
+    expected = f"{name} must be {'an integer' if kind is int else 'a number'}{interval}"
+    base = numbers.Integral if kind is int else numbers.Real
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, base):
+        raise TypeError(f"{expected}; got {type(value).__name__} {value!r}")
+    if not np.isfinite(value):
+        raise ValueError(f"{expected}; got {value!r}")
+    bad_low = low is not None and (value < low if include_low else value <= low)
+    bad_high = high is not None and (value > high if include_high else value >= high)
+    if bad_low or bad_high:
+        raise ValueError(f"{expected}; got {value!r}")
+    return kind(value)
+
+
 def check_n_hidden(n_hidden, d):
     """The number of hidden units k: an integer with 1 <= k <= d (rank V = k needs k <= d)."""
     k = check_positive_int(n_hidden, "n_hidden")
@@ -114,9 +136,12 @@ def check_random_state(random_state):
 
 
 def resolve_n_jobs(n_jobs):
-    """scikit-learn style: None or -1 means all cores; a positive int is a thread count.
+    """Threads for the C++ kernels: None or -1 means all cores, a positive int that many.
 
-    Returns the value the C++ kernels take (0 means all hardware threads).
+    This is relufast's one meaning of ``n_jobs``, the same in every method and stage. It
+    differs from scikit-learn, where None means one job: relufast's kernels are its own
+    threads (NumPy's BLAS stays single-threaded inside the pipelines), so all cores is the
+    default. Returns the value the C++ kernels take (0 means all hardware threads).
     """
     if n_jobs is None or n_jobs == -1:
         return 0

@@ -23,13 +23,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import warnings
 from typing import Any
 
 import numpy as np
 
 from ._progress import Progress
-from ._result import RecoveryResult, RelufastWarning, warn
+from ._result import RecoveryResult, warn
 from ._validation import check_positive_int, check_random_state
 from .stages.precision import resolve_precision
 from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
@@ -98,22 +97,6 @@ def _sklearn_function(mlp):
 
 #: Rows of Y summing to at most this (relative to |Y|) are centred outputs (softmax logits).
 CENTRED_TOL = 1e-12
-
-
-def _auto_methods(X, Y, k):
-    """The methods ``method="auto"`` tries, in order: atv21 alone when m < k or when the
-    first queries show biases or an offset (atv21 also fits bias-free networks, so a wrong
-    call costs time, never the certificate); else bjw19-gaussian, then atv21."""
-    from .stages.diagnostics import bias_evidence
-
-    head = slice(0, min(len(X), AUTO_PROBE))
-    if Y.shape[1] < k or bias_evidence(X[head], Y[head])["biased"]:
-        return ["atv21"]
-    return ["bjw19-gaussian", "atv21"]
-
-
-#: Queries (the first ones) on which ``method="auto"`` looks for biases.
-AUTO_PROBE = 20000
 
 
 def _drop_centred_column(Y):
@@ -280,7 +263,8 @@ def extract(
         ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude estimate of the query count of
         differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
     """
-    from .methods import METHODS
+    from ._auto import query_plan
+    from .methods import run_method
 
     d = check_positive_int(n_features, "n_features")
     if queries not in ("random", "chosen"):
@@ -337,11 +321,10 @@ def extract(
             # n_hidden is tried first, the visible count after it.
             k_visible = min(max(visible, 1) if k_given is None else min(k_given, max(visible, 1)), d)
             for k in dict.fromkeys([min(k_given, d) if k_given is not None else k_visible, k_visible]):
-                names = [method] if method != "auto" else _auto_methods(X, Y, k)
+                names = [method] if method != "auto" else query_plan(X, Y, k)
                 for name in names:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", RelufastWarning)
-                        res = METHODS[name].function(X, Y, k, precision=prec, random_state=rng, n_jobs=n_jobs)
+                    opts = dict(precision=prec, random_state=rng, n_jobs=n_jobs)
+                    res = run_method(name, X, Y, k, opts, quiet=True)
                     if result is None or res.exact or (not result.exact and res.residual < result.residual):
                         result = res
                     if res.exact:

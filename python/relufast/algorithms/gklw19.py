@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._blas import single_threaded_blas
+from .._deadline import check as check_deadline
 from .._protocol import recovery_method
 from .._result import Run, Status, warn
 from .._validation import check_n_hidden, check_positive_int, check_random_state, check_xy, resolve_n_jobs
@@ -146,6 +147,7 @@ def _refit_W(X, Y, A, V, steps):
     L = np.linalg.norm(A, 2) ** 2 * np.linalg.norm(X, 2) ** 2 / n
     W, Wprev = V.copy(), V.copy()
     for t in range(steps):
+        check_deadline("in a gklw19 step")
         Z = W + (t / (t + 3.0)) * (W - Wprev)
         H = X @ Z.T
         R = np.maximum(H, 0.0) @ A.T - Y
@@ -398,6 +400,7 @@ def _candidates(S, k, rng, opt, diag):
         Tc = np.einsum("rj,jab->rab", R, slices)
         als_res = []
         for _ in range(opt["als_restarts"]):
+            check_deadline("in a gklw19 ALS restart")
             B0 = rng.standard_normal((k, k))
             B0 /= np.linalg.norm(B0, axis=0)
             Af, Bf, Cf = cp_als(Tc, B0, n_iter=opt["als_iter"])

@@ -19,6 +19,8 @@ from enum import Enum
 import highspy
 import numpy as np
 
+from .._deadline import capped
+
 __all__ = ["LPStatus", "LPResult", "LPSession", "QPResult", "QPSession", "STATUS_TABLE", "INF"]
 
 INF = highspy.kHighsInf
@@ -130,6 +132,7 @@ class _HighsSession:
             ("dual_feasibility_tolerance", feasibility_tol),
             *options,
         ]
+        time_limit = capped(time_limit)  # never past the method's deadline (relufast._deadline)
         if time_limit is not None:
             settings.append(("time_limit", float(time_limit)))
         for name, value in settings:

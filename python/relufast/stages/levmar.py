@@ -29,6 +29,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from .._blas import single_threaded_blas
+from .._deadline import check as check_deadline
 
 __all__ = ["LMResult", "levenberg_marquardt", "lm_rows", "fold_linear"]
 
@@ -154,6 +155,7 @@ def _iterate(X, Y, V, b, max_steps, tol, lam0, linear):
     dg = np.maximum(np.diag(G), 1e-12 * max(float(np.max(np.diag(G))), 1e-300))
     lam, steps = lam0, 0
     for steps in range(1, max_steps + 1):
+        check_deadline("in a Levenberg-Marquardt step")
         if history[-1] <= tol:
             break
         try:

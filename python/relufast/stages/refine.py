@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._deadline import check as check_deadline
 from .._native import core
 from ..activations import RELU
 
@@ -623,6 +624,7 @@ def _region_refine(rp, U, V, b, c, margin, max_rounds, trim, tol):
     history, best = [], None
     undetermined, n_regions, n_certain, n_trimmed, rounds = (), 0, 0, 0, 0
     for rounds in range(1, max_rounds + 1):
+        check_deadline("in a region refinement round")
         sys = rp.systems(U, V, b, c, marg)
         res = _relative(sys)
         history.append(res)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._deadline import check as check_deadline
+
 __all__ = ["PCPResult", "principal_component_pursuit"]
 
 
@@ -86,6 +88,7 @@ def principal_component_pursuit(M, *, lam=None, tol=1e-9, max_iter=500, rho=1.5,
     S = np.zeros_like(M)
     rank, res = 0, 1.0
     for it in range(1, max_iter + 1):
+        check_deadline("in a principal component pursuit iteration")
         L, rank = _svt(M - S + Yd / mu, 1.0 / mu, max(rank, 1), rng)
         T = M - L + Yd / mu
         S = np.sign(T) * np.maximum(np.abs(T) - lam / mu, 0.0)

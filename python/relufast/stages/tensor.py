@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._deadline import check as check_deadline
+
 __all__ = [
     "input_span",
     "project",
@@ -127,6 +129,7 @@ def cp_als(P, B0, *, n_iter=100, tol=1e-13):
     A = (P1 @ khatri_rao(B, C)) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
     prev = np.inf
     for _ in range(n_iter):
+        check_deadline("in a CP-ALS iteration")
         A = (P1 @ khatri_rao(B, C)) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
         B = (P2 @ khatri_rao(A, C)) @ np.linalg.pinv((A.T @ A) * (C.T @ C))
         B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)

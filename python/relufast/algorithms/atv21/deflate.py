@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ..._deadline import check as check_deadline
 from ...stages.levmar import fold_linear, levenberg_marquardt, lm_rows
 from .lift import DUPLICATE_COS, LM_MAX_PARAMS
 from .sample_tensors import _hermite_tensors
@@ -78,6 +79,7 @@ def deflate(run, est, s, W, g, V0, b0, sample, tol):
         keep = np.delete(keep, _least_needed(Xl, Yl, V0, b0))
     V, b, steps = V0[keep], b0[keep], 0
     for _ in range(MAX_DEFLATIONS):
+        check_deadline("in an atv21 deflation round")
         missing = k - len(V)
         fit = levenberg_marquardt(Xl, Yl, V, b, max_steps=20, linear=True)
         found = _missing_units(est, s, W, g, fit, missing)

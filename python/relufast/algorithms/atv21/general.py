@@ -6,6 +6,7 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._native import BACKEND
+from ..._protocol import recovery_method
 from ..._result import Run, Status
 from ..._validation import (
     InsufficientSamples,
@@ -160,6 +161,7 @@ def _fit_network_reduced(data, start, V, b):
     return _fold_units(coef, V, b)
 
 
+@recovery_method("atv21-general", whiten=True)
 def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_state=None, block_size=256, comm=None):
     """ATV21 Theorem 3.2: Algorithm 4 with l = 2 (k up to d (d + 1) / 2, k > d allowed).
 

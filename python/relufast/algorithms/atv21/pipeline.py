@@ -7,7 +7,9 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._deadline import check as check_deadline
 from ..._native import BACKEND
+from ..._protocol import recovery_method
 from ..._result import Run, Status, warn
 from ..._validation import (
     InsufficientSamples,
@@ -264,6 +266,7 @@ def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts,
     else:  # 2 <= m < k: a pencil of fewer than k slices is worse conditioned; T_3/T_4 first
         modes = ("cp", "pencil-cp", "jennrich", "pencil")
     for attempt in range(n_restarts if refine else 1):
+        check_deadline("in an atv21 tensor step")
         with run.stage("tensor"):
             est = _estimate(T, W, s, noise, modes[attempt % len(modes)], P2)
         if est is None:
@@ -453,6 +456,7 @@ def _estimate_and_refine(run, data, s, refine):
     stream, have, attempts = SampleStream(n, s.rng), None, []
     best = None
     while True:
+        check_deadline("in an atv21 estimation round")
         est, size, (sample, covers_all), have = _estimation_samples(data, s, stream, size, have)
         final = size >= n
         with run.stage("moments"):
@@ -522,6 +526,7 @@ def _atv21(X, Y, n_hidden, *, refine, comm, prec, **options):
     return _outcome(run, data, s, rr, attempts, note, refine, prec)
 
 
+@recovery_method("atv21", whiten=True)
 def atv21(
     X,
     Y,

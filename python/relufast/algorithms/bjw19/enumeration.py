@@ -144,7 +144,7 @@ def _try_pattern(S, coeff, X, B, found, rng, time_limit, zt=ZERO_TESTS):
     return (w, f, _determined(S, X, B, zt["rank"]), "lp"), lps
 
 
-@recovery_method("bjw19-enumeration")
+@recovery_method("bjw19-enumeration", own_time_limit=True)
 def enumeration(
     X,
     Y,

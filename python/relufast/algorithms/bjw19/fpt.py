@@ -9,7 +9,7 @@ import numpy as np
 
 from ..._protocol import recovery_method
 from ..._result import Run, Status
-from ..._validation import check_n_hidden, check_positive_int, check_random_state
+from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, resolve_precision
 from ...stages.reduce import Samples, SampleStream, check_n_estimate
@@ -40,6 +40,7 @@ def fpt(
     min_class_size=None,
     random_state=None,
     n_estimate=None,
+    n_jobs=None,
     comm=None,
     precision=None,
 ):
@@ -66,6 +67,8 @@ def fpt(
         ``max(2000, 4 min_class_size 2^k)`` random samples and doubles until k classes are
         found; "all" groups every sample. The samples grouped are held in memory; the
         certificate (step 5) reads every sample in one pass.
+    n_jobs : int or None, default=None
+        Threads of the certificate pass (None or -1: all cores).
     comm : mpi4py communicator, optional
         Each rank passes its own samples; every rank returns the same result.
     precision : None, str or float, optional
@@ -97,15 +100,17 @@ def fpt(
     O(n m log n + k n d^2).
     """
     prec = resolve_precision(Y, precision)
-    return _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimate, comm, prec)
+    return _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimate, comm, prec, n_jobs)
 
 
-def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimate, comm, prec):
+def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimate, comm, prec, n_jobs=None):
     """The body of :func:`fpt`: validation, then Alg. 7 steps 1-2 (:func:`_group`), 3-4
     (:func:`_rows_from_classes`) and 5 (:func:`_certify`), stopping with the status the
     data call for (m = 1, a wrong number of classes, a polluted class)."""
     run = Run("bjw19-fpt")
-    data = Samples.from_arrays(X, Y, comm=comm, check_finite=isinstance(n_estimate, str) and n_estimate == "all")
+    data = Samples.from_arrays(
+        X, Y, comm=comm, n_jobs=resolve_n_jobs(n_jobs), check_finite=isinstance(n_estimate, str) and n_estimate == "all"
+    )
     n, d, m = data.n, data.d, data.m
     k = check_n_hidden(n_hidden, d)
     run.precision = prec.name
@@ -148,7 +153,7 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
             f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
             "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)",
         )
-    return _certify(run, data, Xe, Ye, V, len(classes), tol, prec)
+    return _certify(run, data, Xe, Ye, V, len(classes), tol, prec, resolve_n_jobs(n_jobs))
 
 
 def _group(run, data, k, min_size, class_tol, rng, n_estimate):
@@ -194,11 +199,11 @@ def _rows_from_classes(Xe, Ye, classes):
     return V, tuple(class_res)
 
 
-def _certify(run, data, Xe, Ye, V, n_classes, tol, prec):
+def _certify(run, data, Xe, Ye, V, n_classes, tol, prec, threads=0):
     """Alg. 7 step 5: U by least squares on the grouped samples and the residual certificate
     over all samples; an exact result below float64 is polished in float64."""
     d, k = data.d, V.shape[0]
-    U, residual, _ = fit_and_certify(data, None, V, subset=(Xe, Ye))
+    U, residual, _ = fit_and_certify(data, None, V, subset=(Xe, Ye), threads=threads)
     run.counts["certify_passes"] = 1
     if residual <= tol:
         note = ""

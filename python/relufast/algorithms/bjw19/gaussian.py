@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._deadline import check as check_deadline
 from ..._native import BACKEND
 from ..._protocol import recovery_method
 from ..._result import Run, Status
@@ -474,6 +475,7 @@ def _estimate(run, s, p, tol_p, prec):
     c = dict(doublings=0, escalations=0, certify_passes=0, restarts=0, candidates=0)
     gaps = []
     while True:
+        check_deadline("in a bjw19-gaussian estimation round")
         W, P, evals = _moment(run, s, p, acc, moment_state)
         run.diag["span_eigenvalue_ratio"] = float(evals[k - 1] / evals[0]) if evals[0] > 0 else 0.0
         pool, approx_rows, min_null = _candidates(run, s, p, P, W, prec)
@@ -590,6 +592,7 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
     pool, gaps, known = RowPool(k), [], []
     approx_rows, min_null, n_candidates, restarts = None, np.inf, 0, 0
     for restarts in range(1, n_restarts + 1):
+        check_deadline("in a bjw19-gaussian tensor restart")
         with run.stage("tensor"):
             cand, gap, _ = draw_candidates(P, W, rng)
         gaps.append(gap)

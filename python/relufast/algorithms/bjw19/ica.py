@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._deadline import check as check_deadline
 from ..._protocol import recovery_method
 from ..._result import Run, Status
 from ..._validation import (
@@ -60,6 +61,7 @@ def fastica(Z, rng, *, contrast="skew", tol=1e-12, max_iter=1000, rank_tol=1e-12
     W = np.linalg.qr(rng.standard_normal((k, k)))[0]
     converged = False
     for it in range(1, max_iter + 1):
+        check_deadline("in a FastICA iteration")
         Uw = Xw @ W.T
         if contrast == "skew":
             W_new = (Uw * Uw).T @ Xw / n - np.diag(2.0 * np.mean(Uw, axis=0)) @ W
@@ -222,6 +224,7 @@ def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, thr
     rank_tol = max(1e-12, prec.floor(d, k) ** 2)  # covariance eigenvalues: squared amplitudes
     while True:
         for restart in range(n_restarts):
+            check_deadline("in a bjw19-ica restart")
             with run.stage("ica"):
                 cand, iters = _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol)
                 iters_all.append(iters)

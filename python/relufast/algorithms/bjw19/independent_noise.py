@@ -10,7 +10,14 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._protocol import recovery_method
 from ..._result import Run, Status
-from ..._validation import as_float_matrix, check_positive_int, check_problem, check_random_state
+from ..._validation import (
+    as_float_matrix,
+    check_positive_int,
+    check_problem,
+    check_random_state,
+    check_scalar,
+    resolve_n_jobs,
+)
 from ...stages.fit import fit_and_certify
 
 __all__ = ["halfspace_estimate", "independent_noise", "grid_size"]
@@ -31,8 +38,8 @@ def grid_size(k, s, levels):
     return (2 * levels + 1) ** (k * s)
 
 
-def _fit(X, Y, V):
-    U, rel, _ = fit_and_certify(X, Y, V)
+def _fit(X, Y, V, threads=0):
+    U, rel, _ = fit_and_certify(X, Y, V, threads=threads)
     return U, rel * float(np.linalg.norm(Y))
 
 
@@ -47,7 +54,9 @@ def independent_noise(
     levels=None,
     max_guesses=100000,
     smoothing=(0.0, 0.25, 1.0),
+    tol=None,
     random_state=None,
+    n_jobs=None,
 ):
     """Approximate recovery under arbitrary noise independent of X (BJW19 Thm 13; Alg. 8).
 
@@ -70,7 +79,13 @@ def independent_noise(
         Refuse (ValueError naming the count) when the grid has more candidates than this.
     smoothing : sequence of float, default=(0, 0.25, 1)
         Gaussian smoothing levels of step 3a, as multiples of the RMS entry of M Y^T.
+    tol : float or None, default=None
+        Stop the search at the first fit whose relative residual is at most ``tol`` (the
+        noise level, when known); None: try every candidate and smoothing level.
     random_state : None, int or numpy Generator
+        Seeds the smoothing noise of step 3a.
+    n_jobs : int or None, default=None
+        Threads of the least-squares fits of U (None or -1: all cores).
 
     Returns
     -------
@@ -89,11 +104,14 @@ def independent_noise(
         run = Run("bjw19-independent-noise")
         X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
         rng = check_random_state(random_state)
+        threads = resolve_n_jobs(n_jobs)
+        if tol is not None:
+            tol = check_scalar(tol, "tol", kind=float, low=0.0, include_low=False)
         if not (np.isfinite(eps) and 0 < eps < 1):
             raise ValueError(f"eps must be in (0, 1); got {eps!r}")
         candidates, nu = _left_inverses(Y, k, given_M, eps, levels, max_guesses)
         res, U, V, source, eta, tried = _best_fit(
-            X, Y, k, candidates, smoothing, rng, "grid" if given_M is None else "given_M"
+            X, Y, k, candidates, smoothing, rng, "grid" if given_M is None else "given_M", tol, threads
         )
         run.counts.update(n_samples=n, n_hidden=k, candidates=nu, fits=tried)
         run.diag.update(source=source, smoothing=eta, zero_network=V is None)
@@ -138,12 +156,13 @@ def _left_inverses(Y, k, given_M, eps, levels, max_guesses):
     return (np.array(c).reshape(k, m) for c in itertools.product(values, repeat=k * m)), nu
 
 
-def _best_fit(X, Y, k, candidates, smoothing, rng, source):
+def _best_fit(X, Y, k, candidates, smoothing, rng, source, tol=None, threads=0):
     """Alg. 8 steps 3-4: for each candidate M and smoothing level, the halfspaces of
     sign(M Y^T + noise) (:func:`halfspace_estimate`), U by least squares, and the smallest
-    residual, the zero network included (step 0). Returns (residual norm, U, V or None,
-    source, smoothing, fits tried)."""
-    best = (float(np.linalg.norm(Y)), np.zeros((Y.shape[1], k)), None, "zero network", None)
+    residual, the zero network included (step 0); stops at a relative residual <= ``tol``.
+    Returns (residual norm, U, V or None, source, smoothing, fits tried)."""
+    y_norm = float(np.linalg.norm(Y))
+    best = (y_norm, np.zeros((Y.shape[1], k)), None, "zero network", None)
     tried = 0
     for M in candidates:
         Z = Y @ M.T  # (n, k): approximately relu(X V^T) plus independent noise
@@ -154,7 +173,9 @@ def _best_fit(X, Y, k, candidates, smoothing, rng, source):
             V = halfspace_estimate(X, np.sign(noisy))
             if not np.all(np.isfinite(V)):
                 continue
-            U, res = _fit(X, Y, V)
+            U, res = _fit(X, Y, V, threads)
             if res < best[0]:
                 best = (res, U, V, source, eta)
+            if tol is not None and best[0] <= tol * y_norm:
+                return (*best, tried)
     return (*best, tried)

@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._deadline import check as check_deadline
 from ..._native import BACKEND
 from ..._protocol import recovery_method
 from ..._result import Run, Status, warn
@@ -225,6 +226,7 @@ def _estimate(run, data, k, n_sign, n_restarts, polish_steps, rng, threads, bloc
     W, P, _ = moment_span(data, None, k, None if m == k else Q, threads, block_size)
     best = None
     for _ in range(n_restarts):
+        check_deadline("in a bjw19-noisy restart")
         cand, gap, fit = draw_candidates(P, W, rng)
         if best is None or fit < best[2]:
             best = (cand[:k], gap, fit)

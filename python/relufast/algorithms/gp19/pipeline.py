@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._protocol import recovery_method
 from ..._result import Run, Status
 from ..._validation import check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.reduce import Samples
@@ -78,7 +79,7 @@ def _prepare_data(X, y, f, n_features, n_queries, rng, n_jobs, comm):
         Xa, fa, c0 = _draw_queries(f, n, nq, rng)
         return _Data(Samples(Xa, fa[:, None]), c0, n_total=nq, n_jobs=n_jobs), "queries", n
     if X is None or y is None:
-        raise TypeError("pass samples X and y, or X=None, y=None and a callable f (query mode)")
+        raise TypeError("pass samples X and Y, or X=None, Y=None and a callable f (query mode)")
     samples = _samples(X, y, comm, n_jobs)
     return _Data(samples, _median(samples), n_jobs=n_jobs), "samples", samples.d
 
@@ -277,9 +278,10 @@ def _lowest_layer_result(run, data, mode, Vh, angle, t, activation, landscape, r
     return run.result(Status.APPROXIMATE, msg, V=Vh, **net)
 
 
+@recovery_method("gp19", units_free=False)
 def lowest_layer(
     X,
-    y,
+    Y,
     n_hidden,
     *,
     threshold=None,
@@ -311,7 +313,7 @@ def lowest_layer(
     ----------
     X : array-like of shape (n_samples, n_features) or None
         Standard Gaussian inputs (None in query mode).
-    y : array-like of shape (n_samples,) or (n_samples, 1) or None
+    Y : array-like of shape (n_samples,) or (n_samples, 1) or None
         Outputs f(X) (None in query mode).
     n_hidden : int
         Hidden width d (rows of W).
@@ -410,7 +412,7 @@ def lowest_layer(
     run.diag["u_hat"] = u.copy()
     # Refusal before any optimisation (data validated first, so caller errors still raise).
     with run.stage("data"):
-        data, mode, n = _prepare_data(X, y, f, n_features, n_queries, rng, _jobs(n_jobs), comm)
+        data, mode, n = _prepare_data(X, Y, f, n_features, n_queries, rng, _jobs(n_jobs), comm)
     run.counts.update(n_samples=data.N, n_active=data.samples.n if mode == "queries" else -1)
     if k > n:
         raise ValueError(f"n_hidden must be <= n_features; got n_hidden={k}, n_features={n}")

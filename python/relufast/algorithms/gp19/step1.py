@@ -7,6 +7,7 @@ import math
 import numpy as np
 from scipy import optimize
 
+from ..._deadline import check as check_deadline
 from ...stages.tensor import power_iteration
 
 
@@ -120,6 +121,7 @@ def _landscape_one(data, U, M2, u2, u4, kappa_lambda, rng, restarts, max_iter, t
         return val, B.T @ gv
 
     for _ in range(k):
+        check_deadline("in a GP19 Step 1 unit")
         if found:
             C = np.array(found) @ Mk  # constraints C v = 0 (M_2-orthogonality)
             B = np.linalg.svd(C)[2][len(found) :].T

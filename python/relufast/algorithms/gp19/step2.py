@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..._deadline import check as check_deadline
 from .coefficients import _QUANTILE_SPREAD
 
 
@@ -85,6 +86,7 @@ def refine_estimate(oracle, z, t, rng, *, eps=0.02, max_iter=200, method="paper"
     since_best = 0
     patience = 3 if method == "stein" else 20 * n
     for it in range(max_iter):
+        check_deadline("in a GP19 Step 2 iteration")
         if callback is not None:
             callback(it, z, ta)
         hist.append(ta)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._protocol import recovery_method
 from ..._result import Run, Status, warn
 from ..._validation import as_float_matrix, check_positive_int, check_random_state
 from ...stages.moments import SecondMomentAccumulator
@@ -17,14 +18,41 @@ from .pipeline import _jobs, _samples, lowest_layer
 from .step1 import _ascent_operator, _streamed_power
 
 
-def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
+@recovery_method("gp19-halfspaces", units_free=False)
+def halfspaces(
+    X,
+    Y,
+    n_hidden,
+    *,
+    threshold=None,
+    union=False,
+    landscape="tpm",
+    refine="paper",
+    eps=0.02,
+    max_refine_iter=200,
+    f=None,
+    n_features=None,
+    n_queries=1_000_000,
+    band_queries=20000,
+    band_width=None,
+    restarts=5,
+    max_iter=100,
+    tol=None,
+    shift=0.0,
+    kappa_lambda=4.0,
+    gamma=0.01,
+    label_tol=0.0,
+    random_state=None,
+    n_jobs=None,
+    comm=None,
+):
     """Intersections (or unions) of halfspaces far from the origin (GP19 Sec. 2.3, Thm 6).
 
     Parameters
     ----------
     X : array-like of shape (n_samples, n_features) or None
         Gaussian inputs (None with ``f=`` queries, as in :func:`lowest_layer`).
-    y : array-like of shape (n_samples,)
+    Y : array-like of shape (n_samples,) or None
         0/1 labels: ``g(x) = prod_i 1[w_i . x + t >= 0]`` (intersection) or, with
         ``union=True``, ``g(x) = OR_i 1[w_i . x >= t]``.
     n_hidden : int
@@ -33,8 +61,10 @@ def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
         The common distance t of the halfspaces from the origin (t > sqrt(3) so that the
         step's u_4 > 0).
     union : bool, default=False
-    **options
-        Passed to :func:`lowest_layer` (``refine``, ``eps``, ``f``, ...).
+    landscape, refine, eps, max_refine_iter, f, n_features, n_queries, band_queries, \
+band_width, restarts, max_iter, tol, shift, kappa_lambda, gamma, label_tol, random_state, \
+n_jobs, comm
+        As in :func:`lowest_layer` (the activation is the step).
 
     Returns
     -------
@@ -47,20 +77,38 @@ def halfspaces(X, y, n_hidden, *, threshold=None, union=False, **options):
     step activation and ``P = 1 - prod(1 - X_i)`` (monotone, ``c_i = 1``), so Step 1 and
     Step 2 recover ``v_i = -w_i``. A union is the model itself.
     """
+    options = dict(
+        landscape=landscape,
+        refine=refine,
+        eps=eps,
+        max_refine_iter=max_refine_iter,
+        n_features=n_features,
+        n_queries=n_queries,
+        band_queries=band_queries,
+        band_width=band_width,
+        restarts=restarts,
+        max_iter=max_iter,
+        tol=tol,
+        shift=shift,
+        kappa_lambda=kappa_lambda,
+        gamma=gamma,
+        label_tol=label_tol,
+        random_state=random_state,
+        n_jobs=n_jobs,
+        comm=comm,
+    )
+    layer = lowest_layer.__wrapped__  # the protocol is this function's
     if union:
-        return _rename(
-            lowest_layer(X, y, n_hidden, threshold=threshold, activation="step", **options), "gp19-halfspaces"
-        )
-    f = options.pop("f", None)
+        return _rename(layer(X, Y, n_hidden, threshold=threshold, activation="step", f=f, **options), "gp19-halfspaces")
     if f is not None:
         g = f
 
         def f(Xq):
             return 1.0 - np.asarray(g(Xq), dtype=np.float64)
 
-    if y is not None:
-        y = 1.0 - (y if is_dask(y) else as_float_matrix(y, "y", allow_1d=True))
-    return lowest_layer(X, y, n_hidden, threshold=threshold, activation="step", f=f, _negate=True, **options)
+    if Y is not None:
+        Y = 1.0 - (Y if is_dask(Y) else as_float_matrix(Y, "Y", allow_1d=True))
+    return layer(X, Y, n_hidden, threshold=threshold, activation="step", f=f, _negate=True, **options)
 
 
 def _rename(res, method):
@@ -69,14 +117,17 @@ def _rename(res, method):
     return dataclasses.replace(res, method=method)
 
 
-def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=None, comm=None):
+@recovery_method("gp19-support", units_free=False)
+def correlation_graph_supports(
+    X, Y, n_hidden=None, *, threshold=None, tol=None, random_state=None, n_jobs=None, comm=None
+):
     """Algorithm 3 (ConstructCorrelationGraph) of GP19, Thm 8: disjoint binary supports.
 
     Parameters
     ----------
     X : array-like of shape (n_samples, n_features)
         Standard Gaussian inputs.
-    y : array-like of shape (n_samples,)
+    Y : array-like of shape (n_samples,)
         ``f = P(u(W x - t))`` with ``u(a) = e^{rho a}`` and rows of W in {0, 1}^n with
         disjoint supports.
     n_hidden : int, optional
@@ -84,10 +135,13 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     threshold : float, optional
         Edge threshold tau on ``alpha_ij = E[f x_i x_j]`` (i != j); default the midpoint of
         the largest gap of the sorted off-diagonal alpha (the paper's "constant factor gap").
+    tol, random_state
+        Taken for the common interface and without effect here: Algorithm 3 is one moment
+        and a threshold, with no iteration to stop and no random draw.
     n_jobs : int or None
-        Threads of the moment kernel.
+        Threads of the moment kernel (None or -1: all cores).
     comm : mpi4py communicator, optional
-        Each rank passes its own samples; the moment is reduced over the ranks (X and y may
+        Each rank passes its own samples; the moment is reduced over the ranks (X and Y may
         also be memmaps or dask arrays).
 
     Returns
@@ -109,7 +163,7 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     from scipy.sparse.csgraph import connected_components
 
     run = Run("gp19-support")
-    samples = _samples(X, y, comm, n_jobs)
+    samples = _samples(X, Y, comm, n_jobs)
     n = samples.d
     if n < 2:
         raise ValueError(f"need at least 2 features for pair correlations; got {n}")
@@ -171,9 +225,10 @@ def correlation_graph_supports(X, y, n_hidden=None, *, threshold=None, n_jobs=No
     )
 
 
+@recovery_method("gp19-even", units_free=False)
 def even_activation(
     X,
-    y,
+    Y,
     n_hidden,
     *,
     activation="abs",
@@ -190,7 +245,7 @@ def even_activation(
     Parameters
     ----------
     X : array-like of shape (n_samples, n_features)
-    y : array-like of shape (n_samples,)
+    Y : array-like of shape (n_samples,)
     n_hidden : int
     activation : {"abs", "square"}, default="abs"
         u(a) = |a| (u_4 = -0.161843 < 0) or a^2 (u_4 = 0: refused, status ``unsupported``).
@@ -199,7 +254,7 @@ def even_activation(
         mixed-sign quartic).
     comm : mpi4py communicator, optional
         Each rank passes its own samples; the mean of f and every ascent pass are reduced
-        over the ranks (X and y may also be memmaps or dask arrays).
+        over the ranks (X and Y may also be memmaps or dask arrays).
 
     Returns
     -------
@@ -220,7 +275,7 @@ def even_activation(
         raise ValueError(f"activation must be one of {_EVEN}; got {activation!r}")
     k = check_positive_int(n_hidden, "n_hidden")
     restarts = check_positive_int(restarts, "restarts")
-    samples = _samples(X, y, comm, n_jobs)
+    samples = _samples(X, Y, comm, n_jobs)
     n = samples.d
     if k > n:
         raise ValueError(f"n_hidden must be <= n_features; got n_hidden={k}, n_features={n}")
