@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import relufast as rf
-from relufast.activations import EXPM1, RELU, RELU2, custom, get_activation, hermite_coefficient
+from relufast.activations import EXPM1, RELU, RELU2, custom, get_activation
+from relufast.stages.hermite import activation_coefficient
 
 from .conftest import EXACT_TOL
 
@@ -18,9 +19,9 @@ def test_hermite_coefficients_of_relu_and_relu_squared():
     relu = [1 / S2PI, 0.5, 1 / S2PI, 0.0, -1 / S2PI, 0.0, 3 / S2PI]
     relu2 = [0.5, 2 / S2PI, 1.0, 2 / S2PI, 0.0]
     for r, c in enumerate(relu):
-        assert abs(hermite_coefficient(RELU, r) - c) < 1e-10
+        assert abs(activation_coefficient(r, RELU) - c) < 1e-10
     for r, c in enumerate(relu2):
-        assert abs(hermite_coefficient(RELU2, r) - c) < 1e-10
+        assert abs(activation_coefficient(r, RELU2) - c) < 1e-10
 
 
 def _cubic_plus_linear():
@@ -64,3 +65,19 @@ def test_activation_lookup_and_validation():
         custom(lambda t: t * t, lambda y: y)
     with pytest.raises(ValueError, match="positive number"):
         get_activation(-1.0)
+
+
+def test_hermite_stage_closed_forms_match_quadrature():
+    from scipy.integrate import quad
+
+    from relufast.stages.hermite import gaussian_pdf, hermite_he, relu_coefficient, step_coefficient
+
+    for b in (-1.3, 0.0, 0.7):
+        for r in range(6):
+            relu = quad(lambda z: (z + b) * hermite_he(r, z) * gaussian_pdf(z), -b, np.inf, epsabs=1e-13)[0]
+            step = quad(lambda z: hermite_he(r, z) * gaussian_pdf(z), -b, np.inf, epsabs=1e-13)[0]
+            assert abs(relu_coefficient(r, b) - relu) < 1e-10
+            assert abs(step_coefficient(r, b) - step) < 1e-10
+    for r in range(5):  # the quadrature of the named ReLU agrees with the closed form at b = 0
+        assert abs(activation_coefficient(r, RELU) - relu_coefficient(r, 0.0)) < 1e-10
+    assert hermite_he(3, np.array([2.0])).shape == (1,) and float(hermite_he(3, 2.0)) == 2.0

@@ -8,7 +8,6 @@ identified up to positive scaling and are reported with unit norm. For other phi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -22,7 +21,6 @@ __all__ = [
     "power",
     "custom",
     "get_activation",
-    "hermite_coefficient",
     "GP19_ACTIVATIONS",
 ]
 
@@ -92,27 +90,6 @@ def get_activation(spec):
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         return power(spec)
     raise TypeError(f"activation must be a name, a number or an Activation; got {type(spec).__name__}")
-
-
-def hermite_coefficient(act, r):
-    """``c_r = E[f(z) He_r(z)]`` for z ~ N(0, 1), by adaptive quadrature on (0, 40) (the
-    Gaussian weight beyond 40 is below 1e-300)."""
-    from scipy.integrate import quad
-    from scipy.special import eval_hermitenorm
-
-    act = get_activation(act)
-    val, _ = quad(
-        lambda t: (
-            float(act.forward(np.array([t]))[0])
-            * eval_hermitenorm(r, t)
-            * math.exp(-t * t / 2)
-            / math.sqrt(2 * math.pi)
-        ),
-        0,
-        40.0,
-        limit=200,
-    )
-    return val
 
 
 def _gp19_sigmoid(a):

@@ -13,10 +13,12 @@ compiled core.
 ``robust_pca``          principal component pursuit (sparse + low-rank split)
 ``reduce``              where samples live (NumPy, memmap, dask, MPI) and their reductions
 ``precision``           thresholds from the precision the outputs are known to
+``hermite``             Gaussian density, Hermite polynomials, Hermite coefficients
+``levmar``              Levenberg-Marquardt on every parameter of the biased model
 ======================  ===================================================================
 """
 
-from . import diagnostics, fit, highs, moments, patterns, precision, reduce, refine, robust_pca, tensor
+from . import diagnostics, fit, hermite, highs, levmar, moments, patterns, precision, reduce, refine, robust_pca, tensor
 
 __all__ = [
     "moments",
@@ -29,4 +31,6 @@ __all__ = [
     "robust_pca",
     "reduce",
     "precision",
+    "hermite",
+    "levmar",
 ]

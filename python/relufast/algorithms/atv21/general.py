@@ -17,11 +17,12 @@ from ..._validation import (
 from ...activations import RELU
 from ...stages.diagnostics import GAUSS_ROWS, gaussianity
 from ...stages.fit import certify, relative_residual
+from ...stages.hermite import SQRT_2PI, gaussian_pdf
 from ...stages.moments import HermiteAccumulator, SecondMomentAccumulator
 from ...stages.reduce import Samples
 from ...stages.tensor import cp_als, jennrich, merge_symmetric_factors
 from .sample_tensors import _batch_tensors, _rows
-from .tensors import _SQRT_2PI, NOISE_BATCHES, _phi, _sympow_ls
+from .tensors import NOISE_BATCHES, _sympow_ls
 
 
 def _algorithm4_l2(T, k, rng, noise5=0.0, noise6=0.0, n_draws=10):
@@ -65,7 +66,7 @@ def _algorithm4_l2(T, k, rng, noise5=0.0, noise6=0.0, n_draws=10):
         bt = -(gam[q + 1, idx] + q * gam[q - 1, idx]) / gam[q, idx]
         bt = np.where(np.isfinite(bt), bt, 0.0)
         hq = np.where(q == 1, bt, bt * bt - 1.0)
-        at = (-1.0) ** q * _SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * gam[q, idx] / hq
+        at = (-1.0) ** q * SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * gam[q, idx] / hq
     diag = {"flattening_singular_values": sv, "jennrich_gap": gap, "gamma": gam, "hermite_index_q": q}
     return Wt, at, bt, diag
 
@@ -278,7 +279,7 @@ def _general_algorithm5(run, data, half, Wt, bt, k, tol, note):
 def _general_units(run, data, T2all, Wt, bt, k, note):
     """Without ``fit``: U from T_2 of every output (sign-free: ``zeta_2 = U_oi phi(b_i)``),
     c as the mean residual over all samples (a reduction), signs stated ambiguous."""
-    U = np.array([_sympow_ls(T2all[o], Wt.T, 2) for o in range(data.m)]) / _phi(bt)[None, :]
+    U = np.array([_sympow_ls(T2all[o], Wt.T, 2) for o in range(data.m)]) / gaussian_pdf(bt)[None, :]
     st = certify(data, Wt, None, b=bt, c=np.zeros(data.m))
     c = (st["cross"][k] - st["gram"][k, :k] @ U.T) / data.n
     residual = relative_residual(data, None, Wt, U, data.n_jobs, RELU, b=bt, c=c)

@@ -1,16 +1,14 @@
 """ATV21 on given tensors: Lemma 3.5's coefficients, the population tensors and
 Algorithms 4 (l = 1), 2 (RecoverScalars), 3 (FixSigns) and 6 (the robust combination)."""
 
-import math
-
 import numpy as np
-from scipy.special import ndtr
 
 from ..._blas import single_threaded_blas
 from ..._validation import (
     check_positive_int,
     check_random_state,
 )
+from ...stages.hermite import SQRT_2PI, relu_coefficient
 from ...stages.tensor import cp_als, input_span, jennrich, merge_symmetric_factors
 
 CITATION = (
@@ -18,31 +16,15 @@ CITATION = (
     "networks with general ReLU activations. NeurIPS 2021 (arXiv:2107.10209)."
 )
 
-_SQRT_2PI = math.sqrt(2.0 * math.pi)
 #: Batches whose spread estimates the noise of T_3 and T_4 (weights of the joint pencil).
 NOISE_BATCHES = 8
-
-
-def _phi(b):
-    return np.exp(-0.5 * np.asarray(b, dtype=np.float64) ** 2) / _SQRT_2PI
-
-
-def _hermite_1d(r, z):
-    """Probabilists' He_r(z) by the three-term recurrence He_{j+1} = z He_j - j He_{j-1}."""
-    z = np.asarray(z, dtype=np.float64)
-    h0, h1 = np.ones_like(z), z
-    if r == 0:
-        return h0
-    for j in range(1, r):
-        h0, h1 = h1, z * h1 - j * h0
-    return h1
 
 
 def hermite_coefficient(r, b):
     """``c_r(b)`` of ATV21 Lemma 3.5: ``E[relu(w.x + b) He_r(x)] = c_r(b) w^(x r)`` (unit w).
 
     ``c_0 = b Phi(b) + phi(b)``, ``c_1 = Phi(b)``, ``c_r = (-1)^r He_{r-2}(b) phi(b)`` for
-    r >= 2 (the paper's f_hat_k has no 1/k! inside).
+    r >= 2 (the paper's f_hat_k has no 1/k! inside); :func:`relufast.stages.hermite.relu_coefficient`.
 
     Parameters
     ----------
@@ -53,15 +35,7 @@ def hermite_coefficient(r, b):
     -------
     float or ndarray, like b
     """
-    r = check_positive_int(r, "r", minimum=0)
-    b = np.asarray(b, dtype=np.float64)
-    if r == 0:
-        out = b * ndtr(b) + _phi(b)
-    elif r == 1:
-        out = ndtr(b)
-    else:
-        out = (-1.0) ** r * _hermite_1d(r - 2, b) * _phi(b)
-    return out[()] if out.ndim == 0 else out
+    return relu_coefficient(check_positive_int(r, "r", minimum=0), b)
 
 
 def _network_arrays(net):
@@ -223,7 +197,7 @@ def _recover_scalars(T, Z, noise3, noise4):
     with np.errstate(divide="ignore", invalid="ignore"):
         bt = -z3 / z2
     bt = np.where(np.isfinite(bt), bt, 0.0)
-    at = _SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * z2
+    at = SQRT_2PI * np.exp(np.minimum(0.5 * bt**2, 700.0)) * z2
     diag = dict(zeta2=z2, zeta3=z3, zeta4=z4)
     diag["visible_T3"] = np.abs(z3) > 3.0 * max(noise3, 1e-12 * np.abs(z3).max(initial=0.0))
     diag["visible_T4"] = np.abs(z4) > 3.0 * max(noise4, 1e-12 * np.abs(z4).max(initial=0.0))

@@ -25,7 +25,7 @@ from ..._validation import (
     check_random_state,
     resolve_n_jobs,
 )
-from ...activations import RELU, get_activation, hermite_coefficient
+from ...activations import RELU, get_activation
 from ...stages.diagnostics import (
     GAUSS_ROWS,
     RANK_TOL,
@@ -36,6 +36,7 @@ from ...stages.diagnostics import (
     warn_if_not_gaussian,
 )
 from ...stages.fit import certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
+from ...stages.hermite import activation_coefficient
 from ...stages.moments import SecondMomentAccumulator, moment_span, use_mean_span
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
@@ -278,7 +279,7 @@ def _gaussian(run, s, n_refine, whiten, tol, n_jobs, prec):
             ),
         )
     if s.act is not RELU:
-        c = np.array([hermite_coefficient(s.act, r) for r in range(5)])
+        c = np.array([activation_coefficient(r, s.act) for r in range(5)])
         run.diag["hermite_c2"] = float(c[2])
         if abs(c[2]) < 1e-3 * np.abs(c).max():
             return _early(

@@ -10,6 +10,7 @@ from scipy import integrate, special
 
 from ..._validation import check_positive_int
 from ...activations import GP19_ACTIVATIONS
+from ...stages.hermite import gaussian_pdf, hermite_he, relu_coefficient, step_coefficient
 
 #: Phi^{-1}(0.6) - Phi^{-1}(0.4): the spread of the 0.4 and 0.6 quantiles (Algorithm 2).
 _QUANTILE_SPREAD = float(special.ndtri(0.6) - special.ndtri(0.4))
@@ -52,20 +53,6 @@ class _Unit:
         return f"gp19 activation {self.name}"
 
 
-def _phi(t):
-    return math.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
-
-
-def _he(k, t):
-    """Probabilists' Hermite polynomial He_k(t)."""
-    a, b = 1.0, t
-    if k == 0:
-        return a
-    for j in range(1, k):
-        a, b = b, t * b - j * a
-    return b
-
-
 def _activation(name):
     return GP19_ACTIVATIONS[name]
 
@@ -95,17 +82,12 @@ def hermite_coeffs(activation, t, kmax=4):
     kmax = check_positive_int(kmax, "kmax", minimum=0)
     out = np.zeros(kmax + 1)
     if activation == "relu":
-        tail = 0.5 * special.erfc(t / math.sqrt(2.0))
-        out[0] = _phi(t) - t * tail
-        if kmax >= 1:
-            out[1] = tail
-        for k in range(2, kmax + 1):
-            out[k] = _phi(t) * _he(k - 2, t) / math.sqrt(math.factorial(k))
+        for k in range(kmax + 1):  # u(g - t) = relu(g + b) with b = -t
+            out[k] = relu_coefficient(k, -t) / math.sqrt(math.factorial(k))
         return out
     if activation == "step":
-        out[0] = 0.5 * special.erfc(t / math.sqrt(2.0))
-        for k in range(1, kmax + 1):
-            out[k] = _phi(t) * _he(k - 1, t) / math.sqrt(math.factorial(k))
+        for k in range(kmax + 1):
+            out[k] = step_coefficient(k, -t) / math.sqrt(math.factorial(k))
         return out
     if activation not in ("sigmoid", "abs", "square"):
         raise ValueError(f"activation must be one of 'relu', 'step', 'sigmoid', 'abs', 'square'; got {activation!r}")
@@ -114,7 +96,7 @@ def hermite_coeffs(activation, t, kmax=4):
         norm = math.sqrt(math.factorial(k))
 
         def integrand(g, k=k, norm=norm):
-            return float(u(np.asarray(g - t))) * _he(k, g) / norm * _phi(g)
+            return float(u(np.asarray(g - t))) * float(hermite_he(k, g)) / norm * float(gaussian_pdf(g))
 
         with warnings.catch_warnings():  # round-off notices near the requested 1e-12
             warnings.simplefilter("ignore", integrate.IntegrationWarning)

@@ -10,6 +10,7 @@ from ..._blas import single_threaded_blas
 from ..._protocol import recovery_method
 from ..._result import Run, Status
 from ..._validation import check_positive_int, check_random_state, resolve_n_jobs
+from ...stages.hermite import gaussian_pdf
 from ...stages.reduce import Samples
 from .coefficients import (
     _DEGENERATE_RATIO,
@@ -17,7 +18,6 @@ from .coefficients import (
     _LANDSCAPE_GTOL,
     _STEP1_ACTIVATIONS,
     _TPM_TOL,
-    _phi,
     _Unit,
     hermite_coeffs,
 )
@@ -196,7 +196,7 @@ def _band_oracle(run, data, mode, f, t, label_tol, band_queries, band_width, eps
     if mode == "queries":
         width = 1e-3 if band_width is None else float(band_width)
         return _BandQueries(f, data.c0, label_tol, check_positive_int(band_queries, "band_queries"), width), eps
-    width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * _phi(t)), 1e-3, 0.25))
+    width = band_width if band_width is not None else float(np.clip(2000.0 / (data.N * gaussian_pdf(t)), 1e-3, 0.25))
     oracle = _BandData(data.samples, data.c0, label_tol, width, 200, t)
     run.diag["band_width"] = width
     if 0.5 * width > eps:

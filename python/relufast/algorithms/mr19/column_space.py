@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -14,8 +13,6 @@ from ..._validation import check_positive_int
 from .laws import _check_law
 from .ml import _check_Y, ml_estimate
 from .robust import _whole_data_only
-
-_SQRT2PI = math.sqrt(2.0 * math.pi)
 
 #: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3

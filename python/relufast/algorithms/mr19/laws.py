@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
@@ -10,8 +9,7 @@ from scipy.optimize import brentq
 from scipy.special import ndtr
 
 from ..._validation import check_positive_int
-
-_SQRT2PI = math.sqrt(2.0 * math.pi)
+from ...stages.hermite import gaussian_pdf
 
 #: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3
@@ -21,10 +19,6 @@ QP_ZERO = 1e-12
 QP_FALLBACK_REGULARIZATION = 1e-12
 #: mu at or below this makes c / mu unstable (almost every output is zero).
 SMALL_MU = 0.05
-
-
-def _phi(x):
-    return np.exp(-0.5 * np.square(x)) / _SQRT2PI
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,12 +102,12 @@ def bias_moments(bias=0.0):
 
 def _bias_moments(law):
     mu = _expect(law, ndtr)
-    s2 = _expect(law, lambda b: (1.0 + b * b) * ndtr(b) + b * _phi(b)) - mu * mu
+    s2 = _expect(law, lambda b: (1.0 + b * b) * ndtr(b) + b * gaussian_pdf(b)) - mu * mu
 
     def m234(b):
-        M2 = ndtr(b) - b * _phi(b)
-        M3 = (b * b + 2.0) * _phi(b)
-        M4 = 3.0 * M2 - b**3 * _phi(b)
+        M2 = ndtr(b) - b * gaussian_pdf(b)
+        M3 = (b * b + 2.0) * gaussian_pdf(b)
+        M4 = 3.0 * M2 - b**3 * gaussian_pdf(b)
         return M2, M3, M4
 
     def first(b):

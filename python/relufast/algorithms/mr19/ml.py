@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,8 +11,6 @@ from ..._result import warn
 from ..._validation import as_float_matrix
 from .laws import _check_law
 from .robust import _whole_data_only
-
-_SQRT2PI = math.sqrt(2.0 * math.pi)
 
 #: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,8 +16,6 @@ from ..._validation import as_float_matrix
 from ...stages import highs
 from ...stages.reduce import is_dask
 from .laws import _check_law, bias_moments, calibrated_lam, theory_lam
-
-_SQRT2PI = math.sqrt(2.0 * math.pi)
 
 #: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3

@@ -11,8 +11,6 @@ from ..._result import warn
 from ..._validation import as_float_matrix, check_positive_int
 from .laws import _check_law
 
-_SQRT2PI = math.sqrt(2.0 * math.pi)
-
 #: Detected outlier fraction above which Theorem 4's guarantee is void.
 TOO_MANY_OUTLIERS = 0.3
 #: Relative size below which an entry of the QP's e = p - q is rounding, not an outlier.
