@@ -74,8 +74,8 @@ def test_hermite_stage_closed_forms_match_quadrature():
 
     for b in (-1.3, 0.0, 0.7):
         for r in range(6):
-            relu = quad(lambda z: (z + b) * hermite_he(r, z) * gaussian_pdf(z), -b, np.inf, epsabs=1e-13)[0]
-            step = quad(lambda z: hermite_he(r, z) * gaussian_pdf(z), -b, np.inf, epsabs=1e-13)[0]
+            relu = quad(lambda z, b=b, r=r: (z + b) * hermite_he(r, z) * gaussian_pdf(z), -b, np.inf, epsabs=1e-13)[0]
+            step = quad(lambda z, r=r: hermite_he(r, z) * gaussian_pdf(z), -b, np.inf, epsabs=1e-13)[0]
             assert abs(relu_coefficient(r, b) - relu) < 1e-10
             assert abs(step_coefficient(r, b) - step) < 1e-10
     for r in range(5):  # the quadrature of the named ReLU agrees with the closed form at b = 0

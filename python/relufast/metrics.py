@@ -22,6 +22,8 @@ __all__ = [
     "ParameterError",
     "canonical",
     "match_hidden_units",
+    "match_rows",
+    "row_angles",
     "parameter_error",
     "function_error",
     "matched_squared_error",
@@ -71,14 +73,43 @@ def _degree(obj):
     return 1.0 if act is None else act.degree
 
 
-def match_hidden_units(V_est: np.ndarray, V_true: np.ndarray) -> np.ndarray:
-    """Permutation p maximising sum_j cos(V_est[j], V_true[p[j]]) (unit rows assumed)."""
-    if V_est.shape != V_true.shape:
-        raise ValueError(f"V shapes differ: estimate {V_est.shape}, truth {V_true.shape}")
-    rows, cols = linear_sum_assignment(-(V_est @ V_true.T))
-    perm = np.empty(V_est.shape[0], dtype=int)
+def match_rows(A: ArrayLike, B: ArrayLike, *, sign_invariant: bool = False) -> np.ndarray:
+    """The permutation p maximising ``sum_j cos(A[j], B[p[j]])`` (``|cos|`` with
+    ``sign_invariant``): row j of A matches row p[j] of B. The one row matching of relufast
+    (Hungarian algorithm, :func:`scipy.optimize.linear_sum_assignment`)."""
+    A = np.asarray(A, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    if A.ndim != 2 or A.shape != B.shape:
+        raise ValueError(f"row matching needs two matrices of the same shape; got {A.shape} and {B.shape}")
+    An = A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-300)
+    Bn = B / np.maximum(np.linalg.norm(B, axis=1, keepdims=True), 1e-300)
+    C = An @ Bn.T
+    rows, cols = linear_sum_assignment(-(np.abs(C) if sign_invariant else C))
+    perm = np.empty(A.shape[0], dtype=int)
     perm[rows] = cols
     return perm
+
+
+def match_hidden_units(V_est: np.ndarray, V_true: np.ndarray) -> np.ndarray:
+    """Permutation p maximising sum_j cos(V_est[j], V_true[p[j]]) (:func:`match_rows`)."""
+    if np.shape(V_est) != np.shape(V_true):
+        raise ValueError(f"V shapes differ: estimate {np.shape(V_est)}, truth {np.shape(V_true)}")
+    return match_rows(V_est, V_true)
+
+
+def row_angles(V_est: ArrayLike, W_true: ArrayLike, *, sign_invariant: bool = False) -> np.ndarray:
+    """Angles (radians) between the rows of V_est and their matched rows of W_true
+    (:func:`match_rows`); ``sign_invariant`` matches and measures up to the sign of each row
+    (GP19's Step 1 before its sign step, even activations)."""
+    A = np.asarray(V_est, dtype=np.float64)
+    B = np.asarray(W_true, dtype=np.float64)
+    A = A / np.linalg.norm(A, axis=1, keepdims=True)
+    B = B / np.linalg.norm(B, axis=1, keepdims=True)
+    Bm = B[match_rows(A, B, sign_invariant=sign_invariant)]
+    if sign_invariant:
+        Bm = Bm * np.where(np.sum(A * Bm, axis=1) < 0, -1.0, 1.0)[:, None]
+    # Angle from the chord between unit vectors (arccos of the cosine loses half the digits).
+    return 2.0 * np.arcsin(np.clip(np.linalg.norm(A - Bm, axis=1) / 2.0, 0.0, 1.0))
 
 
 def parameter_error(estimate: Any, truth: Any) -> ParameterError:
@@ -99,7 +130,7 @@ def parameter_error(estimate: Any, truth: Any) -> ParameterError:
             # A GP19 DeepTeacher: f = P(u(W x - t)) has no output layer U to compare.
             raise TypeError(
                 f"the {name} is a {type(obj).__name__} (f = P(u(W x - t))), not a two-layer network; "
-                "compare the rows of W: relufast.algorithms.gp19.row_angles(result.V, teacher.W)"
+                "compare the rows of W: relufast.metrics.row_angles(result.V, teacher.W)"
             )
     degree = _degree(truth)
     est, tru = as_network(estimate), as_network(truth)
@@ -112,9 +143,9 @@ def parameter_error(estimate: Any, truth: Any) -> ParameterError:
     if degree is None:  # match directions; the norms are compared in the error
         _, Vd, bd = _canonical_biased(est, 1.0)
         _, V0d, b0d = _canonical_biased(tru, 1.0)
-        perm = _match_rows(np.column_stack([Vd, bd]), np.column_stack([V0d, b0d]))
+        perm = match_rows(np.column_stack([Vd, bd]), np.column_stack([V0d, b0d]))
     else:
-        perm = _match_rows(np.column_stack([V, b]), np.column_stack([V0, b0]))
+        perm = match_rows(np.column_stack([V, b]), np.column_stack([V0, b0]))
     Vm, Um, bm = V0[perm], U0[:, perm], b0[perm]
     # Angle from the chord between unit vectors (arccos of the cosine loses half the digits).
     Vu = V / np.linalg.norm(V, axis=1, keepdims=True)
@@ -138,16 +169,6 @@ def _canonical_biased(net, degree):
     s = np.linalg.norm(net.V, axis=1)
     s[s == 0] = 1.0
     return U, V, net.b / s
-
-
-def _match_rows(A, B):
-    """Permutation p maximising sum_j <A[j], B[p[j]]> / (|A[j]| |B[p[j]]|)."""
-    An = A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-300)
-    Bn = B / np.maximum(np.linalg.norm(B, axis=1, keepdims=True), 1e-300)
-    rows, cols = linear_sum_assignment(-(An @ Bn.T))
-    perm = np.empty(A.shape[0], dtype=int)
-    perm[rows] = cols
-    return perm
 
 
 def function_error(estimate: Any, truth: Any, X: ArrayLike) -> float:

@@ -45,7 +45,8 @@ the scale-out.
 
 from __future__ import annotations
 
-from .coefficients import hermite_coeffs, row_angles
+from ...metrics import row_angles
+from .coefficients import hermite_coeffs
 from .pipeline import lowest_layer
 from .step2 import estimate_tan_alpha, refine_estimate
 from .variants import correlation_graph_supports, even_activation, halfspaces

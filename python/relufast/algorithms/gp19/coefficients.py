@@ -106,26 +106,4 @@ def hermite_coeffs(activation, t, kmax=4):
     return out
 
 
-def row_angles(V_est, W_true, *, sign_invariant=False):
-    """Angles (radians) between matched rows of V_est and W_true (best permutation).
-
-    ``sign_invariant=True`` matches and measures up to the sign of each row (Step 1 before
-    its sign step, even activations).
-    """
-    from scipy.optimize import linear_sum_assignment
-
-    A = np.asarray(V_est, dtype=np.float64)
-    B = np.asarray(W_true, dtype=np.float64)
-    A = A / np.linalg.norm(A, axis=1, keepdims=True)
-    B = B / np.linalg.norm(B, axis=1, keepdims=True)
-    C = A @ B.T
-    score = np.abs(C) if sign_invariant else C
-    rows, cols = linear_sum_assignment(-score)
-    Bm = B[cols] * (np.sign(C[rows, cols])[:, None] if sign_invariant else 1.0)
-    chord = np.linalg.norm(A[rows] - Bm, axis=1)
-    out = np.empty(len(A))
-    out[rows] = 2.0 * np.arcsin(np.clip(chord / 2.0, 0.0, 1.0))
-    return out
-
-
 # ---- data access: samples or queries --------------------------------------------------------
