@@ -38,6 +38,8 @@ __all__ = [
     "count_nonfinite",
     "GATHER_FRACTION",
     "check_n_estimate",
+    "order_statistics",
+    "median",
 ]
 
 #: Rows per block when a NumPy-side check walks a large array (bounded temporaries).
@@ -398,3 +400,44 @@ class SampleStream:
         self.indices = np.concatenate([self.indices, new])
         self._sorted = np.sort(self.indices)
         return new
+
+
+# --------------------------------------------------------------------------- order statistics
+def _float_keys(y):
+    """int64 keys ordered as the float64 values y (both zeros share key 0)."""
+    b = np.ascontiguousarray(y, dtype=np.float64).view(np.int64)
+    return np.where(b < 0, -(b & np.int64(0x7FFFFFFFFFFFFFFF)), b)
+
+
+def _key_float(key):
+    bits = np.array([key if key >= 0 else (-key) | (1 << 63)], dtype=np.uint64)
+    return float(bits.view(np.float64)[0])
+
+
+def order_statistics(samples, ranks):
+    """The values of the first output at 0-based ``ranks`` in the sorted concatenation of
+    every rank's outputs (or dask blocks), exactly: bisection on the float order, one small
+    allgather per step; every rank gets the same values."""
+    Y = samples.Y
+    y = np.asarray(Y[:, 0].compute() if is_dask(Y) else Y[:, 0], dtype=np.float64)  # X may be the lazy one
+    keys = np.sort(_float_keys(y))
+    ends = [e for e in samples.allgather((int(keys[0]), int(keys[-1])) if len(keys) else None) if e]
+    bounds = [[min(e[0] for e in ends), max(e[1] for e in ends)] for _ in ranks]
+    while any(lo < hi for lo, hi in bounds):
+        mids = [(lo + hi) // 2 for lo, hi in bounds]
+        local = [int(np.searchsorted(keys, m, side="right")) for m in mids]
+        total = np.sum(samples.allgather(local), axis=0)
+        for b, m, c, r in zip(bounds, mids, total, ranks):
+            if b[0] < b[1]:
+                b[0], b[1] = (b[0], m) if c >= r + 1 else (m + 1, b[1])
+    return [_key_float(lo) for lo, _ in bounds]
+
+
+def median(samples):
+    """``np.median`` of the first output over every sample, wherever it lives (NumPy, memmap,
+    dask, MPI ranks: exact, the same bits on every rank)."""
+    if not (samples.distributed or samples.lazy):
+        return float(np.median(samples.Y[:, 0]))
+    n = samples.n
+    lo, hi = order_statistics(samples, [(n - 1) // 2, n // 2])
+    return lo if n % 2 else (lo + hi) / 2

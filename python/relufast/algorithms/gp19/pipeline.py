@@ -11,7 +11,7 @@ from ..._protocol import recovery_method
 from ..._result import Run, Status
 from ..._validation import check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.hermite import gaussian_pdf
-from ...stages.reduce import Samples
+from ...stages.reduce import Samples, median
 from .coefficients import (
     _DEGENERATE_RATIO,
     _KAPPA_WARN,
@@ -21,7 +21,7 @@ from .coefficients import (
     _Unit,
     hermite_coeffs,
 )
-from .data import _BandData, _BandQueries, _Data, _median
+from .data import _BandData, _BandQueries, _Data
 from .step1 import _landscape_one, _landscape_simultaneous, _step1_tpm, _whiten
 from .step2 import estimate_tan_alpha, refine_estimate
 
@@ -81,7 +81,7 @@ def _prepare_data(X, y, f, n_features, n_queries, rng, n_jobs, comm):
     if X is None or y is None:
         raise TypeError("pass samples X and Y, or X=None, Y=None and a callable f (query mode)")
     samples = _samples(X, y, comm, n_jobs)
-    return _Data(samples, _median(samples), n_jobs=n_jobs), "samples", samples.d
+    return _Data(samples, median(samples), n_jobs=n_jobs), "samples", samples.d
 
 
 def _samples(X, y, comm, n_jobs):
