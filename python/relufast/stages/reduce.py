@@ -38,6 +38,8 @@ __all__ = [
     "count_nonfinite",
     "GATHER_FRACTION",
     "check_n_estimate",
+    "GrowingSample",
+    "start_size",
     "order_statistics",
     "median",
 ]
@@ -63,6 +65,73 @@ def check_n_estimate(n_estimate, n_min):
     if isinstance(n_estimate, str):
         raise ValueError(f"n_estimate must be None, 'all' or an integer >= {n_min}; got {n_estimate!r}")
     return check_positive_int(n_estimate, "n_estimate", minimum=n_min)
+
+
+def start_size(d, k, *, per_unit, minimum):
+    """First size of an adaptive estimation sample: ``max(minimum, per_unit d k)`` (each
+    method measured its own constants; see its ``start_size``)."""
+    return max(int(minimum), int(per_unit) * int(d) * int(k))
+
+
+class GrowingSample:
+    """The adaptive estimation sample of a run: random rows of ``data`` (a :class:`Samples`)
+    that double on demand until they are every sample. The methods estimate on it and
+    certify over all samples; only the sample is gathered in memory.
+
+    The rows come from one :class:`SampleStream` (nested prefixes, the same indices on every
+    rank), in draw order, each new block checked finite before any LAPACK call sees it.
+    ``size`` is the current estimation size, ``doublings`` how often it doubled; ``X`` and
+    ``Y`` hold every row drawn so far (possibly more than ``size``: refinement samples are
+    prefixes of the same draw).
+    """
+
+    def __init__(self, data, start, rng, *, where="in a random sample of the rows"):
+        self.data, self.n = data, int(data.n)
+        self.size = min(self.n, int(start))
+        self.doublings = 0
+        self.stream = SampleStream(self.n, rng)
+        self.X = self.Y = None
+        self._where = where
+
+    @property
+    def drawn(self):
+        return 0 if self.X is None else len(self.X)
+
+    @property
+    def final(self):
+        """True once the estimation sample is every sample."""
+        return self.size >= self.n
+
+    @property
+    def gathered(self):
+        """True while the estimation sample is small enough to hold in memory
+        (:data:`GATHER_FRACTION` of n); beyond it the methods read ``data`` by reduction."""
+        return self.size <= GATHER_FRACTION * self.n
+
+    def rows(self, count=None):
+        """The first ``count`` rows (default ``size``) of the sample as (X_s, Y_s), drawing
+        and checking more rows when needed."""
+        count = self.size if count is None else min(int(count), self.n)
+        if count > self.drawn:
+            Xn, Yn = self.data.take(self.stream.grow(count))
+            bad = int(np.count_nonzero(~np.isfinite(Xn)) + np.count_nonzero(~np.isfinite(Yn)))
+            if bad:
+                raise ValueError(
+                    f"X and Y must contain only finite values; found {bad} NaN or infinite entries {self._where}"
+                )
+            if self.X is None or len(self.X) == 0:
+                self.X, self.Y = Xn, Yn
+            else:
+                self.X, self.Y = np.concatenate([self.X, Xn]), np.concatenate([self.Y, Yn])
+        return self.X[:count], self.Y[:count]
+
+    def double(self):
+        """Double the estimation size (at most n); False when it was every sample already."""
+        if self.final:
+            return False
+        self.size = min(self.n, 2 * self.size)
+        self.doublings += 1
+        return True
 
 
 def is_dask(a):

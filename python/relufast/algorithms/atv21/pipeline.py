@@ -23,7 +23,8 @@ from ...stages.diagnostics import GAUSS_ROWS, gaussianity
 from ...stages.fit import relative_residual
 from ...stages.moments import SecondMomentAccumulator
 from ...stages.precision import resolve_precision
-from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
+from ...stages.reduce import GrowingSample, Samples, SampleStream, check_n_estimate
+from ...stages.reduce import start_size as reduce_start_size
 from ...stages.refine import RowPool, TooManyRegions, region_refine
 from ...stages.tensor import input_span
 from .deflate import deflate
@@ -409,11 +410,12 @@ def _outcome(run, data, s, rr, attempts, note, refine, prec):
 
 
 def start_size(d, k):
-    """First size of the adaptive estimation sample: ``max(20000, 500 d k)``. Measured on
+    """First size of the adaptive estimation sample: ``max(20000, 500 d k)``
+    (:func:`relufast.stages.reduce.start_size`). Measured on
     random teachers (``docs/atv21.md``): at (d, k, m) = (20, 8, 2), n = 1e6, a start of
     500 d k = 80,000 was exact after 0-1 doublings in 5 of 5 seeds, 1.3x faster than
     reading every sample; a start of 200 d k needed 2-3 doublings and was slower."""
-    return max(20000, 500 * d * k)
+    return reduce_start_size(d, k, per_unit=500, minimum=20000)
 
 
 #: Tensor steps tried at an estimation size below all samples before doubling it (the
@@ -425,20 +427,19 @@ ADAPTIVE_RESTARTS = 2
 REFINE_FACTOR = 4
 
 
-def _estimation_samples(data, s, stream, size, have):
-    """The samples at estimation size ``size``: the first ``size`` rows of the random
-    ``stream`` for the moments, gathered in memory on every rank (a one-process
-    :class:`Samples`), and its first REFINE_FACTOR ``size`` rows (at most ``n_refine``)
-    for the refinement; or, once ``size`` passes GATHER_FRACTION of n, ``data`` itself
-    and the refinement sample of the last size (:func:`_refinement_sample`). Returns
-    (moment samples, rows used, (refinement sample, whether it is all samples), gathered
-    rows so far)."""
-    if size > GATHER_FRACTION * data.n:
-        return data, data.n, _refinement_sample(data, s), have
+def _estimation_samples(data, s, sample):
+    """The samples at the estimation size of ``sample`` (a :class:`GrowingSample`): its
+    first ``size`` rows for the moments, gathered in memory on every rank (a one-process
+    :class:`Samples`), and its first REFINE_FACTOR ``size`` rows (at most ``n_refine``) for
+    the refinement; or, once the size passes GATHER_FRACTION of n, ``data`` itself and the
+    refinement sample of the last size (:func:`_refinement_sample`). Returns (moment samples,
+    rows used, (refinement sample, whether it is all samples))."""
+    if not sample.gathered:
+        return data, data.n, _refinement_sample(data, s)
+    size = sample.size
     ell = REFINE_FACTOR * size if s.n_refine is None else min(REFINE_FACTOR * size, s.n_refine)
-    have = data.extend(stream, max(size, ell), have)
-    sample = (have[0][:ell], have[1][:ell]), False
-    return Samples(have[0][:size], have[1][:size], n_jobs=data.n_jobs), size, sample, have
+    X, Y = sample.rows(max(size, ell))
+    return Samples(X[:size], Y[:size], n_jobs=data.n_jobs), size, ((X[:ell], Y[:ell]), False)
 
 
 def _estimate_and_refine(run, data, s, refine):
@@ -452,28 +453,28 @@ def _estimate_and_refine(run, data, s, refine):
     residuals of every tensor step)."""
     n, k = data.n, s.k
     adaptive = refine and s.n_estimate != "all"
-    size = min(n, s.n_estimate or start_size(data.d, k)) if adaptive else n
-    stream, have, attempts = SampleStream(n, s.rng), None, []
-    best = None
+    sample = GrowingSample(data, min(n, s.n_estimate or start_size(data.d, k)) if adaptive else n, s.rng)
+    attempts, best = [], None
     while True:
         check_deadline("in an atv21 estimation round")
-        est, size, (sample, covers_all), have = _estimation_samples(data, s, stream, size, have)
+        est, size, (refine_rows, covers_all) = _estimation_samples(data, s, sample)
         final = size >= n
         with run.stage("moments"):
             W, g, P2 = _span_and_combination(run, est, s)
             T, noise = _hermite_tensors(run, est, s, W, g)
-        run.counts.update(n_estimate=size, n_refine=len(sample[0]))
+        run.counts.update(n_estimate=size, n_refine=len(refine_rows[0]))
         if run.diag["span_eigenvalue_ratio"] >= 1e-12:
             restarts = s.n_restarts if final else min(s.n_restarts, ADAPTIVE_RESTARTS)
-            found, tried = _tensor_steps(run, data, est, s, T, W, g, noise, sample, covers_all, refine, restarts, P2)
+            found, tried = _tensor_steps(
+                run, data, est, s, T, W, g, noise, refine_rows, covers_all, refine, restarts, P2
+            )
             attempts += tried
             if found is not None and (best is None or found[0].residual <= best[0].residual):
                 best = found
             if best is not None and best[5] and best[0].residual <= s.tol and not best[0].undetermined:
                 break
-        if final:
+        if final or not sample.double():
             break
-        size *= 2
         run.counts["doublings"] += 1
     return best, attempts
 

@@ -12,7 +12,7 @@ from ..._result import Run, Status
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, resolve_precision
-from ...stages.reduce import Samples, SampleStream, check_n_estimate
+from ...stages.reduce import GrowingSample, Samples, check_n_estimate
 
 __all__ = ["fpt"]
 
@@ -161,24 +161,17 @@ def _group(run, data, k, min_size, class_tol, rng, n_estimate):
     have a single active unit, so the sample doubles until k classes are found; only the
     certificate reads every sample). Returns (X_e, Y_e, classes of sample indices)."""
     n = data.n
-    if n_estimate == "all":
-        n_est = n
-    else:
-        n_est = min(n, n_estimate or max(2000, 4 * min_size * 2 ** min(k, 20)))
-    stream = SampleStream(n, rng)
-    whole = n_est >= n and not (data.distributed or data.lazy)
-    Xe, Ye = (data.X, data.Y) if whole else data.extend(stream, n_est)
-    if not whole and not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):
-        raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
-    doublings = 0
+    start = n if n_estimate == "all" else (n_estimate or max(2000, 4 * min_size * 2 ** min(k, 20)))
+    sample = GrowingSample(data, start, rng)
+    whole = sample.final and not (data.distributed or data.lazy)
+    Xe, Ye = (data.X, data.Y) if whole else sample.rows()
     while True:
         classes = _classes(Ye, data.m, min_size, class_tol, rng)
         if len(classes) >= k or len(Xe) >= n:
             break
-        n_est, doublings = min(n, 2 * n_est), doublings + 1
-        Xe, Ye = data.extend(stream, n_est, (Xe, Ye))
-        if not (np.isfinite(Xe).all() and np.isfinite(Ye).all()):  # the new rows, before LAPACK sees them
-            raise ValueError("X and Y must contain only finite values; found NaN or infinite entries")
+        sample.double()
+        Xe, Ye = sample.rows()
+    doublings = sample.doublings
     run.counts.update(classes=len(classes), n_estimate=len(Xe), doublings=doublings, n_certify=n)
     run.diag["class_sizes"] = tuple(len(c) for c in classes)
     return Xe, Ye, classes

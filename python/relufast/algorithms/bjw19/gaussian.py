@@ -39,7 +39,8 @@ from ...stages.fit import certify, check_finite_once, fit_and_certify, fit_from_
 from ...stages.hermite import activation_coefficient
 from ...stages.moments import SecondMomentAccumulator, moment_span, use_mean_span
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
-from ...stages.reduce import GATHER_FRACTION, Samples, SampleStream, check_n_estimate
+from ...stages.reduce import GATHER_FRACTION, GrowingSample, Samples, check_n_estimate
+from ...stages.reduce import start_size as reduce_start_size
 from ...stages.refine import RowPool, output_basis, refine_rows
 from ...stages.tensor import draw_candidates
 
@@ -71,7 +72,7 @@ def start_size(d, k):
     """First size of the adaptive estimation sample: ``max(2000, 10 d k)`` (5,000 at d = 50,
     k = 10, where about 5,000-10,000 samples give estimates within the ~0.3 rad that the
     exact refinement tolerates)."""
-    return max(2000, 10 * d * k)
+    return reduce_start_size(d, k, per_unit=10, minimum=2000)
 
 
 #: Certificate passes over all samples before giving up (each failure doubles the sample).
@@ -302,17 +303,30 @@ class _Probe:
     are the probe of the diagnostics (``n_probe``), the refinement sample (``ell``: Xr, Yr
     and their output basis B) and the adaptive estimation sample (``n_est``)."""
 
-    stream: SampleStream
-    Xp: np.ndarray
-    Yp: np.ndarray
+    sample: GrowingSample  #: its size is the estimation size n_est
     ell: int
     n_probe: int
-    n_est: int
     adaptive: bool
     noise_ratio: float = 0.0
     Wh: object = None
     B: np.ndarray | None = None
     Q: np.ndarray | None = None  #: the compression of the outputs to k columns (from step 1, kept)
+
+    @property
+    def Xp(self):
+        return self.sample.X
+
+    @property
+    def Yp(self):
+        return self.sample.Y
+
+    @property
+    def n_est(self):
+        return self.sample.size
+
+    @n_est.setter
+    def n_est(self, size):
+        self.sample.size = int(size)
 
     @property
     def Xr(self):
@@ -329,7 +343,7 @@ class _Probe:
     def grow_refinement(self, data, k):
         """Double the refinement sample (drawing more rows if needed) and rebuild B."""
         self.ell = min(data.n, 2 * self.ell)
-        self.Xp, self.Yp = data.extend(self.stream, max(self.ell, len(self.Xp)), (self.Xp, self.Yp))
+        self.sample.rows(self.ell)
         self.B = output_basis(self.Yr, k)[0]
 
 
@@ -349,15 +363,9 @@ def _prepare(run, s, n_refine, whiten, prec):
         n_probe = min(n, GAUSS_ROWS)
         adaptive = s.n_estimate != "all"
         n_est = min(n, max(ell, start_size(d, k) if s.n_estimate is None else s.n_estimate)) if adaptive else n
-        stream = SampleStream(n, s.rng)
-        Xp, Yp = data.extend(stream, max(ell, n_probe, n_est if adaptive and n_est <= GATHER_FRACTION * n else 0))
-        bad = int(Xp.size + Yp.size - np.count_nonzero(np.isfinite(Xp)) - np.count_nonzero(np.isfinite(Yp)))
-        if bad:
-            raise ValueError(
-                f"X and Y must contain only finite values; found {bad} NaN or infinite entries "
-                "in a random sample of the rows"
-            )
-        p = _Probe(stream, Xp, Yp, ell, n_probe, n_est, adaptive)
+        sample = GrowingSample(data, n_est, s.rng)
+        Xp, _ = sample.rows(max(ell, n_probe, n_est if adaptive and sample.gathered else 0))
+        p = _Probe(sample, ell, n_probe, adaptive)
         p.B, sv, p.Q = output_basis(p.Yr, k)
         diag["output_singular_values"] = sv
         rank = numerical_rank(sv, prec.tol(RANK_TOL, d, k))
@@ -408,8 +416,7 @@ def _moment(run, s, p, acc, full):
     data, n, k = s.data, s.n, s.k
     with run.stage("moments"):
         if p.adaptive and p.n_est <= GATHER_FRACTION * n:
-            if p.n_est > len(p.Xp):
-                p.Xp, p.Yp = data.extend(p.stream, p.n_est, (p.Xp, p.Yp))
+            p.sample.rows(p.n_est)
             if not full["mean_span"]:
                 acc.add(p.Xp[full["n_in_acc"] : p.n_est], p.Yp[full["n_in_acc"] : p.n_est])
                 full["n_in_acc"] = p.n_est
@@ -483,8 +490,8 @@ def _estimate(run, s, p, tol_p, prec):
         c["restarts"] += run.counts["restarts"]
         c["candidates"] += run.counts["candidates"]
         gaps.extend(run.diag["jennrich_gaps"])
-        if not pool.full and p.adaptive and p.n_est < n:
-            p.n_est, c["doublings"] = min(n, 2 * p.n_est), c["doublings"] + 1
+        if not pool.full and p.adaptive and p.sample.double():
+            c["doublings"] += 1
             continue
         if not pool.full and p.noise_ratio <= noise_tol and p.ell < n and c["escalations"] < MAX_CERTIFY_PASSES:
             c["escalations"] += 1

@@ -18,7 +18,7 @@ from ..._validation import (
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
-from ...stages.reduce import Samples, SampleStream, check_n_estimate
+from ...stages.reduce import GrowingSample, Samples, check_n_estimate
 from ...stages.refine import RowPool, output_basis, refine_rows
 from .gaussian import start_size
 
@@ -200,27 +200,18 @@ def _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol):
     return cand, iters
 
 
-def _finite(Xe, Ye):
-    """The estimation sample, or the ValueError of non-finite data (LAPACK on NaN prints
-    DLASCL errors before it fails)."""
-    bad = int(np.count_nonzero(~np.isfinite(Xe)) + np.count_nonzero(~np.isfinite(Ye)))
-    if bad:
-        raise ValueError(f"X and Y must contain only finite values; found {bad} NaN or infinite entries")
-    return Xe, Ye
-
-
 def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, threads, prec):
     """Steps 1-4 on a growing random sample (relufast: it doubles until k rows are certified
     or every sample is used): per restart a fresh sketch and FastICA start, Alg. 5 on the
     candidates, certified rows pooled. Returns (pool, approximate rows, X_r, Y_r); raises
     LinAlgError when the sketched outputs have rank < k."""
     n, d = data.n, data.d
-    stream = SampleStream(n, rng)
-    Xe, Ye = _finite(*data.extend(stream, n_est))
+    sample = GrowingSample(data, n_est, rng, where="in the estimation sample")
+    Xe, Ye = sample.rows()
     Xr, Yr = Xe[:ell], Ye[:ell]
     B, _, _ = output_basis(Yr, k)
     pool, approx, iters_all = RowPool(k), None, []
-    doublings = restart = 0
+    restart = 0
     rank_tol = max(1e-12, prec.floor(d, k) ** 2)  # covariance eigenvalues: squared amplitudes
     while True:
         for restart in range(n_restarts):
@@ -239,9 +230,9 @@ def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, thr
                 break
         if pool.full or len(Xe) >= n:
             break
-        n_est, doublings = min(n, 2 * n_est), doublings + 1
-        Xe, Ye = _finite(*data.extend(stream, n_est, (Xe, Ye)))  # the new rows, before any LAPACK call
-    run.counts.update(n_estimate=len(Xe), doublings=doublings, n_refine=ell, n_certify=n, certify_passes=1)
+        sample.double()
+        Xe, Ye = sample.rows()  # the new rows checked finite before any LAPACK call
+    run.counts.update(n_estimate=len(Xe), doublings=sample.doublings, n_refine=ell, n_certify=n, certify_passes=1)
     run.diag.update({"ica_iterations": tuple(iters_all), "restarts": restart + 1})
     run.counts["certified_rows"] = len(pool)
     return pool, approx, Xr, Yr
