@@ -1,4 +1,4 @@
-"""Trust, round 3 (issue 21): certificates that hold for every layout of the samples
+"""Trust, round 3: certificates that hold for every layout of the samples
 (NumPy, memmap, dask, MPI ranks) and for float32 outputs, units the data cannot determine,
 atv21 for any Gaussian, useless fits, auto's ranking, enumeration's limits, clear errors."""
 
@@ -53,7 +53,7 @@ def _subspace_inputs(rng, n, d, kind):
 @pytest.mark.parametrize("layout", ["dask", "memmap", "comm"])
 @pytest.mark.parametrize("kind,seed", [("zero", 0), ("rotated", 1)])
 def test_auto_never_certifies_inputs_in_a_subspace(tmp_path, layout, kind, seed):
-    """Issue 21 item 1: the subsample certificate of auto's enumeration (dask, two ranks)
+    """the subsample certificate of auto's enumeration (dask, two ranks)
     certified a network that is wrong off the span; every layout must say non_identifiable."""
     rng = np.random.default_rng(seed)
     d, k, m, n = 7 + seed, 3, 3, 3000
@@ -99,7 +99,7 @@ def test_methods_on_memmap_and_dask_in_a_subspace_are_not_exact(tmp_path):
 # ----------------------------------------------------------------- 2. undetermined units
 @pytest.mark.parametrize("case,seed", [("dead", 4), ("zero_column", 5), ("constant", 6)])
 def test_units_the_data_cannot_determine_are_reported(case, seed):
-    """Issue 21 item 2: a unit never active on the samples, a zero output column, constant
+    """a unit never active on the samples, a zero output column, constant
     outputs: never exact, the units listed in result.undetermined_units."""
     rng = np.random.default_rng(seed)
     d, k, m, n = 6, 3, 3, 20000
@@ -141,7 +141,7 @@ def test_constant_outputs_for_every_method():
 # ----------------------------------------------------------------- 3. float32 through auto
 @pytest.mark.parametrize("seed", [0, 3])
 def test_auto_certifies_float32_outputs_at_their_precision(seed):
-    """Issue 21 item 3: atv21 is exact at float32; auto judged its attempt against 1e-10."""
+    """atv21 is exact at float32; auto judged its attempt against 1e-10."""
     rng = np.random.default_rng(seed)
     d, k, m = 10, 5, 3
     net = _net(rng, d, k, m, bias=rng.uniform(-0.4, 0.4, k), offset=rng.standard_normal(m))
@@ -191,7 +191,7 @@ def test_one_output_message_does_not_blame_the_rank_of_y():
 # ----------------------------------------------------------------- 4. atv21, any Gaussian
 @pytest.mark.parametrize("scale,seed", [(3.0, 10), (1.5, 11), (0.3, 12)])
 def test_atv21_any_units_of_x(scale, seed):
-    """Issue 21 item 4: X scaled by 3 (V divided by it) failed; only powers of two passed."""
+    """X scaled by 3 (V divided by it) failed; only powers of two passed."""
     rng = np.random.default_rng(seed)
     d, k, m = 6, 3, 3
     net = _net(rng, d, k, m, bias=rng.uniform(-0.4, 0.4, k), offset=rng.standard_normal(m))
@@ -281,7 +281,7 @@ def test_auto_sends_any_gaussian_with_biases_to_atv21(tmp_path, layout, scale, d
 
 # ----------------------------------------------------------------- 5. useless fits
 def test_fits_worse_than_the_mean_are_not_a_success(capfd):
-    """Issue 21 item 5: atv21-general without fit on noiseless data (residual >> 1) and
+    """atv21-general without fit on noiseless data (residual >> 1) and
     bjw19-noisy / atv21-general on Y = 0 (NaN residual) were 'approximate', success=True."""
     rng = np.random.default_rng(14)
     d, k, m, n = 5, 3, 2, 3000
@@ -309,7 +309,7 @@ def test_nan_residual_is_never_a_success():
 
 # ----------------------------------------------------------------- 6. auto's ranking
 def test_auto_ranks_attempts_by_what_they_explain():
-    """Issue 21 item 6: an always-active unit; atv21 fails with a small residual, gklw19's
+    """an always-active unit; atv21 fails with a small residual, gklw19's
     fit explains little: auto returns the attempt that explains most and says why."""
     rng = np.random.default_rng(0)
     d, k, m = 6, 3, 3
@@ -328,7 +328,7 @@ def test_auto_ranks_attempts_by_what_they_explain():
 
 # ----------------------------------------------------------------- 7. enumeration's limits
 def test_enumeration_memory_is_not_quadratic_in_n():
-    """Issue 21 item 7: a full SVD of X[S] (full_matrices=True) made memory n^2."""
+    """a full SVD of X[S] (full_matrices=True) made memory n^2."""
     rng = np.random.default_rng(15)
     d, k, m, n = 5, 3, 3, 6000
     net = _net(rng, d, k, m)
@@ -429,7 +429,7 @@ def test_atv21_with_zero_inputs_is_a_status(tmp_path):
 
 # ----------------------------------------------------------------- 9. visible units
 def test_more_units_than_inputs_are_not_called_invisible():
-    """Issue 21 item 9: d = 4, k = 8: the second moments span at most d directions, so
+    """d = 4, k = 8: the second moments span at most d directions, so
     '4 of 8 units are never active' was wrong when all 8 are active."""
     rng = np.random.default_rng(19)
     d, k, m = 4, 8, 2

@@ -513,11 +513,12 @@ def _add_reproduce(sub):
 def _parser():
     """The argument parser of every subcommand."""
     import relufast as rf
+    from relufast._result import DOCS_URL
 
     methods = ["auto"] + sorted(rf.METHODS)
     method_help = (
         "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
-        "order of cost; docs/results.md)"
+        f"order of cost; {DOCS_URL}/results.md)"
     )
     parser = _Parser(
         prog="relufast",

@@ -1,4 +1,7 @@
-"""The result object every relufast entry point returns."""
+"""The result of a recovery: :class:`RecoveryResult` (returned by every method in
+``relufast.METHODS``, by ``recover`` and by ``extract`` with one hidden layer; ``extract``
+with several returns a ``DeepResult`` and the ``mr19`` functions their own result types),
+its :class:`Status`, :class:`RelufastWarning` and the :class:`Run` a method builds it with."""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ from numpy.typing import ArrayLike
 from ._deadline import check as check_deadline
 from .network import Network
 
-__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run"]
+__all__ = ["RecoveryResult", "Status", "RelufastWarning", "Run", "DOCS_URL"]
+
+#: Where relufast's documentation pages live (messages name a page there, not a local path).
+DOCS_URL = "https://github.com/relufast/relufast/blob/main/docs"
 
 
 class RelufastWarning(UserWarning):

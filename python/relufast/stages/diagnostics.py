@@ -83,11 +83,11 @@ def numerical_rank(singular_values, tol=RANK_TOL):
 
 
 def whitener(X):
-    """``E[x x^T]^{-1/2}`` estimated on all rows of X (BJW19 Remark 3), or None when the
-    second-moment matrix is singular (the inputs lie in a subspace). X may be a
+    """``E[x x^T]^{-1/2}`` estimated on all rows of X (BJW19 Remark 3). X may be a
     :class:`relufast.stages.reduce.Samples` (summed over its blocks and ranks).
 
-    Returns (W, condition): W symmetric (d, d), condition = sqrt(lambda_max / lambda_min).
+    Returns (W, condition): W symmetric (d, d), condition = sqrt(lambda_max / lambda_min);
+    ``(None, inf)`` when the second-moment matrix is singular (the inputs lie in a subspace).
     """
     from .reduce import Samples
 

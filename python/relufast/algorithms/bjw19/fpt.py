@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._protocol import recovery_method
-from ..._result import Run, Status
+from ..._result import DOCS_URL, Run, Status
 from ..._validation import check_n_hidden, check_positive_int, check_random_state, resolve_n_jobs
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, resolve_precision
@@ -125,7 +125,7 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
             Status.UNSUPPORTED,
             f"bjw19-fpt needs at least 2 outputs when k >= 2: with m = 1 every output is "
             f"parallel to the single column of U and the units cannot be told apart "
-            f"(docs/bjw19.md, erratum 7); got m = 1, k = {k}",
+            f"({DOCS_URL}/bjw19.md, erratum 7); got m = 1, k = {k}",
         )
     Xe, Ye, classes = _group(run, data, k, min_size, class_tol, rng, n_estimate)
     if len(classes) != k:
@@ -151,7 +151,7 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
             Status.NON_IDENTIFIABLE,
             f"a class of parallel outputs is not produced by one unit (least-squares "
             f"residual {max(class_res):.2e}): U has linearly dependent columns, e.g. an "
-            "antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate (docs/bjw19.md, erratum 7)",
+            f"antiparallel pair [u, -u], which BJW19 Alg. 7 cannot separate ({DOCS_URL}/bjw19.md, erratum 7)",
         )
     return _certify(run, data, Xe, Ye, V, len(classes), tol, prec, resolve_n_jobs(n_jobs))
 
