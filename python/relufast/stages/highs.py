@@ -274,25 +274,14 @@ class LPSession(_HighsSession):
 
 
 @dataclass(frozen=True)
-class QPResult:
-    """Outcome of one :meth:`QPSession.solve`.
+class QPResult(LPResult):
+    """Outcome of one :meth:`QPSession.solve`: an :class:`LPResult` with the row duals.
 
     ``row_dual`` follows HiGHS's convention: the gradient of the objective equals
     ``A^T row_dual + col_dual`` at an optimum.
     """
 
-    status: LPStatus
-    x: np.ndarray | None
-    row_dual: np.ndarray | None
-    objective: float
-    max_violation: float
-    iterations: int
-    seconds: float
-    highs_status: str
-
-    @property
-    def feasible(self):
-        return self.status == LPStatus.OPTIMAL
+    row_dual: np.ndarray | None = None
 
 
 def _lower_triangle_csc(hessian, n):
