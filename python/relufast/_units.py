@@ -185,14 +185,19 @@ def whiten_inputs(X, options):
     if "comm" in options or file_backed(X) or _is_dask(X):
         return _whiten_in_place(X, options.get("comm"))
     Xa = plain_array(X)
-    if Xa is None or Xa.ndim != 2 or Xa.shape[0] < 2 * (Xa.shape[1] + 1) or not np.all(np.isfinite(Xa)):
+    if Xa is None or Xa.ndim != 2 or Xa.shape[0] < 2 * (Xa.shape[1] + 1):
         return None
-    n, d = Xa.shape
-    X64 = np.asarray(Xa, dtype=np.float64)
-    mu = X64.mean(axis=0)
-    C = np.cov(X64, rowvar=False, bias=True).reshape(d, d)
-    affine = _whitener_from_moments(n, mu, C)
-    return None if affine is None else (np.ascontiguousarray((X64 - mu) @ affine[1]), affine)
+    local = _local_moments(Xa)  # one blocked pass: finiteness, mean, shifted second moments
+    if local is None:
+        return None
+    n, s1, s2, shift = local
+    C = s2 / n - np.outer(s1 / n, s1 / n)
+    affine = _whitener_from_moments(n, shift + s1 / n, (C + C.T) / 2)
+    return (
+        None
+        if affine is None
+        else (np.ascontiguousarray((np.asarray(Xa, dtype=np.float64) - affine[0]) @ affine[1]), affine)
+    )
 
 
 def _is_dask(A):
