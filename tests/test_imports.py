@@ -138,3 +138,8 @@ def test_no_upward_import(layer):
                 if (a and b and a != b) or dst == "relufast.planted":
                     bad.append((src, dst))
     assert bad == []
+
+
+def test_no_module_over_800_lines():
+    long = {p.name: n for p in ROOT.rglob("*.py") if (n := len(p.read_text().splitlines())) > 800}
+    assert long == {}

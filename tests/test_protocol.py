@@ -135,3 +135,8 @@ def test_time_limit_under_comm_stops_every_rank_together(name):
         out, _ = run_ranks(2, rank)
     assert [res.status for res in out] == ["failed", "failed"]
     assert all(res.diagnostics["stopped_by"] == "time_limit" for res in out)
+
+
+def test_mr19_is_named_as_the_exception():
+    with pytest.raises(ValueError, match="call relufast.algorithms.mr19 directly"):
+        rf.recover(np.zeros((10, 2)), np.zeros((10, 1)), n_hidden=1, method="mr19")

@@ -118,8 +118,16 @@ def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: A
     if method == "auto":
         res = _auto(X, Y, n_hidden, options)
     elif not isinstance(method, str) or method not in METHODS:
+        mr19 = (
+            "; MR19's problems (codes and column spaces of rectified data) are not this model: "
+            "call relufast.algorithms.mr19 directly"
+            if isinstance(method, str) and method.startswith("mr19")
+            else ""
+        )
         raise ValueError(
-            f"unknown method {method!r}; valid methods are 'auto', " + ", ".join(repr(k) for k in sorted(METHODS))
+            f"unknown method {method!r}; valid methods are 'auto', "
+            + ", ".join(repr(k) for k in sorted(METHODS))
+            + mr19
         )
     else:
         res = run_method(method, X, Y, n_hidden, options)

@@ -1,5 +1,4 @@
-"""Exact refinement stages: BJW19 Algorithm 5 (margin-based form) and activation-region
-refinement.
+"""Exact refinement: BJW19 Algorithm 5 (margin-based form) and activation-region refinement.
 
 From approximate, sign-ambiguous rows of V, :func:`refine_rows` recovers V exactly:
 coordinates where the approximate row is confidently negative must be zero in the true
