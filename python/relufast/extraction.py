@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import sys
 from typing import Any
 
 import numpy as np
@@ -114,12 +115,10 @@ def _drop_centred_column(Y):
 
 def as_query_function(model: Any) -> tuple:
     """(function on float64 arrays (n, d) -> (n, m), output dtype name) for a model."""
-    try:
-        import torch  # noqa: F401 - only to recognise modules
-
-        is_torch = isinstance(model, __import__("torch").nn.Module)
-    except ImportError:
-        is_torch = False
+    # A torch module exists only once torch was imported: a plain callable never pays the
+    # seconds of importing torch.
+    torch = sys.modules.get("torch")
+    is_torch = torch is not None and isinstance(model, torch.nn.Module)
     if is_torch:
         return _torch_function(model)
     if hasattr(model, "coefs_") and hasattr(model, "predict"):
