@@ -197,3 +197,20 @@ def test_classifier_is_queried_before_its_output_activation():
             logits = logits - logits.mean(axis=1, keepdims=True)
         np.testing.assert_allclose(f(Xc), logits, atol=1e-8)
         assert dtype == "float64"
+
+
+def test_extract_of_a_plain_callable_does_not_import_torch():
+    """Importing torch costs seconds: a plain callable must not pay it (torch modules exist
+    only once their caller imported torch)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, relufast\n"
+        "V = np.eye(3)[:2]; f = lambda X: np.maximum(X @ V.T, 0).sum(axis=1, keepdims=True)\n"
+        "res = relufast.extract(f, 3, n_hidden=2, queries='chosen', random_state=0)\n"
+        "assert res.exact, res.message\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
