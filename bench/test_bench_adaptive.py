@@ -9,8 +9,8 @@ at its best thread setting. Beyond memory the samples are a memmap under /tmp.
 
 Default sizes: 1e4, 1e5, 1e6 (in memory). ``--adaptive-large`` adds 1e7 (4 GB of X in a
 memmap written once under /tmp; about a minute to write). Quality figures (status, error)
-are in ``extra_info`` beside every time; the issue's bars are checked at n = 1e6:
-recovery <= 2x the checking pass and >= 3x faster than the NumPy pipeline.
+are in ``extra_info`` beside every time; the bars are checked at n = 1e6: recovery <= 1.2x
+the checking pass and >= 3x faster than the NumPy pipeline.
 """
 
 import os
@@ -131,7 +131,7 @@ def test_recovery_vs_checking_pass(benchmark, n, mode, machine):
     )
     assert res.exact and err.U < 1e-10 and err.V < 1e-10
     if n == 1_000_000 and mode is None:
-        assert t <= 2.0 * check, f"recovery {t:.3f} s > 2 x checking pass {check:.3f} s"
+        assert t <= 1.2 * check, f"recovery {t:.3f} s > 1.2 x checking pass {check:.3f} s"
 
 
 def test_numpy_pipeline_at_1e6(benchmark):

@@ -66,9 +66,78 @@ OFFSET_MODELS = ("atv21", "atv21-general")
 
 
 class _Outputs:
+    """What the protocol needs of every sample's outputs: whether Y is constant (or zero),
+    ||Y||_F, and the residual of predicting the mean of Y (:class:`_OutputFigures`, one pass
+    over Y). For in-memory samples the figures are computed when first asked for, and
+    cheaper where they can be: Y is not constant when its first rows are not, and ||Y||_F
+    is one dot product a block (at n = 1e6, m = 20 the full pass cost 0.14 s, as much as
+    the method). Samples on MPI ranks or in dask arrays take the full pass at once."""
+
+    HEAD_ROWS = 4096
+
+    def __init__(self, samples):
+        self._samples, self.n = samples, samples.n
+        # Ranks (the same collectives on each) and dask arrays (checked lazily, so this pass
+        # is where NaN in Y is found) take the full pass at once.
+        self._full = _OutputFigures(samples) if samples.distributed or samples.lazy else None
+        self._norm = None if self._full is None else self._full.norm
+        self._head_varies = None
+
+    def _figures(self):
+        if self._full is None:
+            self._full = _OutputFigures(self._samples)
+        return self._full
+
+    def _varies_in_head(self):
+        if self._head_varies is None:
+            _, head = self._samples.take(np.arange(min(self.n, self.HEAD_ROWS)))
+            head = np.asarray(head)
+            self._head_varies = bool(len(head) > 1 and np.any(head != head[:1]))
+        return self._head_varies
+
+    @property
+    def constant(self):
+        return False if self._full is None and self._varies_in_head() else self._figures().constant
+
+    @property
+    def zero(self):
+        return self._figures().zero
+
+    @property
+    def mean_residual(self):
+        return self._figures().mean_residual
+
+    @property
+    def norm(self):
+        if self._norm is None:
+            self._norm = self._fast_norm()
+        return self._norm
+
+    def _fast_norm(self):
+        """||Y||_F as the square root of one dot product per block (scaled by a power of two
+        from the first rows); the full pass when that is not finite (NaN in Y: its error)."""
+        from .stages.fit import max_abs, power_of_two_scale
+
+        samples = self._samples
+        _, head = samples.take(np.arange(min(self.n, self.HEAD_ROWS)))
+        top = max_abs(head)
+        scale = power_of_two_scale(top) if np.isfinite(top) and top > 0 else 1.0
+        total = 0.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for _, Yb in samples.blocks(bounded=True):
+                Yb = np.ascontiguousarray(Yb, dtype=np.float64).ravel()
+                if scale != 1.0:
+                    Yb = Yb * scale
+                total += float(np.dot(Yb, Yb))
+        if not np.isfinite(total):
+            return self._figures().norm
+        return float(np.sqrt(total)) / scale
+
+
+class _OutputFigures:
     """Figures of every sample's outputs from one pass over Y (no temporaries of the size
     of Y; reduced over MPI ranks): whether Y is constant (or zero), ||Y||_F, and how much
-    predicting the mean of Y explains."""
+    predicting the mean of Y explains. Raises the ``ValueError`` of non-finite outputs."""
 
     def __init__(self, samples):
         from .stages.fit import max_abs, power_of_two_scale

@@ -162,8 +162,8 @@ def restrict_to_row_space(X, n_hidden, options):
             out = restrict(Xa, n_hidden)
     except (np.linalg.LinAlgError, ValueError):
         return None
-    if out is not None and not np.all(np.isfinite(out[0])):
-        return None
+    if out is not None and out[0] is not Xa and not np.all(np.isfinite(out[0])):
+        return None  # a rotated copy that overflowed (X itself is the method's to check)
     return out
 
 
