@@ -289,7 +289,7 @@ def _undetermined(name, res, samples, outputs, options):
         res.V,
         res.b,
         res.c,
-        y_norm=outputs.norm,
+        y_norm=lambda: outputs.norm,
         threshold=max(prec.tol(tol, d, k), float(res.residual) if np.isfinite(res.residual) else 0.0),
         intercept=name in OFFSET_MODELS,
         input_rank=res.diagnostics.get("input_rank"),
@@ -424,12 +424,15 @@ def recovery_method(name, *, whiten=False, units_free=True, own_time_limit=False
 
         @functools.wraps(function)
         def method(X, Y, n_hidden, **options):
+            from ._blas import single_threaded_blas
             from ._deadline import check_time_limit, limit
 
             check_options(name, valid, options)
             time_limit = check_time_limit(options.get("time_limit"))
             call = options if passes_time_limit else {o: v for o, v in options.items() if o != "time_limit"}
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings(record=True) as caught, single_threaded_blas():
+                # NumPy single-threaded throughout (relufast._blas): woken BLAS workers would
+                # keep spinning beside the C++ kernels that follow.
                 warnings.simplefilter("always", RelufastWarning)
                 try:
                     with contextlib.nullcontext() if own_time_limit else limit(time_limit, _comm(options)):

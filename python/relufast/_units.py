@@ -28,13 +28,16 @@ __all__ = [
 #: whole certificate pass). Every threshold of the methods is relative, so a factor of at
 #: most 256 changes no decision; the rescaling is for data near overflow or underflow.
 UNIT_SLACK = 8
+#: Rows whose root-mean-square entry sets the power of two (a factor of 2^UNIT_SLACK of slack
+#: makes a closer estimate pointless).
+RMS_ROWS = 16384
 
 
 def rms_exponent(A):
     """e with 2^e closest (in log scale) to the root-mean-square entry of the first rows of A."""
     from .stages.fit import max_abs, power_of_two_scale
 
-    head = np.asarray(A[:65536], dtype=np.float64)
+    head = np.asarray(A[:RMS_ROWS], dtype=np.float64)
     a = max_abs(head)
     if not (np.isfinite(a) and a > 0):
         return 0
@@ -103,7 +106,7 @@ def rescale(X, Y, options):
     Xa, Ya = plain_array(X), plain_array(Y)
     if Xa is None or Ya is None or Xa.ndim != 2:
         return X, Y, options, (0, 0, 1.0)
-    if not (np.all(np.isfinite(Xa[:65536])) and np.all(np.isfinite(Ya[:65536]))):
+    if not (np.all(np.isfinite(Xa[:RMS_ROWS])) and np.all(np.isfinite(Ya[:RMS_ROWS]))):
         return X, Y, options, (0, 0, 1.0)
     try:
         p = _degree(options)

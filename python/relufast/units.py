@@ -21,7 +21,7 @@ import numpy as np
 
 from ._blas import single_threaded_blas
 from .stages.diagnostics import RANK_TOL
-from .stages.fit import max_abs, power_of_two_scale
+from .stages.fit import max_abs, power_of_two_scale, scaled_norm
 from .stages.precision import resolve_precision
 
 __all__ = [
@@ -408,7 +408,9 @@ def undetermined_units(
     ``samples`` is a :class:`relufast.stages.reduce.Samples` (any layout); the first
     UNIT_HEAD_ROWS samples settle most units (cost O(rows k d) and an SVD of 2 (d + 1)
     active rows per unit), and one pass over all samples (a reduction under MPI) decides the
-    units they leave in doubt. ``y_norm`` is ||Y||_F over all samples; ``intercept``
+    units they leave in doubt. ``y_norm`` is ||Y||_F over all samples, or a function that
+    returns it (asked only when some unit is in doubt: the first rows are judged against
+    their own outputs' norm); ``intercept``
     (default: ``c`` given) says whether the model has an offset; ``input_rank`` (default d)
     the rank of X (inputs in a subspace are reported by :mod:`relufast.subspace`);
     ``rank_tol`` the relative singular value below which a direction of the active samples
@@ -423,13 +425,13 @@ def undetermined_units(
     un = np.linalg.norm(U * su, axis=0) / su  # exact scaling: U of 1e-200 does not underflow
     n = samples.n
     head_n = min(n, UNIT_HEAD_ROWS)
-    Xh, _ = samples.take(np.arange(head_n))
+    Xh, Yh = samples.take(np.arange(head_n))
     Z = Xh @ V.T + b
     A = Z > 0
     count = A.sum(axis=0).astype(np.float64)
     sq = (np.where(A, Z, 0.0) ** 2).sum(axis=0)
     Xa = np.column_stack([Xh, np.ones(head_n)]) if intercept else Xh
-    y_head = y_norm * math.sqrt(head_n / max(n, 1))
+    y_head = scaled_norm(Yh)  # the head's own outputs (the same rows on every rank)
     need = (d if input_rank is None else int(input_rank)) + int(intercept)
     with single_threaded_blas():  # k small SVDs: a threaded BLAS only spins (10x slower here)
         doubt = [
@@ -448,6 +450,8 @@ def undetermined_units(
             full = _unit_sums(Xh, V, b, U, units, intercept)
         for j, i in enumerate(doubt):
             count[i], sq[i], grams[i] = full["count"][j], full["sq"][j], full["gram"][j]
+    if doubt and callable(y_norm):
+        y_norm = float(y_norm())
     reasons = {}
     for i in doubt:
         contribution = un[i] * math.sqrt(sq[i])

@@ -83,6 +83,8 @@ def relu_stats(X, Y, V, U=None, *, n_jobs=0, block_size=4096, activation=RELU, b
 #: Largest |Y| whose sums of squares are safe without scaling: (2^400)^2 times 1e15 entries
 #: stays far below the overflow threshold, and squares of entries above 2^-400 do not underflow.
 _SAFE_EXPONENT = 400
+#: ||Y||^2 at or above this comes from outputs with max|Y| >= 2^-401: no underflow to fear.
+_SAFE_SQUARE = 2.0 ** (-2 * _SAFE_EXPONENT - 2)
 
 #: Rows per block when the residual pass has to scale the outputs (bounded extra memory).
 _SCALE_BLOCK = 1 << 16
@@ -191,6 +193,11 @@ def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
     if samples.distributed or samples.lazy:
         return residual_from_stats(certify(samples, V, U, activation=activation, b=b, c=c))
     X, Y = samples.X, samples.Y
+    # Outputs of ordinary size (the common case) need no scaling: the fused pass alone, kept
+    # when its sums neither overflowed nor came near underflow (else the scaled path below).
+    st = certify(samples, V, U, activation=activation, b=b, c=c)
+    if np.isfinite(st["sq_norm"]) and np.isfinite(st["sq_residual"]) and st["sq_norm"] >= _SAFE_SQUARE:
+        return residual_from_stats(st)
     ymax = max_abs(Y)
     if not np.isfinite(ymax):
         check_finite_once(samples)  # raises: NaN/inf in Y is a ValueError, never a residual
@@ -198,7 +205,7 @@ def relative_residual(X, Y, V, U, threads, activation, *, b=None, c=None):
         return float("nan")
     e = int(np.frexp(ymax)[1])
     if -_SAFE_EXPONENT <= e <= _SAFE_EXPONENT:
-        return residual_from_stats(certify(samples, V, U, activation=activation, b=b, c=c))
+        return residual_from_stats(st)
     s = power_of_two_scale(ymax)
     Us = np.asarray(U, dtype=np.float64) * s
     cs = None if c is None else np.asarray(c, dtype=np.float64) * s

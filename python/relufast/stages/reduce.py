@@ -397,6 +397,12 @@ class Samples:
         """Rows ``idx`` (global indices, any order, no repeats needed) as in-memory float64
         arrays (len(idx), d) and (len(idx), m), identical on every rank."""
         idx = np.asarray(idx, dtype=np.int64)
+        contiguous = len(idx) > 0 and idx[0] >= 0 and np.all(np.diff(idx) == 1)
+        if contiguous and self.comm is None and not self.lazy and idx[-1] < self.n_local:
+            # A run of rows in one in-memory array (a head): one contiguous copy, no sort.
+            a, z = int(idx[0]), int(idx[-1]) + 1
+            Ys = np.array(self.Y[a:z], dtype=np.float64, order="C").reshape(z - a, self.m)
+            return np.array(self.X[a:z], dtype=np.float64, order="C"), Ys
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         lo, hi = np.searchsorted(sidx, [self.offset, self.offset + self.n_local])
