@@ -11,16 +11,6 @@ from scipy.special import ndtr
 from ..._validation import check_positive_int
 from ...stages.hermite import gaussian_pdf
 
-#: Detected outlier fraction above which Theorem 4's guarantee is void.
-TOO_MANY_OUTLIERS = 0.3
-#: Relative size below which an entry of the QP's e = p - q is rounding, not an outlier.
-QP_ZERO = 1e-12
-#: HiGHS QP regularisation used when the unregularised solve fails (moves the optimum ~1e-12).
-QP_FALLBACK_REGULARIZATION = 1e-12
-#: mu at or below this makes c / mu unstable (almost every output is zero).
-SMALL_MU = 0.05
-
-
 # ----------------------------------------------------------------------------------------------
 # Bias laws
 # ----------------------------------------------------------------------------------------------

@@ -12,15 +12,6 @@ from ..._validation import as_float_matrix
 from .laws import _check_law
 from .robust import _whole_data_only
 
-#: Detected outlier fraction above which Theorem 4's guarantee is void.
-TOO_MANY_OUTLIERS = 0.3
-#: Relative size below which an entry of the QP's e = p - q is rounding, not an outlier.
-QP_ZERO = 1e-12
-#: HiGHS QP regularisation used when the unregularised solve fails (moves the optimum ~1e-12).
-QP_FALLBACK_REGULARIZATION = 1e-12
-#: mu at or below this makes c / mu unstable (almost every output is zero).
-SMALL_MU = 0.05
-
 
 class InfeasibleError(ValueError):
     """Program (34) is infeasible: gamma is too small (or the margin too big) for some rows.
