@@ -78,8 +78,10 @@ def limit(time_limit, comm=None):
     finally:
         _DEADLINE.reset(token)
         if local:
-            unlimited = outer is None or outer[2] is not None
-            _set_kernel_deadline(0.0 if unlimited else max(outer[0] - time.monotonic(), 1e-9))
+            if outer is None or outer[2] is not None:
+                _set_kernel_deadline(0.0)
+            else:
+                _set_kernel_deadline(max(outer[0] - time.monotonic(), 1e-9))
 
 
 def remaining() -> Optional[float]:

@@ -102,7 +102,7 @@ def check_scalar(value, name, *, kind=float, low=None, high=None, include_low=Tr
     base = numbers.Integral if kind is int else numbers.Real
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, base):
         raise TypeError(f"{expected}; got {type(value).__name__} {value!r}")
-    if not np.isfinite(value):
+    if not np.isfinite(float(value)):
         raise ValueError(f"{expected}; got {value!r}")
     bad_low = low is not None and (value < low if include_low else value <= low)
     bad_high = high is not None and (value > high if include_high else value >= high)

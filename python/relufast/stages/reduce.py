@@ -119,10 +119,12 @@ class GrowingSample:
                 raise ValueError(
                     f"X and Y must contain only finite values; found {bad} NaN or infinite entries {self._where}"
                 )
-            if self.X is None or len(self.X) == 0:
+            if self.X is None or self.Y is None or len(self.X) == 0:
                 self.X, self.Y = Xn, Yn
             else:
                 self.X, self.Y = np.concatenate([self.X, Xn]), np.concatenate([self.Y, Yn])
+        if self.X is None or self.Y is None:  # nothing asked for yet
+            return np.empty((0, self.data.d)), np.empty((0, self.data.m))
         return self.X[:count], self.Y[:count]
 
     def double(self):
