@@ -328,7 +328,7 @@ def extract(
                         result = res
                     if res.exact:
                         break
-                if result.exact:
+                if result is not None and result.exact:
                     break
             assert result is not None  # names is never empty
             history.append((len(X), result.status.value, float(result.residual)))

@@ -95,7 +95,7 @@ def _components(adj):
     """Connected components (lists of indices) of a boolean adjacency matrix."""
     n = len(adj)
     label = -np.ones(n, dtype=int)
-    comps = []
+    comps: list = []
     for s in range(n):
         if label[s] >= 0:
             continue

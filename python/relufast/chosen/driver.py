@@ -92,7 +92,8 @@ def _stages(oracle, widths, rng, clock, diag):
     if L > 1 and oracle.eps > LOW_PRECISION:
         with clock.stage("refit"):
             W, b = refit_rows(oracle, W, b, rng)
-    known, tent, signs_ok = [], (W, b), True
+    known: list = []
+    tent, signs_ok = (W, b), True
     for li in range(1, L):
         with clock.stage(f"layer_{li + 1}"):
             found = None

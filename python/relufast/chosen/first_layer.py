@@ -69,7 +69,7 @@ def random_lines(oracle, n_lines, widths, rng):
 
 def _dedupe(H, tol):
     """Indices of the first of each group of rows of H (unit rows) equal up to sign."""
-    keep = []
+    keep: list = []
     for i in range(len(H)):
         if not keep or np.max(np.abs(H[keep] @ H[i])) < 1 - tol:
             keep.append(i)

@@ -74,7 +74,7 @@ def _check(status, call):
         raise RuntimeError(f"HiGHS {call} returned an error")
 
 
-_QUIET = []  # [True] once the process's first solver has been created quietly
+_QUIET: list = []  # [True] once the process's first solver has been created quietly
 
 
 def _first_solver_quietly():

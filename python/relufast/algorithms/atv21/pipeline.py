@@ -327,7 +327,7 @@ def _deflated(run, data, est, s, T, W, g, noise, sample, covers_all, mode):
         out = deflate(run, est, s, W, g, V0, bb, sample, s.tol)
     if out is None:
         return None
-    rr = _lifted_fit(*sample, out[0], out[1], rounds=out[2])
+    rr = _lifted_fit(sample[0], sample[1], out[0], out[1], rounds=out[2])
     if rr.residual > s.tol:
         return None
     if not (covers_all and len(sample[0]) <= LIFT_FIT_ROWS):

@@ -597,7 +597,8 @@ def _certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, a
 
     Returns (pool, approximate rows from the first draw, smallest null-space ratio seen).
     """
-    pool, gaps, known = RowPool(k), [], []
+    pool, gaps = RowPool(k), []
+    known: list = []
     approx_rows, min_null, n_candidates, restarts = None, np.inf, 0, 0
     for restarts in range(1, n_restarts + 1):
         check_deadline("in a bjw19-gaussian tensor restart")
