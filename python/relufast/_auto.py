@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from ._causes import AUTO_CHECK_ROWS, MEAN_Z_LIMIT, _mean_statistic
+from ._deadline import check_time_limit
 from ._protocol import _Outputs, check_options, settle
 from ._result import (
     Run,
@@ -122,10 +123,8 @@ def _auto_options(options):
     from ._validation import check_random_state, resolve_n_jobs
 
     options = dict(options)
-    budget = options.pop("time_limit", None)
+    budget = check_time_limit(options.pop("time_limit", None))
     budget = AUTO_TIME_LIMIT if budget is None else budget
-    if not (isinstance(budget, (int, float)) and np.isfinite(budget) and budget > 0):
-        raise ValueError(f"time_limit must be a positive number of seconds; got {budget!r}")
     known = sorted({o for spec in METHODS.values() for o in spec.options} - {"time_limit"})
     check_options("auto", known + ["time_limit"], options, listing="the options of its methods are")
     resolve_n_jobs(options.get("n_jobs"))

@@ -81,7 +81,14 @@ class _Outputs:
         # is where NaN in Y is found) take the full pass at once.
         self._full = _OutputFigures(samples) if samples.distributed or samples.lazy else None
         self._norm = None if self._full is None else self._full.norm
-        self._head_varies = None
+        self._head_rows = None
+
+    def _head(self):
+        """The first HEAD_ROWS outputs (read once, for both the constant test and the scale)."""
+        if self._head_rows is None:
+            _, head = self._samples.take(np.arange(min(self.n, self.HEAD_ROWS)))
+            self._head_rows = np.asarray(head)
+        return self._head_rows
 
     def _figures(self):
         if self._full is None:
@@ -89,11 +96,8 @@ class _Outputs:
         return self._full
 
     def _varies_in_head(self):
-        if self._head_varies is None:
-            _, head = self._samples.take(np.arange(min(self.n, self.HEAD_ROWS)))
-            head = np.asarray(head)
-            self._head_varies = bool(len(head) > 1 and np.any(head != head[:1]))
-        return self._head_varies
+        head = self._head()
+        return bool(len(head) > 1 and np.any(head != head[:1]))
 
     @property
     def constant(self):
@@ -119,8 +123,7 @@ class _Outputs:
         from .stages.fit import max_abs, power_of_two_scale
 
         samples = self._samples
-        _, head = samples.take(np.arange(min(self.n, self.HEAD_ROWS)))
-        top = max_abs(head)
+        top = max_abs(self._head())
         scale = power_of_two_scale(top) if np.isfinite(top) and top > 0 else 1.0
         total = 0.0
         with np.errstate(over="ignore", invalid="ignore"):

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._deadline import check_time_limit
 from ..._protocol import recovery_method
 from ..._result import Run, Status
 from ..._validation import check_positive_int, check_problem, check_random_state, resolve_n_jobs
@@ -297,8 +298,7 @@ def _setup(run, X, Y, n_hidden, tol, max_patterns, time_limit, n_jobs, random_st
         raise ValueError(f"n_hidden must be at most n_samples = {n}; got {k}")
     if max_patterns is not None:
         max_patterns = check_positive_int(max_patterns, "max_patterns")
-    if time_limit is not None and not (np.isfinite(time_limit) and time_limit > 0):
-        raise ValueError(f"time_limit must be a positive number of seconds; got {time_limit!r}")
+    time_limit = check_time_limit(time_limit)  # checked by the protocol already; the one rule
     threads = resolve_n_jobs(n_jobs)
     rng = check_random_state(random_state)
     run.counts.update(n_samples=n, n_hidden=k)

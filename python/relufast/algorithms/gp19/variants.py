@@ -77,26 +77,9 @@ n_jobs, comm
     step activation and ``P = 1 - prod(1 - X_i)`` (monotone, ``c_i = 1``), so Step 1 and
     Step 2 recover ``v_i = -w_i``. A union is the model itself.
     """
-    options = dict(
-        landscape=landscape,
-        refine=refine,
-        eps=eps,
-        max_refine_iter=max_refine_iter,
-        n_features=n_features,
-        n_queries=n_queries,
-        band_queries=band_queries,
-        band_width=band_width,
-        restarts=restarts,
-        max_iter=max_iter,
-        tol=tol,
-        shift=shift,
-        kappa_lambda=kappa_lambda,
-        gamma=gamma,
-        label_tol=label_tol,
-        random_state=random_state,
-        n_jobs=n_jobs,
-        comm=comm,
-    )
+    given = dict(locals())  # first statement: exactly the parameters
+    # Every parameter but these is one of lowest_layer's options, passed on as given.
+    options = {o: v for o, v in given.items() if o not in ("X", "Y", "n_hidden", "threshold", "union", "f")}
     layer = lowest_layer.__wrapped__  # the protocol is this function's
     if union:
         return _rename(layer(X, Y, n_hidden, threshold=threshold, activation="step", f=f, **options), "gp19-halfspaces")
