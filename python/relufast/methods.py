@@ -30,25 +30,20 @@ class MethodSpec(NamedTuple):
     citation: str
     #: False where the model fixes the units of X (GP19's known threshold t): no rescaling.
     units_free: bool
-    #: The method takes an mpi4py ``comm`` (each rank passes its own samples).
-    takes_comm: bool
     #: In-memory inputs are whitened first (the model is x ~ N(0, I)).
     whiten: bool
     #: Its options, the common ones (:data:`COMMON_OPTIONS`) included.
     options: tuple
 
+    @property
+    def takes_comm(self) -> bool:
+        """The method takes an mpi4py ``comm`` (each rank passes its own samples)."""
+        return "comm" in self.options
+
 
 def _spec(function, citation):
     protocol = function.protocol
-    return MethodSpec(
-        protocol.name,
-        function,
-        citation,
-        protocol.units_free,
-        "comm" in protocol.options,
-        protocol.whiten,
-        protocol.options,
-    )
+    return MethodSpec(protocol.name, function, citation, protocol.units_free, protocol.whiten, protocol.options)
 
 
 #: name -> MethodSpec.
