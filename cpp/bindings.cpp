@@ -107,8 +107,9 @@ bool compiled_with_avx2() {
 py::dict refine_rows_py(const ConstRowRef& B, const ConstRowRef& X, const ConstRowRef& Vhat,
                         std::vector<double> margins, double tol_null, double tol_gap,
                         double tol_verify, double tol_support, Index min_zeros, int n_jobs,
-                        double power) {
+                        double power, bool approximate) {
   RefineOptions opts;
+  opts.approximate = approximate;
   if (!margins.empty()) opts.margins = std::move(margins);
   opts.tol_null = tol_null;
   opts.tol_gap = tol_gap;
@@ -408,6 +409,7 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
         py::arg("Vhat"), py::arg("margins") = std::vector<double>{}, py::arg("tol_null") = 1e-10,
         py::arg("tol_gap") = 1e-6, py::arg("tol_verify") = 1e-9, py::arg("tol_support") = 1e-9,
         py::arg("min_zeros") = 0, py::arg("n_jobs") = 0, py::arg("power") = 1.0,
+        py::arg("approximate") = true,
         "BJW19 Alg. 5 (margin form): certify and solve hidden rows from approximate directions.");
 
   // ---- GP19 (Goel and Panigrahy 2019), Step 1: contractions of the fourth-order

@@ -29,6 +29,7 @@ struct RefineOptions {
   double tol_support = 1e-9;  // r_j > tol_support * max r counts as positive
   Index min_zeros = 0;        // 0 means 2k + 5
   double power = 1.0;         // activation relu(t)^power (BJW19 Sec. 9.1, homogeneous case)
+  bool approximate = true;    // solve an approximate row when none certifies (noisy outputs)
 };
 
 struct RowCertificate {

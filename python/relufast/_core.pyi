@@ -136,6 +136,7 @@ def refine_rows(
     min_zeros: int = 0,
     n_jobs: int = 0,
     power: float = 1.0,
+    approximate: bool = True,
 ) -> _RefineOut: ...
 
 class Hermite4Contraction:

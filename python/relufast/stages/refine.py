@@ -27,6 +27,7 @@ import numpy as np
 from .._deadline import check as check_deadline
 from .._native import core
 from ..activations import RELU
+from .pool import DUPLICATE_COS, RowPool
 
 __all__ = [
     "DEFAULT_MARGINS",
@@ -72,6 +73,7 @@ def refine_rows(
     n_jobs=0,
     activation=RELU,
     tol_support=1e-9,
+    approximate=True,
 ):
     """Certify and solve hidden rows from approximate directions (Alg. 5, steps 2-5).
 
@@ -90,6 +92,10 @@ def refine_rows(
         Zero tests: null-space ratio, spectral gap, verification residual, and the
         relative size below which an entry of a rectified vector counts as zero
         (:func:`relufast.stages.precision.refine_tolerances` raises them for float32 outputs).
+    approximate : bool, default=True
+        Solve an approximate row (``solved`` without ``certified``) for a candidate that
+        does not certify, from its best probe on every confidently-off sample (noisy
+        outputs). False skips that solve: ``rows`` is then NaN for such candidates.
 
     Returns
     -------
@@ -103,7 +109,18 @@ def refine_rows(
     Vhat = np.ascontiguousarray(np.atleast_2d(Vhat), dtype=np.float64)
     if activation.homogeneous:
         return core.refine_rows(
-            B, X, Vhat, list(margins), tol_null, tol_gap, tol_verify, tol_support, 0, n_jobs, float(activation.degree)
+            B,
+            X,
+            Vhat,
+            list(margins),
+            tol_null,
+            tol_gap,
+            tol_verify,
+            tol_support,
+            0,
+            n_jobs,
+            float(activation.degree),
+            bool(approximate),
         )
     outs = [_refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol_support) for v in Vhat]
     keys = (
@@ -157,6 +174,14 @@ def _solve_scaled(XS, rS, activation):
     return np.linalg.lstsq(XS, t, rcond=None)[0]
 
 
+def _thin(idx, cap):
+    """At most ``cap`` evenly spaced members of the index array ``idx`` (as the C++ kernel
+    takes them: the probe's null space and the exact solve need a few times k, resp. d,
+    generic rows; the verification reads every sample)."""
+    n = len(idx)
+    return idx if n <= cap else idx[(np.arange(cap) * n) // cap]
+
+
 def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol_support=1e-9):
     """NumPy version of the C++ kernel for one candidate (certified rows only)."""
     k, l = B.shape
@@ -183,8 +208,9 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol
             if Z.size < 2 * k + 5:
                 probes[q] = None
                 continue
-            _, s, Vt = np.linalg.svd(B[:, Z].T, full_matrices=True)
-            scale = s[0] if k >= 2 else np.linalg.norm(B) * np.sqrt(Z.size / l)
+            Zt = _thin(Z, max(2 * k + 5, 4 * k + 20))
+            _, s, Vt = np.linalg.svd(B[:, Zt].T, full_matrices=True)
+            scale = s[0] if k >= 2 else np.linalg.norm(B) * np.sqrt(Zt.size / l)
             gap = s[k - 2] / scale if k >= 2 else 1.0
             probes[q] = (s[k - 1] / scale, gap, Vt[k - 1], Z.size)
         for q in (+1, -1):
@@ -198,9 +224,10 @@ def _refine_one(B, X, v, activation, margins, tol_null, tol_gap, tol_verify, tol
             if r.sum() < 0:
                 r = -r
             S = r > tol_support * r.max()
-            if S.sum() < d or np.linalg.matrix_rank(X[S]) < d:
+            St = _thin(np.flatnonzero(S), 2 * d + 20)
+            if S.sum() < d or np.linalg.matrix_rank(X[St]) < d:
                 continue
-            z = _solve_scaled(X[S], r[S], activation)
+            z = _solve_scaled(X[St], r[St], activation)
             if activation.homogeneous:
                 z = z / np.linalg.norm(z)
             t = activation(X @ z)
@@ -750,51 +777,3 @@ def region_systems_reference(X, Y, V, b, U, c, margin, mask=None):
         "n_certain": float(certain.sum()),
         "count": float(len(X)),
     }
-
-
-#: Rows whose |cos| exceeds this are the same hidden unit.
-DUPLICATE_COS = 1.0 - 1e-6
-#: Fields of :func:`refine_rows`' output kept as a row's certificate.
-_CERT_FIELDS = ("margin", "null_ratio", "gap_ratio", "other_ratio", "verify_residual", "support")
-
-
-class RowPool:
-    """Certified rows pooled over restarts, one per hidden unit (duplicates dropped).
-
-    Parameters
-    ----------
-    k : int
-        Rows wanted.
-    """
-
-    def __init__(self, k):
-        self.k = k
-        self.rows = []
-        self.certificates = []
-
-    def __len__(self):
-        return len(self.rows)
-
-    @property
-    def full(self):
-        return len(self.rows) >= self.k
-
-    def is_new(self, row):
-        unit = row / np.linalg.norm(row)
-        return all(abs(unit @ c) < DUPLICATE_COS * np.linalg.norm(c) for c in self.rows)
-
-    def add(self, row, certificate=None):
-        """Add a certified row unless it duplicates one in the pool; returns whether added."""
-        if not self.is_new(row):
-            return False
-        self.rows.append(np.asarray(row, dtype=np.float64))
-        self.certificates.append(certificate or {})
-        return True
-
-    def add_certified(self, out, rows=None):
-        """Add every certified row of a :func:`refine_rows` output (``rows`` overrides the
-        solved rows, e.g. mapped back from whitened coordinates)."""
-        rows = out["rows"] if rows is None else rows
-        for i in np.flatnonzero(out["certified"]):
-            self.add(rows[i], {key: out[key][i] for key in _CERT_FIELDS})
-        return self
