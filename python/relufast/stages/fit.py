@@ -305,6 +305,12 @@ def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
     """
     M = None if mask is None else mask.astype(np.float64)
     U, V = np.array(U, dtype=np.float64), np.array(V, dtype=np.float64)
+    # The problem is equivariant in the scale of Y (U scales with it): work at max |Y| = 1,
+    # so that squared residuals of huge or tiny outputs stay finite and nonzero.
+    y_scale = float(np.max(np.abs(Y))) if np.size(Y) else 0.0
+    if not (np.isfinite(y_scale) and y_scale > 0):
+        y_scale = 1.0
+    Y, U = np.asarray(Y, dtype=np.float64) / y_scale, U / y_scale
     m, k = U.shape
     d = X.shape[1]
     nu = m * k
@@ -328,7 +334,7 @@ def polish(X, Y, U, V, *, n_iter=10, mask=None, tol=1e-15):
             break
         U, V, R, cost = U_new, V_new, R_new, c_new
     s = np.linalg.norm(V, axis=1)
-    return U * s[None, :], V / s[:, None]
+    return U * (y_scale * s[None, :]), V / s[:, None]
 
 
 def fit_from_stats(stats):

@@ -10,6 +10,7 @@ polish started from Jennrich's factors.
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 from .._deadline import check as check_deadline
 
@@ -111,35 +112,119 @@ def khatri_rao(B, C):
     return (B[:, None, :] * C[None, :, :]).reshape(B.shape[0] * C.shape[0], B.shape[1])
 
 
-def cp_als(P, B0, *, n_iter=100, tol=1e-13):
-    """Non-symmetric CP-ALS for P (m, k, k) with rank r = B0.shape[1], started at (., B0, B0).
+def _solve_gram(T, G):
+    """``T G^+`` for a symmetric Gram-type matrix G (the normal equations of an ALS step):
+    by Cholesky when G is well conditioned (the usual case, ~10x cheaper than the
+    pseudo-inverse's eigendecomposition), else by the pseudo-inverse."""
+    try:
+        L, low = scipy.linalg.cho_factor(G, check_finite=False)
+        diag = np.abs(np.diag(L))
+        if diag.size and diag.min() ** 2 > 1e-12 * diag.max() ** 2:
+            return scipy.linalg.cho_solve((L, low), T.T, check_finite=False).T
+    except (np.linalg.LinAlgError, ValueError):
+        pass
+    return T @ np.linalg.pinv(G, hermitian=True)
 
-    Each update is one GEMM of an unfolding of P with a Khatri-Rao product (m k^2 r flops),
-    and the fit is measured on the mode-1 unfolding.
 
-    Returns factors A (m, r), B (k, r), C (k, r) with unit-norm columns in B and C.
+def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
+    """Non-symmetric CP-ALS for P (m, k, k) with r = B0.shape[1] free components, started at
+    (., B0, B0).
+
+    Each iteration contracts P with the current input-mode factors twice (two GEMMs of
+    ``m k^2 r`` flops: ``P x_3 C`` gives the updates of A and B, ``P x_2 B`` that of C), so
+    the updates need no Khatri-Rao product. The fit on the mode-1 unfolding (the stopping
+    test) is the explicit residual, or, with ``factor_tol``, computed from the same
+    contractions while that is precise enough.
+
+    Parameters
+    ----------
+    fixed : ndarray of shape (k, f), optional
+        Components already known (relufast, for a completion): their input-mode factors
+        stay fixed, in both B and C; their output-mode factors are refitted with the free
+        ones at every step. Rows certified by the exact refinement are fixed this way, so
+        the free components are drawn to the units still missing.
+    factor_tol : float, default=0.0
+        Also stop when no free column of B or C moved by more than this (1 - |cos|); 0
+        stops on the fit alone. The pipelines that refine the result exactly need angles
+        of about 0.1 rad, not a converged fit.
+
+    Returns A (m, f + r), B (k, r), C (k, r): the fixed components come first in A; B and C
+    hold the free components, with unit-norm columns.
     """
     P = np.asarray(P, dtype=np.float64)
+    # ALS is scale-equivariant in P (A scales, B and C are unit): work at max |P| = 1 so that
+    # the squared norms of the fit neither overflow nor underflow.
+    scale = float(np.max(np.abs(P))) if P.size else 0.0
+    if not (np.isfinite(scale) and scale > 0):
+        scale = 1.0
+    P = P / scale
     m, k1, k2 = P.shape
-    P1 = P.reshape(m, k1 * k2)  # (i, j k)
-    P2 = np.ascontiguousarray(P.transpose(1, 0, 2)).reshape(k1, m * k2)  # (j, i k)
-    P3 = np.ascontiguousarray(P.transpose(2, 0, 1)).reshape(k2, m * k1)  # (k, i j)
+    Pc = P.reshape(m * k1, k2)  # P x_3 C
+    Pb = np.ascontiguousarray(P.transpose(0, 2, 1)).reshape(m * k2, k1)  # P x_2 B
+    p2 = float(np.vdot(P, P))
     B = np.array(B0, dtype=np.float64)
     C = B.copy()
-    A = (P1 @ khatri_rao(B, C)) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
+    r = B.shape[1]
+    if fixed is None:
+        F, f = np.zeros((k1, 0)), 0
+    else:
+        F = np.asarray(fixed, dtype=np.float64)
+        f = F.shape[1]
+    # The fixed components' contractions do not change: P x_3 F and P x_2 F.
+    PF = (Pc @ F).reshape(m, k1, f)
+    T1F = np.einsum("ipf,pf->if", PF, F)
+
+    def a_update(PC):
+        T1 = np.concatenate([T1F, np.einsum("ipr,pr->ir", PC, B)], axis=1)
+        Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
+        return _solve_gram(T1, (Bt.T @ Bt) * (Ct.T @ Ct))
+
+    PC = (Pc @ C).reshape(m, k1, r)
+    A = a_update(PC)
     prev = np.inf
     for _ in range(n_iter):
         check_deadline("in a CP-ALS iteration")
-        A = (P1 @ khatri_rao(B, C)) @ np.linalg.pinv((B.T @ B) * (C.T @ C))
-        B = (P2 @ khatri_rao(A, C)) @ np.linalg.pinv((A.T @ A) * (C.T @ C))
+        A = a_update(PC)
+        Af, Ar = A[:, :f], A[:, f:]
+        AtA = Ar.T @ Ar
+        B_old, C_old = B, C
+        T2 = np.einsum("ipr,ir->pr", PC, Ar)
+        if f:
+            T2 -= F @ ((Af.T @ Ar) * (F.T @ C))
+        B = _solve_gram(T2, AtA * (C.T @ C))
         B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
-        C = (P3 @ khatri_rao(A, B)) @ np.linalg.pinv((A.T @ A) * (B.T @ B))
+        PB = (Pb @ B).reshape(m, k2, r)
+        T3 = np.einsum("iqr,ir->qr", PB, Ar)
+        if f:
+            T3 -= F @ ((Af.T @ Ar) * (F.T @ B))
+        C = _solve_gram(T3, AtA * (B.T @ B))
         C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
-        fit = float(np.linalg.norm(P1 - A @ khatri_rao(B, C).T))
-        if abs(prev - fit) <= tol * max(fit, 1e-300):
+        PC = (Pc @ C).reshape(m, k1, r)
+        # ||P - model||^2 = ||P||^2 - 2 <P, model> + ||model||^2 (model: A with the new B, C).
+        Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
+        inner = float(np.sum(T1F * Af)) + float(np.einsum("ipr,pr,ir->", PC, B, Ar))
+        model2 = float(np.sum((A.T @ A) * (Bt.T @ Bt) * (Ct.T @ Ct)))
+        sq = p2 - 2.0 * inner + model2
+        # That difference carries an absolute error of a few eps ||P||^2: precise enough for
+        # the stopping test only while it is large. Otherwise the explicit residual (always
+        # without factor_tol, so such callers stop where the textbook iteration stops).
+        if factor_tol > 0 and sq * tol > 1e3 * np.finfo(float).eps * p2:
+            fit = float(np.sqrt(sq))
+        elif factor_tol > 0:
+            fit = None
+        else:
+            fit = float(np.linalg.norm(P.reshape(m, -1) - A @ khatri_rao(Bt, Ct).T))
+        if fit is not None and abs(prev - fit) <= tol * max(fit, 1e-300):
             break
-        prev = fit
-    return A, B, C
+        if factor_tol > 0 and r:
+            moved = max(
+                float(np.max(1.0 - np.abs(np.sum(B * B_old, axis=0)))),
+                float(np.max(1.0 - np.abs(np.sum(C * C_old, axis=0)))),
+            )
+            if moved <= factor_tol:
+                break
+        prev = np.inf if fit is None else fit
+    return A * scale, B, C
 
 
 def merge_symmetric_factors(B, C):
@@ -150,8 +235,8 @@ def merge_symmetric_factors(B, C):
     return Z / np.maximum(np.linalg.norm(Z, axis=0), 1e-300)
 
 
-def draw_candidates(P, W, rng):
-    """One Jennrich draw and its CP-ALS polish.
+def draw_candidates(P, W, rng, *, factor_tol=0.0):
+    """One Jennrich draw and its CP-ALS polish (``factor_tol``: see :func:`cp_als`).
 
     Returns
     -------
@@ -164,7 +249,7 @@ def draw_candidates(P, W, rng):
         Relative error of the polished CP model of P (small: a good draw).
     """
     Z, gap = jennrich(P, rng)
-    A, Bf, Cf = cp_als(P, Z)
+    A, Bf, Cf = cp_als(P, Z, factor_tol=factor_tol)
     fit = float(np.linalg.norm(P.reshape(P.shape[0], -1) - A @ khatri_rao(Bf, Cf).T) / max(np.linalg.norm(P), 1e-300))
     cand = np.vstack([(W @ merge_symmetric_factors(Bf, Cf)).T, (W @ Z).T])
     cand /= np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
