@@ -250,19 +250,20 @@ def use_mean_span(d, k, m):
 def _mean_span(X, Y, k, Q, whitener):
     """Span of V from the first moment ``M = mean_s (Y Q)_s x_w,s^T``: for ReLU units and
     Gaussian inputs ``E[y x^T] = U diag(c_1 ||V_j||) V_unit`` (c_1 = 1/2), of rank k when U
-    has rank k. Returns (W (d, k), squared singular values of M, descending)."""
+    has rank k. Returns (W (d, k), squared singular values of M, descending, and the
+    statistics ``(mean of Y Q, M in the coordinates of x)`` for :func:`_projected_moment`)."""
     from .reduce import Samples
 
     def part(Xb, Yb):
         Yq = np.asarray(Yb, dtype=np.float64) if Q is None else np.asarray(Yb, dtype=np.float64) @ Q
-        return {"count": float(len(Xb)), "yx": Yq.T @ np.asarray(Xb, dtype=np.float64)}
+        return {"count": float(len(Xb)), "y": Yq.sum(axis=0), "yx": Yq.T @ np.asarray(Xb, dtype=np.float64)}
 
     st = X.map_reduce(part) if isinstance(X, Samples) else part(X, Y)
-    M = st["yx"] / max(st["count"], 1.0)
-    if whitener is not None:
-        M = M @ whitener
+    count = max(st["count"], 1.0)
+    M_raw = st["yx"] / count
+    M = M_raw if whitener is None else M_raw @ whitener
     _, sv, Vt = np.linalg.svd(M, full_matrices=False)
-    return np.ascontiguousarray(Vt[:k].T), sv**2
+    return np.ascontiguousarray(Vt[:k].T), sv**2, (st["y"] / count, M_raw)
 
 
 def _whitened_tensor(acc, whitener):
@@ -276,16 +277,33 @@ def _whitened_tensor(acc, whitener):
     return np.einsum("ab,ibc,cd->iad", whitener, raw, whitener) - ybar[:, None, None] * np.eye(d)
 
 
-def _projected_moment(X, Y, Pm, Q, threads, block_size):
+def _projected_moment(X, Y, Pm, Q, threads, block_size, control=None):
     """``P[i] = mean_s (Y Q)_si (z_s z_s^T - I)`` with ``z = Pm^T x`` (Pm (d, k)), over the
-    arrays (X, Y) or every block and rank of a Samples X."""
+    arrays (X, Y) or every block and rank of a Samples X.
+
+    With ``control = (mean of Y Q, M = mean (Y Q) x^T)`` (relufast) the outputs enter as
+    ``(Y Q)_s - mean - G z_s`` with ``G = M Pm``: for Gaussian z the constant and the linear
+    part have zero moment against ``z z^T - I`` (the expectation is unchanged), but they
+    carry most of the variance of y (for one ReLU unit, relu(t) = t/2 + |t|/2 leaves
+    E[(|t|/2 - E|t|/2)^2] = 0.09 of E[relu(t)^2] = 0.5). These control variates cut the
+    sampling error of P by about 2x at the same n."""
     from .reduce import Samples
 
     m = Y.shape[1] if Q is None and Y is not None else (Q.shape[1] if Q is not None else X.m)
-    acc = SecondMomentAccumulator(Pm.shape[1], m, n_jobs=threads or None, block_size=block_size, compress=Q)
+    if control is not None:
+        ybar, G = control[0], control[1] @ Pm
+    acc = SecondMomentAccumulator(
+        Pm.shape[1], m, n_jobs=threads or None, block_size=block_size, compress=None if control is not None else Q
+    )
     blocks = X.blocks(bounded=True) if isinstance(X, Samples) else [(X, Y)]
     for Xb, Yb in blocks:
-        acc.add(np.ascontiguousarray(np.asarray(Xb, dtype=np.float64) @ Pm), Yb)
+        Z = np.ascontiguousarray(np.asarray(Xb, dtype=np.float64) @ Pm)
+        if control is not None:
+            Yq = np.asarray(Yb, dtype=np.float64)
+            if Q is not None:
+                Yq = Yq @ Q
+            Yb = np.ascontiguousarray(Yq - ybar - Z @ G.T)
+        acc.add(Z, Yb)
     if isinstance(X, Samples) and X.comm is not None:
         acc.set_state(X.reduce(acc.state()))
     return acc.tensor()
@@ -304,7 +322,9 @@ def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None, mean_s
 
     With ``mean_span`` (relufast, not in the paper; ReLU units, m >= k) the span comes from
     the first moment (:func:`_mean_span`) and P from one pass that accumulates the moment of
-    ``Y Q`` in the span (inputs ``W^T x_w``): the full (m, d, d) moment is never formed.
+    ``Y Q`` in the span (inputs ``W^T x_w``), with the outputs' constant and linear part
+    as control variates (:func:`_projected_moment`): the full (m, d, d) moment is never
+    formed.
 
     Returns (W, P, eigenvalues of sum_i T[i]^2 (squared singular values of the first
     moment with ``mean_span``) in descending order).
@@ -312,9 +332,9 @@ def moment_span(X, Y, k, Q, threads, block_size, whitener=None, acc=None, mean_s
     from .reduce import Samples
 
     if mean_span:
-        W, evals = _mean_span(X, Y, k, Q, whitener)
+        W, evals, control = _mean_span(X, Y, k, Q, whitener)
         Pm = np.ascontiguousarray(W if whitener is None else whitener @ W)
-        return W, _projected_moment(X, Y, Pm, Q, threads, block_size), evals
+        return W, _projected_moment(X, Y, Pm, Q, threads, block_size, control=control), evals
     if acc is None:
         d = X.d if isinstance(X, Samples) else X.shape[1]
         acc = SecondMomentAccumulator(d, k, n_jobs=threads or None, block_size=block_size, compress=Q)
