@@ -84,7 +84,7 @@ def test_forced_size_is_used():
     assert res.exact and res.counts["n_estimate"] == 8000 and res.counts["doublings"] == 0
 
 
-@pytest.mark.parametrize("d,k,condition,n_start", [(20, 5, 30.0, None), (12, 10, 30.0, 800), (10, 9, 10.0, 300)])
+@pytest.mark.parametrize("d,k,condition,n_start", [(20, 5, 30.0, 400), (12, 10, 30.0, 800), (10, 9, 10.0, 200)])
 def test_hard_instances_escalate_and_end_exact(d, k, condition, n_start):
     # Conditioned V and k close to d: the first sample gives too crude a moment, so the
     # pipeline doubles it (visible in counts) and still ends exact.

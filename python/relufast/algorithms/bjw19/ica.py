@@ -18,9 +18,8 @@ from ..._validation import (
 from ...stages.diagnostics import outputs_below_hidden_message
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
-from ...stages.reduce import GrowingSample, Samples, check_n_estimate
+from ...stages.reduce import GrowingSample, Samples, check_n_estimate, start_size
 from ...stages.refine import RowPool, output_basis, refine_rows
-from .gaussian import start_size
 
 __all__ = ["fastica", "ica"]
 
@@ -172,7 +171,7 @@ def _ica(X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, r
             Status.UNSUPPORTED, outputs_below_hidden_message("bjw19-ica", m, k, "Thm 4 assumes U of rank k")
         )
     ell = min(n, max(1000, 25 * d, 100 * k)) if n_refine is None else min(n, check_positive_int(n_refine, "n_refine"))
-    n_est = n if n_estimate == "all" else min(n, max(ell, n_estimate or start_size(d, k)))
+    n_est = n if n_estimate == "all" else min(n, max(ell, n_estimate or start_size(d, k, per_unit=10, minimum=2000)))
     opts = dict(n_restarts=n_restarts, ica_tol=ica_tol, max_iter=max_iter, threads=threads, prec=prec)
     try:
         pool, approx, Xr, Yr = _search(run, data, k, ell, n_est, rng, **opts)
