@@ -15,10 +15,27 @@ compiled core.
 ``precision``           thresholds from the precision the outputs are known to
 ``hermite``             Gaussian density, Hermite polynomials, Hermite coefficients
 ``levmar``              Levenberg-Marquardt on every parameter of the biased model
+``candidates``          CP-ALS candidate rows certified by Alg. 5 and pooled (at size)
+``pool``                the pool of certified rows, one per hidden unit
 ======================  ===================================================================
 """
 
-from . import diagnostics, fit, hermite, highs, levmar, moments, patterns, precision, reduce, refine, robust_pca, tensor
+from . import (
+    candidates,
+    diagnostics,
+    fit,
+    hermite,
+    highs,
+    levmar,
+    moments,
+    patterns,
+    pool,
+    precision,
+    reduce,
+    refine,
+    robust_pca,
+    tensor,
+)
 
 __all__ = [
     "moments",
@@ -33,4 +50,6 @@ __all__ = [
     "precision",
     "hermite",
     "levmar",
+    "candidates",
+    "pool",
 ]

@@ -27,6 +27,7 @@ from ...stages.reduce import GrowingSample, Samples, SampleStream, check_n_estim
 from ...stages.reduce import start_size as reduce_start_size
 from ...stages.refine import RowPool, TooManyRegions, region_refine
 from ...stages.tensor import input_span
+from . import at_size
 from .deflate import deflate
 from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _lift_refine, _lifted_fit, _lm_refine
 from .sample_tensors import _hermite_tensors
@@ -488,6 +489,15 @@ def _atv21(X, Y, n_hidden, *, refine, comm, prec, **options):
     diag = run.diag
     diag.update(backend=BACKEND, threads=data.n_jobs)
     _check_gaussian(run, data)
+    if at_size.applies(data.d, s.k, data.m, refine, s.n_estimate):
+        rr = at_size.estimate_at_size(run, data, s)
+        if rr is not None:
+            diag.update(directions_from="at-size", refine_history=np.array(rr.history), refine_rounds=0)
+            diag.update(undetermined_units=(), n_regions=0, n_certain=rr.n_certain, n_trimmed=0)
+            run.counts.update(refine_rounds=0, regions=0)
+            return _outcome(run, data, s, rr, [rr.residual], "", refine, prec)
+        diag["at_size"] = "no certified network; ATV21's pipeline follows"
+        run.counts.update(doublings=0)
     best, attempts = _estimate_and_refine(run, data, s, refine)
     if best is None and diag["span_eigenvalue_ratio"] < 1e-12:
         return run.result(

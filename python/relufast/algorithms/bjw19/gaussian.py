@@ -26,6 +26,7 @@ from ..._validation import (
     resolve_n_jobs,
 )
 from ...activations import RELU, get_activation
+from ...stages.candidates import certify_candidates
 from ...stages.diagnostics import (
     GAUSS_ROWS,
     RANK_TOL,
@@ -42,7 +43,6 @@ from ...stages.pool import RowPool
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import GATHER_FRACTION, GrowingSample, Samples, check_n_estimate
 from ...stages.refine import output_basis, refine_rows
-from .candidates import certify_candidates
 
 __all__ = ["gaussian"]
 
@@ -76,7 +76,7 @@ def start_size(d, k):
     constant and linear part as control variates): there
     ``max(2000, min(10 d k, 2 k^2 + 20 d))``. The sampling error of the projected moment
     relative to its signal grows like k / sqrt(n_e), CP-ALS with the completion rounds of
-    :func:`relufast.algorithms.bjw19.candidates.certify_candidates` finds every unit up to about 0.25 of it, which 2 k^2
+    :func:`relufast.stages.candidates.certify_candidates` finds every unit up to about 0.25 of it, which 2 k^2
     samples reach (measured: exact from 5,000 samples at d = 100, k = 50 and from 20,000
     at d = 200, k = 100); the span needs a multiple of d."""
     if use_mean_span(d, k, k):
@@ -448,7 +448,7 @@ def _moment(run, s, p, acc, full):
 
 def _candidates(run, s, p, P, W, prec):
     """Step 4: CP-ALS candidates certified by Alg. 5
-    (:func:`relufast.algorithms.bjw19.candidates.certify_candidates`), and, when one row
+    (:func:`relufast.stages.candidates.certify_candidates`), and, when one row
     is missing, the rank-one deflation of relufast (spec of the missing row from the
     samples where every known unit is off). Returns (pool, approximate rows, smallest
     null-space ratio)."""

@@ -1,5 +1,6 @@
 """BJW19 Alg. 4 step 4 with Alg. 5: candidate rows from the projected moment tensor, certified
-by the exact refinement and pooled until every hidden unit has its row.
+by the exact refinement and pooled until every hidden unit has its row (bjw19-gaussian;
+atv21 at size on the affine lift).
 
 Departures from the paper (relufast; ``docs/bjw19.md``, "Candidates at size"):
 
@@ -15,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._deadline import check as check_deadline
-from ...stages.pool import CERT_FIELDS, RowPool
-from ...stages.refine import refine_rows
-from ...stages.tensor import cp_als, draw_candidates, merge_symmetric_factors
+from .._deadline import check as check_deadline
+from .pool import CERT_FIELDS, RowPool
+from .refine import refine_rows
+from .tensor import cp_als, draw_candidates, merge_symmetric_factors
 
 __all__ = ["certify_candidates"]
 
@@ -71,13 +72,15 @@ class _Refiner:
     """Alg. 5 on batches of candidate rows, pooling the certified ones (state of one
     :func:`certify_candidates` run)."""
 
-    def __init__(self, run, B, Xref, to_x, k, threads, act, whitened, tols):
+    def __init__(self, run, B, Xref, to_x, k, threads, act, whitened, tols, lift=False):
         self.run, self.B, self.Xref, self.to_x = run, B, Xref, to_x
         self.threads, self.act, self.whitened, self.tols = threads, act, whitened, tols or {}
+        self.lift = lift
+        self.d = Xref.shape[1] - int(lift)
         self.pool = RowPool(k)
-        self.known: list = []  #: certified rows in the coordinates of Xref
+        self.known: list = []  #: certified directions (unit, in the coordinates of Xref)
         self.approx_rows = None
-        self.failed = np.zeros((0, Xref.shape[1]))  #: candidates refined without a certificate
+        self.failed = np.zeros((0, self.d))  #: candidates refined without a certificate
         self.min_null = np.inf
         self.n_candidates = 0
 
@@ -91,11 +94,14 @@ class _Refiner:
         if not keep.any():
             return 0
         before = len(self.pool)
+        cand = part[keep]
+        if self.lift:  # rows (v, b) on the lift [x, 1]: b = 0 and the margins cover |b|
+            cand = np.column_stack([cand, np.zeros(len(cand))])
         with self.run.stage("refine"):
             out = refine_rows(
                 self.B,
                 self.Xref,
-                part[keep],
+                cand,
                 n_jobs=self.threads,
                 activation=self.act,
                 approximate=estimate is not None,
@@ -118,7 +124,8 @@ class _Refiner:
         self.failed = np.vstack([part[keep][~out["certified"]], self.failed])[: self.pool.k]
         for i in np.flatnonzero(out["certified"]):
             if self.pool.add(rows_x[i], {key: out[key][i] for key in CERT_FIELDS}):
-                self.known.append(out["rows"][i])
+                v = out["rows"][i][: self.d]
+                self.known.append(v / max(np.linalg.norm(v), 1e-300))
         return len(self.pool) - before
 
 
@@ -162,7 +169,7 @@ def _completion(P, W, known, failed, k, rng, extra=0):
     return cand / np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
 
 
-def certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None):
+def certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None, lift=False):
     """Alg. 4 step 4 + Alg. 5: Jennrich/CP-ALS draws whose candidates are certified and
     pooled until k distinct rows are found.
 
@@ -174,13 +181,18 @@ def certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, ac
     rows fixed) propose the missing units; a new draw comes only when a completion adds
     nothing. The last draw refines every candidate.
 
+    With ``lift`` (biased networks, relufast) ``Xref`` is the affine lift ``[x, 1]`` and B
+    spans ``[Y, 1]``: each candidate v is refined as the row (v, 0), the margins of Alg. 5
+    covering the unknown bias, and the certified rows are (v, b); there are no approximate
+    rows then.
+
     Returns (pool, approximate rows from the first draw, smallest null-space ratio seen).
     """
-    ref = _Refiner(run, B, Xref, to_x, k, threads, act, whitened, tols)
+    ref = _Refiner(run, B, Xref, to_x, k, threads, act, whitened, tols, lift=lift)
     gaps: list = []
     restarts = completions = 0
     for restarts in range(1, n_restarts + 1):
-        check_deadline("in a bjw19-gaussian tensor restart")
+        check_deadline("in a tensor restart")
         last = restarts == n_restarts
         with run.stage("tensor"):
             if k >= OVERCOMPLETE_MIN_K:
@@ -192,10 +204,11 @@ def certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, ac
         gaps.append(gap)
         before = len(ref.pool)
         if last:
-            ref.refine(polished, everything=True, estimate=(polished, np.ones(len(polished), dtype=bool)))
+            everyone = None if lift else (polished, np.ones(len(polished), dtype=bool))
+            ref.refine(polished, everything=True, estimate=everyone)
         else:
             reps = _representatives(polished)
-            first = ref.approx_rows is None
+            first = ref.approx_rows is None and not lift
             ref.refine(polished[reps], everything=first, estimate=(polished, reps) if first else None)
             if not ref.pool.full:
                 ref.refine(polished[~reps])
@@ -203,7 +216,7 @@ def certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, ac
             ref.refine(jennrich_only, everything=last)
         stalls, extra = 0, _extra_components(k)
         while not ref.pool.full and ref.known and k > 1 and stalls < COMPLETION_STALLS:
-            check_deadline("in a bjw19-gaussian completion round")
+            check_deadline("in a completion round")
             completions += 1
             with run.stage("tensor"):
                 cand = _completion(P, W, ref.known, ref.failed if stalls == 0 else ref.failed[:0], k, rng, extra)

@@ -1,0 +1,92 @@
+"""Networks at size: bjw19-gaussian's random-start draws with completion rounds, and atv21's
+route for m >= k on the affine lift (no third or fourth Hermite moment)."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import relufast as rf
+from relufast.algorithms.atv21 import at_size
+from relufast.stages.candidates import OVERCOMPLETE_MIN_K
+from relufast.stages.tensor import cp_als
+
+#: Exact recovery: weights to rounding after matching (the solve reads 2d + 20 rows).
+EXACT_TOL = 1e-12
+
+
+def _quiet(*args, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        return rf.recover(*args, **kw)
+
+
+def test_gaussian_at_size_draws_from_a_random_start_and_is_exact():
+    net = rf.planted.two_layer(d=60, k=24, m=24, random_state=3)
+    X, Y = net.sample(60_000, random_state=4)
+    res = _quiet(X, Y, n_hidden=24, method="bjw19-gaussian", random_state=0)
+    assert res.status == "exact", res.message
+    err = rf.metrics.parameter_error(res, net)
+    assert max(err.U, err.V) < EXACT_TOL
+    assert 24 >= OVERCOMPLETE_MIN_K and np.isnan(res.diagnostics["jennrich_gaps"]).all()
+    # Candidates near certified rows are not refined again: far fewer than a pass of the
+    # whole pool per draw.
+    assert res.counts["candidates"] < 3 * 24
+
+
+def test_atv21_at_size_is_exact_on_the_affine_lift():
+    net = rf.planted.two_layer(d=40, k=20, m=24, random_state=5, bias="random", offset="random")
+    X, Y = net.sample(100_000, random_state=6)
+    assert at_size.applies(40, 20, 24, True, None)
+    res = _quiet(X, Y, n_hidden=20, method="atv21", random_state=0)
+    assert res.status == "exact", res.message
+    assert res.diagnostics["directions_from"] == "at-size"
+    assert "affine lift" in res.message
+    err = rf.metrics.parameter_error(res, net)
+    assert max(err.U, err.V, err.b, err.c) < EXACT_TOL
+    # Only an estimation sample is read by the moments; every sample by the certificate.
+    assert res.counts["n_estimate"] < res.counts["n_certify"] == 100_000
+
+
+def test_atv21_at_size_applies_only_at_size():
+    assert not at_size.applies(40, 20, 19, True, None)  # m < k
+    assert not at_size.applies(40, 20, 20, False, None)  # no refinement asked for
+    assert not at_size.applies(20, 10, 10, True, None)  # small: ATV21's own pipeline
+    assert not at_size.applies(40, 20, 20, True, "all")
+
+
+def test_atv21_falls_back_when_the_lift_does_not_apply():
+    # Two outputs that are copies: [Y, 1] has rank <= k on every sample, so the lift cannot
+    # hold each unit's vector; ATV21's pipeline takes over and still certifies (or says why).
+    net = rf.planted.two_layer(d=40, k=20, m=20, random_state=7, bias="random", offset="random")
+    X, Y = net.sample(20_000, random_state=8)
+    Y = np.column_stack([Y[:, :19], Y[:, 0]])
+    res = _quiet(X, Y, n_hidden=20, method="atv21", random_state=0, n_restarts=1, time_limit=60)
+    assert res.diagnostics.get("directions_from") != "at-size"
+    assert res.diagnostics["at_size"].startswith("no certified network")
+    assert res.status != "exact" or rf.metrics.parameter_error(res, net).V < EXACT_TOL
+
+
+def test_cp_als_with_fixed_components_finds_the_missing_ones():
+    rng = np.random.default_rng(0)
+    k = 12
+    Z = rng.standard_normal((k, k))
+    Z /= np.linalg.norm(Z, axis=0)
+    A = rng.standard_normal((k, k))
+    P = np.einsum("ir,pr,qr->ipq", A, Z, Z)
+    fixed = Z[:, :8]
+    _, B, C = cp_als(P, rng.standard_normal((k, 4)), fixed=fixed, n_iter=500)
+    found = np.abs((B / np.linalg.norm(B, axis=0)).T @ Z[:, 8:]).max(axis=1)
+    assert np.all(found > 1 - 1e-8)
+
+
+@pytest.mark.parametrize("scale", [1e-150, 1.0, 1e150])
+def test_cp_als_is_scale_equivariant(scale):
+    rng = np.random.default_rng(1)
+    Z = rng.standard_normal((5, 5))
+    P = np.einsum("ir,pr,qr->ipq", rng.standard_normal((5, 5)), Z, Z)
+    start = Z + 0.05 * rng.standard_normal((5, 5))
+    A1, B1, _ = cp_als(P, start)
+    A2, B2, _ = cp_als(P * scale, start)
+    np.testing.assert_allclose(B2, B1, atol=1e-10)
+    np.testing.assert_allclose(A2 / scale, A1, rtol=1e-8, atol=1e-10 * np.abs(A1).max())
