@@ -90,3 +90,17 @@ def test_cp_als_is_scale_equivariant(scale):
     A2, B2, _ = cp_als(P * scale, start)
     np.testing.assert_allclose(B2, B1, atol=1e-10)
     np.testing.assert_allclose(A2 / scale, A1, rtol=1e-8, atol=1e-10 * np.abs(A1).max())
+
+
+def test_span_check_at_large_d_uses_the_condition_estimate_and_still_finds_rank_loss():
+    from relufast.units import SPAN_GRAM_MIN, _spans
+
+    rng = np.random.default_rng(2)
+    d = SPAN_GRAM_MIN + 22
+    X = rng.standard_normal((4 * d, d))
+    active = rng.random(4 * d) < 0.5
+    assert _spans(X, active, d)
+    X[:, -1] = X[:, 0]  # rank d - 1: the estimate cannot pass it; the SVD says so
+    assert not _spans(X, active, d)
+    X[:, -1] += 1e-8 * rng.standard_normal(4 * d)  # full rank at the 1e-10 tolerance
+    assert _spans(X, active, d)
