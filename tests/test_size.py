@@ -104,3 +104,16 @@ def test_span_check_at_large_d_uses_the_condition_estimate_and_still_finds_rank_
     assert not _spans(X, active, d)
     X[:, -1] += 1e-8 * rng.standard_normal(4 * d)  # full rank at the 1e-10 tolerance
     assert _spans(X, active, d)
+
+
+def test_whitening_screen_at_large_n_and_d():
+    # Random rows decide first when n d^2 is large; a covariance off the identity still
+    # gets the full pass and its whitener.
+    from relufast._units import WHITEN_SCREEN_MIN_D, WHITEN_SCREEN_ROWS, whiten_inputs
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((4 * WHITEN_SCREEN_ROWS + 1000, WHITEN_SCREEN_MIN_D))
+    assert whiten_inputs(X, {}) is None
+    Xw, (mu, W) = whiten_inputs(1.5 * X + 0.2, {})
+    np.testing.assert_allclose(Xw.mean(axis=0), 0, atol=1e-10)
+    np.testing.assert_allclose(np.cov(Xw.T, bias=True), np.eye(WHITEN_SCREEN_MIN_D), atol=1e-8)
