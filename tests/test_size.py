@@ -117,3 +117,24 @@ def test_whitening_screen_at_large_n_and_d():
     Xw, (mu, W) = whiten_inputs(1.5 * X + 0.2, {})
     np.testing.assert_allclose(Xw.mean(axis=0), 0, atol=1e-10)
     np.testing.assert_allclose(np.cov(Xw.T, bias=True), np.eye(WHITEN_SCREEN_MIN_D), atol=1e-8)
+
+
+def test_lift_margins_cover_a_unit_active_on_97_percent_of_samples():
+    # Each candidate enters the lift as (v, 0): the margin must pass the unit's bias. This
+    # teacher has a unit with b = 1.87 ||v||, beyond the default schedule (up to 1.6).
+    from relufast.stages.refine import DEFAULT_MARGINS, output_basis, refine_rows
+
+    net = rf.planted.two_layer(d=60, k=30, m=30, random_state=11, bias="random", offset="random")
+    nv = np.linalg.norm(net.V, axis=1)
+    j = int(np.argmax(net.b / nv))
+    assert net.b[j] / nv[j] > 1.8
+    ell = at_size._refinement_rows(60, 30)
+    X, Y = net.sample(ell, random_state=21)
+    B = output_basis(np.column_stack([Y, np.ones(ell)]), 31)[0]
+    X1 = np.column_stack([X, np.ones(ell)])
+    cand = np.append(net.V[j] / nv[j], 0.0)[None, :]
+    assert not refine_rows(B, X1, cand, margins=DEFAULT_MARGINS)["certified"][0]
+    out = refine_rows(B, X1, cand, margins=at_size.LIFT_MARGINS)
+    assert out["certified"][0] and out["margin"][0] > max(DEFAULT_MARGINS)
+    row = out["rows"][0] * np.sign(out["rows"][0][:60] @ net.V[j])
+    np.testing.assert_allclose(row / np.linalg.norm(row[:60]), np.append(net.V[j], net.b[j]) / nv[j], atol=1e-10)

@@ -26,7 +26,7 @@ from ...stages.candidates import OVERCOMPLETE_MIN_K, certify_candidates
 from ...stages.fit import relative_residual
 from ...stages.moments import moment_span, use_mean_span
 from ...stages.reduce import GrowingSample
-from ...stages.refine import output_basis
+from ...stages.refine import DEFAULT_MARGINS, output_basis
 from .lift import _lifted_fit
 
 __all__ = ["applies", "size_start", "estimate_at_size"]
@@ -46,9 +46,17 @@ def size_start(d, k):
 
 
 def _refinement_rows(d, k):
-    """Rows of the lifted Alg. 5: its support solves need d + 1, its probes a few times
-    k + 1 confidently-off samples for units active on most samples."""
-    return max(2000, 25 * (d + 1), 100 * (k + 1))
+    """Rows of the lifted Alg. 5: its support solves need d + 1, its probes 2 (k + 1) + 5
+    confidently-off samples also for a unit with b = 2 ||v|| (off on 2.3% of the samples
+    beyond the margin 2.0)."""
+    return max(2000, 25 * (d + 1), 200 * (k + 1))
+
+
+#: Margins of the lifted Alg. 5: each candidate enters as (v, 0), so the margin must also
+#: pass the unit's bias; beyond the default schedule (up to 1.6) two more cover units with
+#: b up to about 2.3 ||v|| (measured: a unit with b = 1.87 ||v|| failed every margin up to 1.6
+#: at (60, 30, 30)).
+LIFT_MARGINS = DEFAULT_MARGINS + (2.0, 2.4)
 
 
 def estimate_at_size(run, data, s):
@@ -80,7 +88,20 @@ def estimate_at_size(run, data, s):
             return None  # [Y, 1] of rank <= k: its span does not hold each unit's vector
         X1 = np.column_stack([Xr, np.ones(ell)])
         pool, _, _ = certify_candidates(
-            run, P, W, B, X1, lambda R: R, k, s.n_restarts, s.rng, threads, RELU, False, lift=True
+            run,
+            P,
+            W,
+            B,
+            X1,
+            lambda R: R,
+            k,
+            s.n_restarts,
+            s.rng,
+            threads,
+            RELU,
+            False,
+            tols={"margins": LIFT_MARGINS},
+            lift=True,
         )
         if pool.full:
             R = np.array(pool.rows)
