@@ -198,23 +198,19 @@ RowCertificate refine_one(const ConstRowRef& B, const ConstRowRef& X, const Eige
       }
     }
   }
-  if (best_sign != 0 && !opts.approximate) {
-    best.sign = best_sign;
-    best.margin = best_margin;
-    best.null_ratio = best_probe.null_ratio;
-    best.gap_ratio = best_probe.gap_ratio;
-    best.other_ratio = best_other;
-    best.n_zero = best_probe.n_zero;
-  } else if (best_sign != 0) {
+  if (best_sign == 0) return best;
+  if (opts.approximate) {
     // The approximate row (noisy outputs) from the chosen probe on every sample of Z.
     const SignProbe full = probe(B, p, best_sign, best_margin, min_zeros, 0);
     if (full.usable) best_probe = full;
-    best.sign = best_sign;
-    best.margin = best_margin;
-    best.null_ratio = best_probe.null_ratio;
-    best.gap_ratio = best_probe.gap_ratio;
-    best.other_ratio = best_other;
-    best.n_zero = best_probe.n_zero;
+  }
+  best.sign = best_sign;
+  best.margin = best_margin;
+  best.null_ratio = best_probe.null_ratio;
+  best.gap_ratio = best_probe.gap_ratio;
+  best.other_ratio = best_other;
+  best.n_zero = best_probe.n_zero;
+  if (opts.approximate) {
     // With noise, r is only approximately zero off the support; count as
     // positive what stands clearly above the noise level of the null vector.
     const double tol = std::max(opts.tol_support, std::min(0.5, 100.0 * best_probe.null_ratio));

@@ -48,12 +48,11 @@ OVERCOMPLETE_MIN_K = 20
 
 
 def _unretired(cand, known):
-    """Mask of the candidates (unit rows) not within RETIRE_COS of a certified row."""
+    """Mask of the candidates (unit rows) not within RETIRE_COS of a certified row (``known``:
+    unit directions)."""
     if not known:
         return np.ones(len(cand), dtype=bool)
-    K = np.array(known)
-    K = K / np.linalg.norm(K, axis=1, keepdims=True)
-    return np.max(np.abs(cand @ K.T), axis=1) < RETIRE_COS
+    return np.max(np.abs(cand @ np.array(known).T), axis=1) < RETIRE_COS
 
 
 def _representatives(cand, cos=DUPLICATE_DRAW_COS):
@@ -116,9 +115,9 @@ class _Refiner:
             # Noise-tolerant estimate from the first draw (its k polished candidates):
             # near-null-vector rows where solved, else the tensor direction with the
             # better-supported sign (candidates not refined keep their direction).
-            cand, mask = estimate
+            polished, mask = estimate
             rows = np.where(out["solved"][:, None], out["rows"], np.where(out["sign"][:, None] < 0, -1.0, 1.0) * part)
-            approx = cand.copy()
+            approx = polished.copy()
             approx[mask] = rows
             self.approx_rows = self.to_x(approx)
         self.failed = np.vstack([part[keep][~out["certified"]], self.failed])[: self.pool.k]
@@ -138,13 +137,19 @@ def _extra_components(k):
 def _random_draw(P, W, k, rng):
     """A draw at size (k >= OVERCOMPLETE_MIN_K): CP-ALS on P from a random start with
     ``k + _extra_components(k)`` components (relufast, not in the paper). Jennrich's
-    eigen-gaps vanish at such k and its start led CP-ALS to 30-33 of 50 units (k = 50,
-    27,000 samples) and 56-88 of 100 (k = 100, 100,000 samples); a random start with a few
-    components more than k, which take up the noise, found every unit in each of 3 starts
-    at both sizes. Returns unit candidate rows."""
-    B0 = rng.standard_normal((P.shape[1], k + _extra_components(k)))
-    B0 /= np.linalg.norm(B0, axis=0)
-    _, Bf, Cf = cp_als(P, B0, factor_tol=FACTOR_TOL)
+    eigen-gaps vanish at such k and its start led CP-ALS to 21-34 of 50 units (k = 50,
+    27,000 samples) and 61-66 of 100 (k = 100, 100,000 samples); a random start with a few
+    components more than k, which take up the noise, to 49-50 and 98-100
+    (``bench/test_bench_size.py::test_draw_start``, 3 starts each). Returns unit
+    candidate rows."""
+    return _cp_candidates(P, W, rng.standard_normal((P.shape[1], k + _extra_components(k))))
+
+
+def _cp_candidates(P, W, B0, fixed=None):
+    """CP-ALS on P from the input factors B0 (any norm; with ``fixed`` components), the
+    free components mapped through the span W: unit candidate rows."""
+    B0 = B0 / np.maximum(np.linalg.norm(B0, axis=0), 1e-300)
+    _, Bf, Cf = cp_als(P, B0, fixed=fixed, factor_tol=FACTOR_TOL)
     cand = (W @ merge_symmetric_factors(Bf, Cf)).T
     return cand / np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
 
@@ -152,7 +157,8 @@ def _random_draw(P, W, k, rng):
 def _completion(P, W, known, failed, k, rng, extra=0):
     """Candidates for the units still missing (relufast, not in the paper): CP-ALS on P with
     the certified rows fixed (their input-mode factors, in the coordinates of the span W)
-    and ``k - len(known)`` free components from a random start. The fixed components
+    and ``k - len(known) + extra`` free components, started at the candidates that failed
+    (``failed``) and at random. The fixed components
     explain their part of the noisy tensor exactly, so the free ones are drawn to the
     missing units (at k = 50 one completion after the first draw finds nearly all of
     them). Returns unit candidate rows (r, d)."""
@@ -164,10 +170,7 @@ def _completion(P, W, known, failed, k, rng, extra=0):
     B0 = rng.standard_normal((P.shape[1], r))
     start = W.T @ failed[:r].T
     B0[:, : start.shape[1]] = start
-    B0 /= np.maximum(np.linalg.norm(B0, axis=0), 1e-300)
-    _, Bf, Cf = cp_als(P, B0, fixed=F, factor_tol=FACTOR_TOL)
-    cand = (W @ merge_symmetric_factors(Bf, Cf)).T
-    return cand / np.maximum(np.linalg.norm(cand, axis=1, keepdims=True), 1e-300)
+    return _cp_candidates(P, W, B0, fixed=F)
 
 
 def certify_candidates(run, P, W, B, Xref, to_x, k, n_restarts, rng, threads, act, whitened, tols=None, lift=False):

@@ -23,11 +23,10 @@ import numpy as np
 from ..._deadline import check as check_deadline
 from ...activations import RELU
 from ...stages.candidates import OVERCOMPLETE_MIN_K, certify_candidates
-from ...stages.fit import relative_residual
 from ...stages.moments import moment_span, use_mean_span
 from ...stages.reduce import GrowingSample
 from ...stages.refine import DEFAULT_MARGINS, output_basis
-from .lift import _lifted_fit
+from .lift import _certify_all, _lifted_fit
 
 __all__ = ["applies", "size_start", "estimate_at_size"]
 
@@ -109,8 +108,7 @@ def estimate_at_size(run, data, s):
             with run.stage("fit"):
                 rr = _lifted_fit(X, Y, R[:, :d] / norms[:, None], R[:, d] / norms)
                 if rr.residual <= s.tol:  # the certificate: one pass over every sample
-                    residual = relative_residual(data, None, rr.V, rr.U, data.n_jobs, RELU, b=rr.b, c=rr.c)
-                    rr = rr._replace(residual=residual, history=rr.history + (residual,))
+                    rr = _certify_all(data, rr)
                     run.counts["certify_passes"] += 1
             if rr.residual <= s.tol:
                 return rr

@@ -3,7 +3,8 @@ Algorithm 5 in its margin form (rows from samples where one unit is confidently 
 
 import numpy as np
 
-from ...stages.fit import fit_output_layer
+from ...activations import RELU
+from ...stages.fit import fit_output_layer, relative_residual
 from ...stages.levmar import fold_linear, levenberg_marquardt, lm_rows
 from ...stages.refine import RegionRefinement, output_basis, refine_rows
 
@@ -74,6 +75,12 @@ def _lifted_fit(Xs, Ys, V, b, rounds=0):
     R = Ys - (np.maximum(Xs @ V.T + b, 0.0) @ U.T + c)
     residual = float(np.linalg.norm(R) / max(np.linalg.norm(Ys), 1e-300))
     return RegionRefinement(U, V, b, c, residual, (residual,), rounds, (), 0, len(Xs), 0)
+
+
+def _certify_all(data, rr):
+    """``rr`` with its residual over all samples of ``data`` (one reduction pass)."""
+    residual = relative_residual(data, None, rr.V, rr.U, data.n_jobs, RELU, b=rr.b, c=rr.c)
+    return rr._replace(residual=residual, history=rr.history + (residual,))
 
 
 #: Largest parameter count k (d + 1) + m (k + 1) for the Levenberg-Marquardt stage (its

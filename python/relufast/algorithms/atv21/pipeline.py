@@ -18,9 +18,7 @@ from ..._validation import (
     check_random_state,
     resolve_n_jobs,
 )
-from ...activations import RELU
 from ...stages.diagnostics import GAUSS_ROWS, gaussianity
-from ...stages.fit import relative_residual
 from ...stages.moments import SecondMomentAccumulator
 from ...stages.precision import resolve_precision
 from ...stages.reduce import GrowingSample, Samples, SampleStream, check_n_estimate
@@ -29,7 +27,7 @@ from ...stages.refine import RowPool, TooManyRegions, region_refine
 from ...stages.tensor import input_span
 from . import at_size
 from .deflate import deflate
-from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _lift_refine, _lifted_fit, _lm_refine
+from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _certify_all, _lift_refine, _lifted_fit, _lm_refine
 from .sample_tensors import _hermite_tensors
 from .tensors import _algorithm6, _output_pencil
 
@@ -244,12 +242,6 @@ def _refine_and_certify(data, s, sample, covers_all, V0, b0, refine, pool=None, 
     if covers_all or rr.residual > s.tol:
         return rr, covers_all
     return _certify_all(data, rr), True
-
-
-def _certify_all(data, rr):
-    """``rr`` with its residual over all samples of ``data`` (one reduction pass)."""
-    residual = relative_residual(data, None, rr.V, rr.U, data.n_jobs, RELU, b=rr.b, c=rr.c)
-    return rr._replace(residual=residual, history=rr.history + (residual,))
 
 
 def _restarts(run, data, s, T, W, noise, sample, covers_all, refine, n_restarts, P2=None):
