@@ -26,14 +26,15 @@ import time
 
 import numpy as np
 
+from .._blas import single_threaded_blas
 from .._result import RecoveryResult, Run, Status, warn
 from .._validation import check_random_state
 from .deep import next_layer
-from .first_layer import KinkPool, first_layer, refit_rows
+from .first_layer import KinkPool, first_layer
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
-from .hyperplanes import LOW_PRECISION
-from .net import pre_activations
+from .net import forward, pre_activations
 from .oracle import BudgetSpent, Oracle
+from .refit import refit_layer
 from .result import DeepResult
 
 __all__ = ["extract_chosen"]
@@ -57,20 +58,18 @@ def _normalise(hidden, out):
     return layers
 
 
-def _fit_points(known, tent, n, d, rng):
-    """Points for the output layer and the polish: half at scale 1, half at scale 3 (deep
+def _fit_points(known, tent, n, d, rng, need):
+    """Points for the output layer (and the polish): half at scale 1, half at scale 3 (deep
     networks: a quarter of them and n / 2 more at scale 10, where some combinations of
     active units are only met), then more at scale 3 until every unit is active on at least
-    twice its fan-in (a unit active on fewer points is underdetermined, and the polish would
-    fit the points, not the model)."""
+    ``need(fan_in)`` points (a unit active on fewer is underdetermined)."""
     X = np.vstack([rng.standard_normal((n - n // 2, d)), 3.0 * rng.standard_normal((n // 2, d))])
     if len(known):
         X[: n // 4] *= 10.0
         X = np.vstack([X, 10.0 * rng.standard_normal((n // 2, d))])
     for _ in range(FIT_ROUNDS):
         Z, _ = pre_activations([*known, tent], X)
-        need = [2 * (W.shape[1] + 1) for W, _ in [*known, tent]]
-        if all((z > 0).sum(axis=0).min() >= k for z, k in zip(Z, need)):
+        if all((z > 0).sum(axis=0).min() >= need(W.shape[1]) for z, (W, _) in zip(Z, [*known, tent])):
             break
         X = np.vstack([X, 3.0 * rng.standard_normal((n, d))])
     return X
@@ -78,6 +77,26 @@ def _fit_points(known, tent, n, d, rng):
 
 #: Extra batches of fit points drawn for rarely active units.
 FIT_ROUNDS = 3
+#: Largest dense Jacobian (bytes) of the Gauss-Newton polish, which runs only when a layer
+#: could not be refitted through precise kinks (:mod:`.refit`); above it the certificate
+#: judges the network as it is.
+POLISH_BYTES = 256 * 2**20
+#: Largest array of fit points (bytes of float64 inputs).
+FIT_BYTES = 64 * 2**20
+
+
+def _refit(oracle, known, tent, rng, clock, diag, name):
+    # Its own random stream (spawned, no draw taken from rng): the searches for the next
+    # layer see the same lines whatever the refit drew.
+    with clock.stage("refit"):
+        W, b, n = refit_layer(oracle, known, tent, _spawn(rng))
+    diag.setdefault("refitted_rows", []).append(f"{name}: {n} of {len(W)}")
+    return (W, b), n == len(W)
+
+
+def _spawn(rng):
+    seq = getattr(rng.bit_generator, "seed_seq", None)
+    return np.random.default_rng(seq.spawn(1)[0] if seq is not None else rng.integers(2**63))
 
 
 def _stages(oracle, widths, rng, clock, diag):
@@ -89,11 +108,9 @@ def _stages(oracle, widths, rng, clock, diag):
     diag["line_rounds"] = rounds
     if len(W) < widths[0]:
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
-    if L > 1 and oracle.eps > LOW_PRECISION:
-        with clock.stage("refit"):
-            W, b = refit_rows(oracle, W, b, rng)
+    tent, all_refit = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1")
     known: list = []
-    tent, signs_ok = (W, b), True
+    signs_ok = True
     for li in range(1, L):
         with clock.stage(f"layer_{li + 1}"):
             found = None
@@ -108,26 +125,31 @@ def _stages(oracle, widths, rng, clock, diag):
             W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], coef, beta, const)
         signs_ok &= ok
         s = np.linalg.norm(Wn, axis=1)
-        known, tent = known + [(W, b)], (Wn / s[:, None], bn / s)
+        known = known + [(W, b)]
+        tent, done = _refit(oracle, known, (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}")
+        all_refit &= done
     m = oracle.n_outputs
+    k_prev = widths[-2] if L > 1 else d
     n_par = sum(k * (p + 1) for k, p in zip([*widths, m], [d, *widths]))
-    n_fit = int(max(4 * (widths[-1] + (widths[-2] if L > 1 else d) + 1), np.ceil(3 * n_par / m))) + 2 * d
+    # Every unit active on twice its fan-in (the signs of the last hidden layer come from
+    # this fit's linear term); three equations a weight while that stays small (the polish
+    # may use them), else FIT_BYTES of inputs.
+    n_fit = int(max(4 * (widths[-1] + k_prev + 1), min(np.ceil(3 * n_par / m), FIT_BYTES // (8 * d)))) + 2 * d
+    need = lambda fan_in: 2 * (fan_in + 1)  # noqa: E731
     with clock.stage("output_layer"):
-        X = _fit_points(known, tent, n_fit, d, rng)
+        X = _fit_points(known, tent, n_fit, d, rng, need)
         Y = oracle(X)
         last, out, ok = output_layer(known, tent, X, Y)
     signs_ok &= ok
     diag["signs_resolved"] = signs_ok
-    with clock.stage("polish"):
-        hidden, out, res, used = polish(
-            known + [last],
-            out,
-            X,
-            Y,
-            margin=oracle.eps**0.25 / 2,
-            target=cert_tolerance(oracle.eps, (d, *widths)) / 16,
-        )
-    diag["polish_residual"], diag["polish_points"] = res, used
+    hidden = known + [last]
+    target = cert_tolerance(oracle.eps, (d, *widths)) / 16
+    res = float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
+    diag["fit_residual"] = res
+    if res > 4 * target and len(X) * m * n_par * 8 <= POLISH_BYTES:
+        with clock.stage("polish"):
+            hidden, out, res, used = polish(hidden, out, X, Y, margin=oracle.eps**0.25 / 2, target=target)
+        diag["polish_residual"], diag["polish_points"] = res, used
     return hidden, out, True, ""
 
 
@@ -181,11 +203,15 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     hidden = out = None
     note = ""
     try:
-        hidden, out, ok, note = _stages(oracle, tuple(widths), rng, clock, diag)
-        errs = [np.inf, np.inf]
-        if ok:
-            with clock.stage("certificate"):
-                errs = certify(oracle, hidden, out, rng)
+        # NumPy's BLAS at one thread: the linear algebra here is many small and middle-sized
+        # solves, which multithreaded OpenBLAS slows by 5-10x when the cores are shared
+        # (784-32-1: 60 s at two threads beside other jobs, 9 s at one).
+        with single_threaded_blas():
+            hidden, out, ok, note = _stages(oracle, tuple(widths), rng, clock, diag)
+            errs = [np.inf, np.inf]
+            if ok:
+                with clock.stage("certificate"):
+                    errs = certify(oracle, hidden, out, rng)
     except BudgetSpent as exc:
         note, errs = f"{exc}: stopped before the network was complete", [np.inf, np.inf]
         hidden = out = None

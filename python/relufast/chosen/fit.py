@@ -73,13 +73,19 @@ def output_layer(known, tentative, X, Y):
     Returns (last hidden layer (W, b), output layer (W_o, c), ok)."""
     Phi, _ = features(known, tentative, X)
     A = np.hstack([Phi, np.ones((len(X), 1))])
-    C, *_ = np.linalg.lstsq(A, Y, rcond=None)
+    C = _lstsq(A, Y)
     k = tentative[0].shape[0]
     coef, beta, const = C[:k].T, C[k:-1].T, C[-1]
     W, b, _, _, ok = resolve_signs(tentative[0], tentative[1], coef, beta, const)
     Z, H = pre_activations([*known, (W, b)], X)
-    C, *_ = np.linalg.lstsq(np.hstack([H, np.ones((len(X), 1))]), Y, rcond=None)
+    C = _lstsq(np.hstack([H, np.ones((len(X), 1))]), Y)
     return (W, b), (C[:-1].T, C[-1]), ok
+
+
+def _lstsq(A, Y):
+    """Minimum-norm least squares (the coefficients of units no point sees stay 0, which
+    the sign resolution needs: a basic solution of a rank-deficient system is not)."""
+    return np.linalg.lstsq(A, Y, rcond=None)[0]
 
 
 def _params(hidden, out):

@@ -60,22 +60,28 @@ def jump_normals(oracle, kinks, rng):
     side = kinks.step * kinks.u  # one grid step along the line: linear up to there
     h = oracle.fd_fraction() * kinks.step * np.linalg.norm(kinks.u, axis=1)
     Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
-    pts = []
-    for sgn in (-1.0, 1.0):
-        xs = kinks.x + sgn * side
-        pts.append(xs[:, None, :])
-        pts.append(xs[:, None, :] + h[:, None, None] * Q.T[None, :, :])
-    P = np.concatenate(pts, axis=1)  # (K, 2 (d + 1), d)
-    Y = oracle(P.reshape(-1, d)).reshape(K, 2 * (d + 1), -1)
-    Jm = (Y[:, 1 : d + 1] - Y[:, :1]) / h[:, None, None]  # (K, d, m): derivatives along Q
-    Jp = (Y[:, d + 2 :] - Y[:, d + 1 : d + 2]) / h[:, None, None]
-    jump = np.einsum("ij,kjm->kmi", Q, Jp - Jm)  # (K, m, d): J+ - J-
+    chunk = max(1, int(FD_BATCH_BYTES // (2 * (d + 1) * d * 8)))  # kinks per model call
+    jumps, fscale = [], []
+    for lo in range(0, K, chunk):
+        sl = slice(lo, min(K, lo + chunk))
+        pts = []
+        for sgn in (-1.0, 1.0):
+            xs = kinks.x[sl] + sgn * side[sl]
+            pts.append(xs[:, None, :])
+            pts.append(xs[:, None, :] + h[sl, None, None] * Q.T[None, :, :])
+        P = np.concatenate(pts, axis=1)  # (c, 2 (d + 1), d)
+        c = P.shape[0]
+        Y = oracle(P.reshape(-1, d)).reshape(c, 2 * (d + 1), -1)
+        Jm = (Y[:, 1 : d + 1] - Y[:, :1]) / h[sl, None, None]  # (c, d, m): derivatives along Q
+        Jp = (Y[:, d + 2 :] - Y[:, d + 1 : d + 2]) / h[sl, None, None]
+        jumps.append(np.einsum("ij,kjm->kmi", Q, Jp - Jm))  # (c, m, d): J+ - J-
+        fscale.append(np.abs(Y).max(axis=(1, 2)))
+    jump, fscale = np.concatenate(jumps), np.concatenate(fscale)
     _, s, Vt = np.linalg.svd(jump, full_matrices=False)
     n = Vt[:, 0, :]
     along = np.einsum("kmd,kd->km", jump, kinks.u)
     ref = np.maximum(np.linalg.norm(kinks.slope_jump, axis=1), 1e-300)
     err = np.linalg.norm(along - kinks.slope_jump, axis=1) / ref
-    fscale = np.abs(Y).max(axis=(1, 2))
     fd_err = 8.0 * oracle.eps * fscale / h / np.maximum(s[:, 0], 1e-300)
     tol = np.maximum(64.0 * fd_err * np.sqrt(d), 1e-7)
     rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(K, dtype=bool)
@@ -85,6 +91,11 @@ def jump_normals(oracle, kinks, rng):
         n = _refine(oracle, kinks.x[keep], n, Q)
         n = _affine_refine(oracle, kinks.x[keep], n, rng)
     return Normals(keep, kinks.x[keep], n, err[keep])
+
+
+#: Memory of one batch of finite-difference queries (bytes of float64 inputs): at d = 3072
+#: all kinks at once took 5 GB.
+FD_BATCH_BYTES = 64 * 2**20
 
 
 #: Unit roundoff above which normals get a second, wider finite-difference pass.

@@ -47,30 +47,36 @@ def features(known, tentative, X):
 
 
 def feature_jacobians(known, tentative, X):
-    """Jacobians ``d phi / d x`` of shape (n, k_{l+1} + k_l, d), exact within linear regions."""
+    """Jacobians ``d phi / d x`` of shape (n, k_{l+1} + k_l, d), exact within linear regions.
+
+    Built from the first layer's rows (never an (n, d, d) identity): memory n k d."""
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
-    J = np.broadcast_to(np.eye(d), (n, d, d))
+    J = None  # d h_l / d x, (n, k_l, d); None: the identity (h_0 = x)
     H = X
     for W, b in known:
         z = H @ W.T + b
-        J = (z > 0)[:, :, None] * np.einsum("ij,njk->nik", W, J)
+        Jz = np.broadcast_to(W, (n, *W.shape)) if J is None else np.einsum("ij,njk->nik", W, J)
+        J = (z > 0)[:, :, None] * Jz
         H = np.maximum(z, 0.0)
     Wt, bt = tentative
     zt = H @ Wt.T + bt
-    Jt = (zt > 0)[:, :, None] * np.einsum("ij,njk->nik", Wt, J)
-    return np.concatenate([Jt, J], axis=1)
+    Jzt = np.broadcast_to(Wt, (n, *Wt.shape)) if J is None else np.einsum("ij,njk->nik", Wt, J)
+    Jt = (zt > 0)[:, :, None] * Jzt
+    Jh = np.broadcast_to(np.eye(d), (n, d, d)) if J is None else J
+    return np.concatenate([Jt, Jh], axis=1)
 
 
 def preact_jacobians(layers, X):
-    """Jacobians ``d z_l / d x`` of the pre-activations of every layer, each (n, k_l, d)."""
+    """Jacobians ``d z_l / d x`` of the pre-activations of every layer, each (n, k_l, d)
+    (from the first layer's rows: no (n, d, d) identity)."""
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
-    J = np.broadcast_to(np.eye(d), (n, d, d))
+    J = None
     H, out = X, []
     for W, b in layers:
         z = H @ W.T + b
-        Jz = np.einsum("ij,njk->nik", W, J)
+        Jz = np.broadcast_to(W, (n, *W.shape)).copy() if J is None else np.einsum("ij,njk->nik", W, J)
         out.append(Jz)
         J = (z > 0)[:, :, None] * Jz
         H = np.maximum(z, 0.0)

@@ -1,0 +1,209 @@
+"""Exact hyperplanes of a layer through precisely located kinks (after [CJM20] Sec. 4.2).
+
+With layers 1..l final, every unit j of layer l+1 switches where
+``z_j = v_j . h_l(x) + c_j`` vanishes: a hyperplane in the space of ``h_l`` (the inputs
+for the first layer). Its estimate from finite differences (:mod:`.hyperplanes`, :mod:`.deep`)
+is accurate to ~1e-7; the hyperplane through kinks located where the two affine pieces of
+the model meet on short segments across the boundary is exact to the rounding of the
+outputs in float64, and far below the rounding of a single output at low precision (each
+piece is fitted to REFIT_SAMPLES_LOW outputs). On each of about ``5 k_l / 4`` segments per
+unit (points on the estimated boundary, segments along the gradient of z_j):
+
+1. the model is queried at S points on each side, away from the predicted kink;
+2. segments on which a known boundary (layers 1..l+1, computed, no query) lies are
+   dropped, and so are those whose sides do not fit a line (a boundary not known yet) or
+   whose slope jump is lost in the rounding (no active path after the unit there);
+3. the kink is where the two fitted lines meet, and ``h_l`` there is computed exactly;
+4. ``(v_j, c_j)`` by least squares on ``v . h_l(p) + c = 0`` near the estimate (normal
+   equations, again without the points far off the first fit); the row is replaced when
+   is near the estimate and its kinks fit it to the rounding of the outputs.
+
+Queries: ``6 (5 k_l / 4 + 32)`` a unit in float64, about 7.5 per weight; memory is batched
+(REFIT_BATCH_BYTES), so it does not grow with the width of the layer.
+
+References
+----------
+.. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
+   Models", CRYPTO 2020.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import scipy.linalg
+
+from .net import pre_activations
+
+__all__ = ["refit_layer"]
+
+#: Segments per unit beyond 5/4 of the fan-in; half-length of a segment (input space);
+#: largest rms residual of a side's affine fit in units of eps * max |output| (averaged
+#: over REFIT_SAMPLES_LOW samples at low precision; three samples in float64, whose
+#: forward passes round at up to ~10 eps * max |output| where units cancel, while a
+#: boundary crossed inside a side gives hundreds); samples per side.
+REFIT_EXTRA, REFIT_HALF = 32, 0.02
+REFIT_RESIDUAL_LOW, REFIT_RESIDUAL_DOUBLE = 4.0, 64.0
+REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE = 16, 3
+#: Memory of one batch of refit queries (bytes of float64 inputs).
+REFIT_BATCH_BYTES = 64 * 2**20
+#: Scales of the random points brought onto a boundary.
+BOUNDARY_SCALES = (1.0, 2.0, 4.0)
+#: Newton steps that bring a random point onto a unit's estimated boundary (computed).
+BOUNDARY_STEPS = 6
+
+
+def _boundary_points(known, layer, j, n, d, rng):
+    """``n`` points on the estimated boundary of unit j of ``layer`` (after ``known``) and
+    the unit gradient of z_j there: Newton steps along the gradient (exact in one step
+    within a linear region) from Gaussian points at scales 1, 2 and 4 (deeper units meet
+    more activation patterns of the layers before), points that do not settle dropped."""
+    X = rng.standard_normal((n, d)) * rng.choice(BOUNDARY_SCALES, size=n)[:, None]
+    W, b = layer
+    lj = (W[j : j + 1], b[j : j + 1])
+    g = None
+    for _ in range(BOUNDARY_STEPS):
+        Z, _ = pre_activations([*known, lj], X)
+        g = _unit_gradient(known, W[j], Z)
+        gg = np.einsum("nd,nd->n", g, g)
+        live = gg > 1e-24
+        X, g, z, gg = X[live], g[live], Z[-1][live, 0], gg[live]
+        X = X - (z / gg)[:, None] * g
+    Z, _ = pre_activations([*known, lj], X)
+    z = np.abs(Z[-1][:, 0])
+    settled = z <= 1e-12 * (1.0 + np.abs(X).max(axis=1))
+    g = g[settled]
+    return X[settled], g / np.linalg.norm(g, axis=1, keepdims=True)
+
+
+def _unit_gradient(known, w, Z):
+    """Gradient in x of ``w . h_l + c`` at the points whose pre-activations of the known
+    layers are Z (a row vector pushed back through the active units: n sum k_l k_(l-1)
+    flops, no Jacobian matrices)."""
+    n = len(Z[0]) if Z else 0
+    g = np.broadcast_to(w, (n, len(w)))
+    for li in range(len(known) - 1, -1, -1):
+        g = (g * (Z[li] > 0)) @ known[li][0]
+    return np.ascontiguousarray(g)
+
+
+def _pattern(layers, X):
+    Z, _ = pre_activations(layers, X)
+    return np.hstack([z > 0 for z in Z])
+
+
+def _segment_kinks(oracle, known, layer, j, X0, G, S):
+    """Kinks of the model on the segments ``X0 + t G`` (|t| <= REFIT_HALF); returns the
+    kinks (P, d) and a mask of the usable ones."""
+    P, d = X0.shape
+    half = REFIT_HALF
+    side = np.linspace(half / 8, half, S)
+    t = np.concatenate([-side[::-1], side])
+    X = X0[:, None, :] + t[None, :, None] * G[:, None, :]
+    # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
+    others = np.ones(sum(W.shape[0] for W, _ in [*known, layer]), dtype=bool)
+    others[sum(W.shape[0] for W, _ in known) + j] = False
+    pat = _pattern([*known, layer], X.reshape(-1, d)).reshape(P, 2 * S, -1)[:, :, others]
+    ends = np.concatenate([X0 - 1e-9 * G, X0 + 1e-9 * G])
+    pend = _pattern([*known, layer], ends)[:, others].reshape(2, P, -1)
+    clear = (pat[:, :S] == pend[0][:, None]).all(axis=(1, 2)) & (pat[:, S:] == pend[1][:, None]).all(axis=(1, 2))
+    Y = oracle(X.reshape(-1, d)).reshape(P, 2 * S, -1)
+    A = np.stack([np.ones(S), side], axis=1)
+    pinv = np.linalg.pinv(A)
+    lo = np.einsum("ij,pjm->pim", pinv, Y[:, :S][:, ::-1])  # fitted in s = -t
+    hi = np.einsum("ij,pjm->pim", pinv, Y[:, S:])
+    rms_lo = np.sqrt(np.mean((np.einsum("ji,pim->pjm", A, lo) - Y[:, :S][:, ::-1]) ** 2, axis=(1, 2)))
+    rms_hi = np.sqrt(np.mean((np.einsum("ji,pim->pjm", A, hi) - Y[:, S:]) ** 2, axis=(1, 2)))
+    scale = np.abs(Y).max(axis=(1, 2))
+    da = hi[:, 0] - lo[:, 0]  # value at t = 0: a_hi - a_lo
+    ds = hi[:, 1] + lo[:, 1]  # slope_hi - slope_lo in t (lo's slope is in -t)
+    jump = np.linalg.norm(ds, axis=1)
+    t0 = -np.einsum("pm,pm->p", da, ds) / np.maximum(jump**2, 1e-300)
+    noise = (REFIT_RESIDUAL_DOUBLE if S == REFIT_SAMPLES_DOUBLE else REFIT_RESIDUAL_LOW) * oracle.eps * scale
+    ok = clear & (rms_lo <= noise) & (rms_hi <= noise) & (jump * half > 1e3 * noise) & (np.abs(t0) < half / 8)
+    return X0 + t0[:, None] * G, ok
+
+
+def _plane_through(F, w):
+    """``(v, c)`` with ``v . f + c = 0`` on the rows f of F, near the unit row w: least
+    squares on ``delta . f + c = -w . f`` with ``v = w + delta``, ``delta . w = 0``
+    (normal equations: one GEMM and a small solve; an SVD costs ten times more at
+    k = 784), again without the rows far off the first fit. Coordinates that are zero on
+    every row (units of the layer before that no kink sees active) are not determined and
+    keep w's value. Returns (v unit, c, median residual relative to the median norm of the
+    rows, whether every coordinate was determined), or None when the system is singular."""
+    P, k = F.shape
+    seen = np.abs(F).max(axis=0) > 0
+    A = np.hstack([F[:, seen], np.ones((P, 1))])
+    ws = w[seen]
+    q = int(seen.sum())
+    rhs = -(F @ w)
+    keep = np.ones(P, dtype=bool)
+    sol = np.zeros(q + 1)
+    r = np.zeros(P)
+    for _ in range(2):
+        Ak = A[keep]
+        G = Ak.T @ Ak
+        G[:q, :q] += len(Ak) * np.outer(ws, ws)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", scipy.linalg.LinAlgWarning)
+                sol = scipy.linalg.solve(G, Ak.T @ rhs[keep], assume_a="pos", check_finite=False)
+        except (np.linalg.LinAlgError, scipy.linalg.LinAlgWarning):
+            return None
+        r = np.abs(A @ sol - rhs)
+        new = r <= 8.0 * np.median(r) + 1e-300
+        if (new == keep).all() or new.sum() <= q:
+            break
+        keep = new
+    v = w.copy()
+    v[seen] += sol[:q]
+    s = np.linalg.norm(v)
+    rel = float(np.median(r[keep]) / s / max(float(np.median(np.linalg.norm(A, axis=1))), 1e-300))
+    return v / s, sol[q] / s, rel, bool(seen.all())
+
+
+#: A refitted row is taken when it is within REFIT_AGREE of the estimate (other units' rows
+#: are O(1) away; finite-difference normals at d = 784 are 1e-5 off in float64, 1e-3 at
+#: low precision) and its kinks fit it to REFIT_FIT * eps (relative to |h|).
+REFIT_AGREE, REFIT_FIT = 0.05, 1e4
+
+
+def refit_layer(oracle, known, layer, rng, *, tol=None):
+    """Hyperplanes of ``layer`` (unit rows in ``h_l``-space, signs open) refitted through
+    precisely located kinks, with ``known`` the final layers before it.
+
+    Returns ``(W, b, refitted)``: the rows (each refitted, in part where a unit of the layer
+    before is never active at its kinks, or left as it was) and the number refitted whole. ``tol``: the largest change accepted (default REFIT_AGREE)."""
+    W, b = layer
+    k, kin = W.shape
+    d = oracle.d
+    tol = REFIT_AGREE if tol is None else tol
+    P = (5 * kin) // 4 + REFIT_EXTRA
+    S = REFIT_SAMPLES_DOUBLE if oracle.eps < 1e-12 else REFIT_SAMPLES_LOW
+    batch = max(1, int(REFIT_BATCH_BYTES // (2 * S * d * 8)))  # segments per model call
+    W2, b2 = W.copy(), b.copy()
+    refitted = 0
+    for j in range(k):
+        X0, G = _boundary_points(known, layer, j, P, d, rng)
+        if len(X0) <= kin:
+            continue
+        found = [
+            _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S)
+            for i in range(0, len(X0), batch)
+        ]
+        pts, ok = np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
+        if ok.sum() <= kin + 2:
+            continue
+        _, H = pre_activations(known, pts[ok])
+        s = np.linalg.norm(W[j])
+        fit = _plane_through(H, W[j] / s)
+        if fit is None:
+            continue
+        v, c, rel, whole = fit
+        near = np.linalg.norm(v - W[j] / s) <= tol and abs(c - b[j] / s) <= tol * max(1.0, abs(b[j] / s))
+        if near and rel <= REFIT_FIT * oracle.eps:
+            W2[j], b2[j] = v * s, c * s
+            refitted += whole
+    return W2, b2, refitted

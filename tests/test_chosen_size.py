@@ -1,0 +1,104 @@
+"""Chosen-query extraction at the size of trained networks: exact rows through precisely
+located kinks, memory bounded by the model (not queries x parameters)."""
+
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+
+import relufast as rf
+from relufast.chosen.driver import extract_chosen
+from relufast.chosen.net import pre_activations
+from relufast.chosen.oracle import Oracle
+from relufast.chosen.refit import refit_layer
+
+
+def _row_errors(W, b, Wt, bt):
+    """Distance of each row (W, b), scaled to unit W, to the nearest true row up to sign."""
+    H = np.hstack([W, b[:, None]]) / np.linalg.norm(W, axis=1)[:, None]
+    Ht = np.hstack([Wt, bt[:, None]]) / np.linalg.norm(Wt, axis=1)[:, None]
+    j = np.abs(H @ Ht.T).argmax(axis=1)
+    s = np.sign(np.sum(H[:, :-1] * Ht[j, :-1], axis=1))
+    return np.linalg.norm(H - s[:, None] * Ht[j], axis=1)
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_refit_first_layer_from_finite_difference_accuracy_to_rounding(seed):
+    # Rows 1e-6 off (what finite differences give at d ~ 100) come back to ~1e-13, each
+    # unit's contribution to the output (|u_i| x row error) at the rounding.
+    d, k = 60, 12
+    hidden, out = rf.planted.deep_relu(d, [k], 2, random_state=seed)
+    rng = np.random.default_rng(100 + seed)  # not the planted network's stream
+    W, b = hidden[0]
+    est = W + 1e-6 * rng.standard_normal(W.shape)
+    est /= np.linalg.norm(est, axis=1, keepdims=True)
+    flip = np.where(rng.random(k) < 0.5, -1.0, 1.0)  # signs are open at this stage
+    oracle = Oracle(rf.planted.relu_function(hidden, out), d)
+    W2, b2, n = refit_layer(oracle, [], (est * flip[:, None], b * flip), rng)
+    assert n == k
+    before, after = _row_errors(est, b, W, b), _row_errors(W2, b2, W, b)
+    assert before.min() > 1e-7
+    weight = np.abs(out[0]).max(axis=0)
+    assert np.max(after * weight) < 1e-12
+    assert np.all(np.sign(np.sum(W2 * est * flip[:, None], axis=1)) > 0)  # orientation kept
+
+
+def test_refit_deeper_layer_in_the_space_of_the_layer_before():
+    # Layer 2 of a 3-layer network, with layer 1 exact: its rows are hyperplanes in h_1.
+    d, widths = 12, (10, 8)
+    hidden, out = rf.planted.deep_relu(d, list(widths), 1, random_state=7)
+    rng = np.random.default_rng(100)
+    W2t, b2t = hidden[1]
+    est = W2t + 1e-6 * rng.standard_normal(W2t.shape)
+    oracle = Oracle(rf.planted.relu_function(hidden, out), d)
+    W2, b2, n = refit_layer(oracle, [hidden[0]], (est, b2t.copy()), rng)
+    err = _row_errors(W2, b2, W2t, b2t)
+    before = _row_errors(est, b2t, W2t, b2t)
+    assert np.all(err <= before) and np.min(before) > 1e-7
+    # Rows refitted whole (every unit of layer 1 seen active at their kinks) are exact.
+    assert n >= 6 and np.sum(err < 1e-11) >= n
+
+
+def test_refit_keeps_rows_it_cannot_confirm():
+    # A model that is not piecewise linear (softplus): no segment fits two lines, so no
+    # row changes (the estimate is kept, never replaced by a fit of noise).
+    d, k = 10, 4
+    hidden, out = rf.planted.deep_relu(d, [k], 1, random_state=1)
+    f = rf.planted.relu_function(hidden, out, activation=lambda z: np.logaddexp(0.0, 4 * z) / 4)
+    W, b = hidden[0]
+    W2, b2, n = refit_layer(Oracle(f, d), [], (W.copy(), b.copy()), np.random.default_rng(0))
+    assert n == 0 and np.array_equal(W2, W) and np.array_equal(b2, b)
+
+
+def test_one_hidden_layer_at_width_exact_without_a_dense_jacobian():
+    # 300-48-1 has 14,497 weights: the former polish built a (3 P, P) Jacobian (2.5 GB).
+    # Peak Python memory must stay a small multiple of one batch of queries.
+    d, k = 300, 48
+    hidden, out = rf.planted.deep_relu(d, [k], 1, random_state=2)
+    f = rf.planted.relu_function(hidden, out)
+    tracemalloc.start()
+    try:
+        res = extract_chosen(f, d, (k,), random_state=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert res.exact and res.status == "exact"
+    X = 3.0 * np.random.default_rng(9).standard_normal((2000, d))
+    Yt = f(X)
+    Z, H = pre_activations([(res.V, res.b)], X)
+    assert np.abs(H @ res.U.T + res.c - Yt).max() <= 1e-12 * np.abs(Yt).max()
+    assert peak < 400 * 2**20, peak / 2**20
+    n_par = k * (d + 1) + k + 1
+    assert res.counts["queries"] < 30 * n_par
+    assert "polish" not in res.seconds
+
+
+def test_layer_refit_is_reported():
+    d, widths = 10, (6, 4)
+    hidden, out = rf.planted.deep_relu(d, list(widths), 1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = rf.extract(rf.planted.relu_function(hidden, out), d, widths, queries="chosen", random_state=0)
+    rows = res.diagnostics["refitted_rows"]
+    assert rows[0] == "layer 1: 6 of 6" and rows[1].startswith("layer 2: ")
