@@ -103,7 +103,14 @@ def _hard(X, Y, k, n_start):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", rf.RelufastWarning)
         return rf.recover(
-            X, Y, n_hidden=k, method="bjw19-gaussian", random_state=0, n_estimate=n_start, n_refine=n_start, n_restarts=3
+            X,
+            Y,
+            n_hidden=k,
+            method="bjw19-gaussian",
+            random_state=0,
+            n_estimate=n_start,
+            n_refine=n_start,
+            n_restarts=3,
         )
 
 
