@@ -175,7 +175,8 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
     precisely located kinks, with ``known`` the final layers before it.
 
     Returns ``(W, b, refitted)``: the rows (each refitted, in part where a unit of the layer
-    before is never active at its kinks, or left as it was) and the number refitted whole. ``tol``: the largest change accepted (default REFIT_AGREE)."""
+    before is never active at its kinks, or left as it was) and the number refitted
+    whole. ``tol``: the largest change accepted (default REFIT_AGREE)."""
     W, b = layer
     k, kin = W.shape
     d = oracle.d
