@@ -35,7 +35,7 @@ def test_refit_first_layer_from_finite_difference_accuracy_to_rounding(seed):
     est /= np.linalg.norm(est, axis=1, keepdims=True)
     flip = np.where(rng.random(k) < 0.5, -1.0, 1.0)  # signs are open at this stage
     oracle = Oracle(rf.planted.relu_function(hidden, out), d)
-    W2, b2, n = refit_layer(oracle, [], (est * flip[:, None], b * flip), rng)
+    W2, b2, n, _ = refit_layer(oracle, [], (est * flip[:, None], b * flip), rng)
     assert n == k
     before, after = _row_errors(est, b, W, b), _row_errors(W2, b2, W, b)
     assert before.min() > 1e-7
@@ -52,7 +52,7 @@ def test_refit_deeper_layer_in_the_space_of_the_layer_before():
     W2t, b2t = hidden[1]
     est = W2t + 1e-6 * rng.standard_normal(W2t.shape)
     oracle = Oracle(rf.planted.relu_function(hidden, out), d)
-    W2, b2, n = refit_layer(oracle, [hidden[0]], (est, b2t.copy()), rng)
+    W2, b2, n, _ = refit_layer(oracle, [hidden[0]], (est, b2t.copy()), rng)
     err = _row_errors(W2, b2, W2t, b2t)
     before = _row_errors(est, b2t, W2t, b2t)
     assert np.all(err <= before) and np.min(before) > 1e-7
@@ -67,7 +67,7 @@ def test_refit_keeps_rows_it_cannot_confirm():
     hidden, out = rf.planted.deep_relu(d, [k], 1, random_state=1)
     f = rf.planted.relu_function(hidden, out, activation=lambda z: np.logaddexp(0.0, 4 * z) / 4)
     W, b = hidden[0]
-    W2, b2, n = refit_layer(Oracle(f, d), [], (W.copy(), b.copy()), np.random.default_rng(0))
+    W2, b2, n, _ = refit_layer(Oracle(f, d), [], (W.copy(), b.copy()), np.random.default_rng(0))
     assert n == 0 and np.array_equal(W2, W) and np.array_equal(b2, b)
 
 
@@ -101,4 +101,31 @@ def test_layer_refit_is_reported():
         warnings.simplefilter("ignore")
         res = rf.extract(rf.planted.relu_function(hidden, out), d, widths, queries="chosen", random_state=0)
     rows = res.diagnostics["refitted_rows"]
-    assert rows[0] == "layer 1: 6 of 6" and rows[1].startswith("layer 2: ")
+    assert rows[0].startswith("layer 1: 6 of 6") and rows[1].startswith("layer 2: ")
+
+
+@pytest.mark.parametrize("d,widths,m", [(10, (8, 6), 1), (40, (24, 16), 3)])
+def test_wiggle_signs_settle_each_unit_of_a_narrow_layer(d, widths, m):
+    from relufast.chosen.signs import wiggle_signs
+
+    hidden, out = rf.planted.deep_relu(d, list(widths), m, random_state=11)
+    oracle = Oracle(rf.planted.relu_function(hidden, out), d)
+    rng = np.random.default_rng(12)
+    W, b = hidden[0]
+    wrong = rng.random(len(W)) < 0.5
+    s = np.where(wrong, -1.0, 1.0)
+    flip, settled = wiggle_signs(oracle, [], (W * s[:, None], b * s), rng)
+    assert settled.all() and np.array_equal(flip, wrong)
+    assert oracle.n_queries <= 3 * 6 * len(W) * 3  # three queries a point, a few points a unit
+
+
+def test_wiggle_signs_never_guess_on_a_wide_layer():
+    # 10-60-1: more units than inputs, no direction moves one unit alone: nothing settled
+    # (the linear term of the next layer, or "signs unresolved", takes over), nothing wrong.
+    from relufast.chosen.signs import wiggle_signs
+
+    hidden, out = rf.planted.deep_relu(10, [60], 1, random_state=2)
+    oracle = Oracle(rf.planted.relu_function(hidden, out), 10)
+    W, b = hidden[0]
+    flip, settled = wiggle_signs(oracle, [], (W, b), np.random.default_rng(0))
+    assert not flip[settled].any()

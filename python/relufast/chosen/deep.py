@@ -584,8 +584,12 @@ def _prune(pool, known, tent, Theta, tol):
     pool.keep(keep)
 
 
-def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
+def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, oriented=False):
     """The units of the layer after ``tent`` as hyperplanes in phi-space.
+
+    ``oriented``: every unit of ``tent`` has its true sign already (:mod:`.signs`), so the
+    kinks are clustered by their restricted rows from the first round (:mod:`.cluster`),
+    without the grouping by null spaces that finds the first units when signs are open.
 
     Returns (coef (k, k_tent), beta (k, k_prev), const (k,)) or None when fewer than k
     units were determined in ``max_rounds`` rounds. Kinks explained by the layers so far
@@ -600,7 +604,8 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40):
         for _ in range(GROUP_LINES):
             _refill(oracle, layers, widths, rng, pool, tol)
         _prune(pool, known, tent, Theta, tol)
-        ntol, delta = _null_tol(oracle) * NULL_GROWTH ** len(known), _signs(tent, Theta)
+        ntol = _null_tol(oracle) * NULL_GROWTH ** len(known)
+        delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta)
         if delta is not None:
             found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng)
             if asks:

@@ -36,6 +36,7 @@ from .net import forward, pre_activations
 from .oracle import BudgetSpent, Oracle
 from .refit import refit_layer
 from .result import DeepResult
+from .signs import wiggle_signs
 
 __all__ = ["extract_chosen"]
 
@@ -86,12 +87,20 @@ FIT_BYTES = 64 * 2**20
 
 
 def _refit(oracle, known, tent, rng, clock, diag, name):
+    """The layer refitted through precise kinks (:mod:`.refit`) and oriented where the
+    wiggles settle its signs (:mod:`.signs`); returns (layer, refitted whole, oriented)."""
     # Its own random stream (spawned, no draw taken from rng): the searches for the next
     # layer see the same lines whatever the refit drew.
+    sub = _spawn(rng)
     with clock.stage("refit"):
-        W, b, n = refit_layer(oracle, known, tent, _spawn(rng))
-    diag.setdefault("refitted_rows", []).append(f"{name}: {n} of {len(W)}")
-    return (W, b), n == len(W)
+        W, b, n, why = refit_layer(oracle, known, tent, sub)
+    note = (" (" + ", ".join(f"{v} {k}" for k, v in why.items()) + ")") if why else ""
+    diag.setdefault("refitted_rows", []).append(f"{name}: {n} of {len(W)}{note}")
+    with clock.stage("signs"):
+        flip, settled = wiggle_signs(oracle, known, (W, b), sub)
+    diag.setdefault("signs_by_wiggle", []).append(f"{name}: {int(settled.sum())} of {len(W)}")
+    s = np.where(flip, -1.0, 1.0)
+    return (W * s[:, None], b * s), n == len(W), bool(settled.all())
 
 
 def _spawn(rng):
@@ -108,14 +117,14 @@ def _stages(oracle, widths, rng, clock, diag):
     diag["line_rounds"] = rounds
     if len(W) < widths[0]:
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
-    tent, all_refit = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1")
+    tent, all_refit, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1")
     known: list = []
     signs_ok = True
     for li in range(1, L):
         with clock.stage(f"layer_{li + 1}"):
             found = None
             for _ in range(LAYER_TRIES):  # each try draws new lines; the kink pool is kept
-                found = next_layer(oracle, known, tent, widths[li], widths, rng, pool)
+                found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented)
                 if found is not None:
                     break
         if found is None:
@@ -123,23 +132,43 @@ def _stages(oracle, widths, rng, clock, diag):
         coef, beta, const = found
         with clock.stage("signs"):
             W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], coef, beta, const)
-        signs_ok &= ok
+        if oriented:  # the wiggles settled every sign: the linear term must agree
+            ok &= bool(np.array_equal(np.sign(W), np.sign(tent[0])))
+            W, b, Wn, bn = tent[0], tent[1], coef, const
         s = np.linalg.norm(Wn, axis=1)
+        nxt, done, nxt_oriented = _refit(
+            oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}"
+        )
+        if oriented and not done:
+            # A unit the clustering of oriented kinks proposed that no segment confirms
+            # (its kinks do not fit it): search again with the signs open.
+            diag.setdefault("layer_searches_again", []).append(li + 1)
+            with clock.stage(f"layer_{li + 1}"):
+                found = next_layer(oracle, known, tent, widths[li], widths, rng, pool)
+            if found is None:
+                return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
+            with clock.stage("signs"):
+                W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], *found)
+            s = np.linalg.norm(Wn, axis=1)
+            nxt, done, nxt_oriented = _refit(
+                oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}"
+            )
+        signs_ok &= ok
         known = known + [(W, b)]
-        tent, done = _refit(oracle, known, (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}")
+        tent, oriented = nxt, nxt_oriented
         all_refit &= done
     m = oracle.n_outputs
     k_prev = widths[-2] if L > 1 else d
     n_par = sum(k * (p + 1) for k, p in zip([*widths, m], [d, *widths]))
     # Every unit active on twice its fan-in (the signs of the last hidden layer come from
-    # this fit's linear term); three equations a weight while that stays small (the polish
-    # may use them), else FIT_BYTES of inputs.
+    # this fit's linear term unless the wiggles settled them); three equations a weight
+    # while that stays small (the polish may use them), else FIT_BYTES of inputs.
     n_fit = int(max(4 * (widths[-1] + k_prev + 1), min(np.ceil(3 * n_par / m), FIT_BYTES // (8 * d)))) + 2 * d
     need = lambda fan_in: 2 * (fan_in + 1)  # noqa: E731
     with clock.stage("output_layer"):
         X = _fit_points(known, tent, n_fit, d, rng, need)
         Y = oracle(X)
-        last, out, ok = output_layer(known, tent, X, Y)
+        last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
     signs_ok &= ok
     diag["signs_resolved"] = signs_ok
     hidden = known + [last]

@@ -66,11 +66,18 @@ def resolve_signs(Wt, bt, coef, beta, const):
     return Wt * s[:, None], bt * s, coef.copy(), next_b, ok
 
 
-def output_layer(known, tentative, X, Y):
+def output_layer(known, tentative, X, Y, *, oriented=False):
     """The output layer by least squares on ``[relu(z~_L), h_{L-1}, 1]``, and the signs of
-    the last hidden layer from its linear term (:func:`resolve_signs`).
+    the last hidden layer from its linear term (:func:`resolve_signs`); with ``oriented``
+    (every sign known, :mod:`.signs`) by least squares on ``[relu(z_L), 1]`` alone, which
+    also holds when the layer is wider than its inputs times the outputs (the linear term
+    cannot settle the signs there).
 
     Returns (last hidden layer (W, b), output layer (W_o, c), ok)."""
+    if oriented:
+        Z, H = pre_activations([*known, tentative], X)
+        C = _lstsq(np.hstack([H, np.ones((len(X), 1))]), Y)
+        return tentative, (C[:-1].T, C[-1]), True
     Phi, _ = features(known, tentative, X)
     A = np.hstack([Phi, np.ones((len(X), 1))])
     C = _lstsq(A, Y)

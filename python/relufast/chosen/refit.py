@@ -174,9 +174,10 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
     """Hyperplanes of ``layer`` (unit rows in ``h_l``-space, signs open) refitted through
     precisely located kinks, with ``known`` the final layers before it.
 
-    Returns ``(W, b, refitted)``: the rows (each refitted, in part where a unit of the layer
+    Returns ``(W, b, refitted, reasons)``: the rows (each refitted, in part where a unit of the layer
     before is never active at its kinks, or left as it was) and the number refitted
-    whole. ``tol``: the largest change accepted (default REFIT_AGREE)."""
+    whole, and the count of each reason a row was not refitted whole. ``tol``: the largest
+    change accepted (default REFIT_AGREE)."""
     W, b = layer
     k, kin = W.shape
     d = oracle.d
@@ -186,9 +187,15 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
     batch = max(1, int(REFIT_BATCH_BYTES // (2 * S * d * 8)))  # segments per model call
     W2, b2 = W.copy(), b.copy()
     refitted = 0
+    why: dict = {}
+
+    def count(reason):
+        why[reason] = why.get(reason, 0) + 1
+
     for j in range(k):
         X0, G = _boundary_points(known, layer, j, P, d, rng)
         if len(X0) <= kin:
+            count("boundary not reached")
             continue
         found = [
             _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S)
@@ -196,15 +203,21 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
         ]
         pts, ok = np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
         if ok.sum() <= kin + 2:
+            count("too few clean segments")
             continue
         _, H = pre_activations(known, pts[ok])
         s = np.linalg.norm(W[j])
         fit = _plane_through(H, W[j] / s)
         if fit is None:
+            count("singular")
             continue
         v, c, rel, whole = fit
         near = np.linalg.norm(v - W[j] / s) <= tol and abs(c - b[j] / s) <= tol * max(1.0, abs(b[j] / s))
         if near and rel <= REFIT_FIT * oracle.eps:
             W2[j], b2[j] = v * s, c * s
             refitted += whole
-    return W2, b2, refitted
+            if not whole:
+                count("in part")
+        else:
+            count("kinks off a hyperplane" if near else "far from the estimate")
+    return W2, b2, refitted, why

@@ -1,0 +1,162 @@
+"""The sign of each unit on its own, from one wiggle across its boundary (after the sign
+recovery of [CCHRSS24], relufast's exact form).
+
+A refitted layer (:mod:`.refit`) is known as hyperplanes: which side of each is the active
+one is open. At a point x on the boundary of unit j, take a direction Delta along which,
+among the units of the layer, only z_j changes (the change of ``h_{l-1}`` it causes is
+orthogonal to the rows of the other active units of the layer; the inactive ones stay
+inactive for a short step). On the side where unit j is inactive nothing after the layer
+changes, so the model's outputs are exactly those at x (up to rounding); on the other side
+they move with the unit's downstream weight. Three queries a point (x, x + t Delta,
+x - t Delta), all units of a layer in one model call: the side that moves is the active
+side. A point where both or neither side moves (no active path after the unit, or no such
+Delta: more active units than directions) decides nothing; a unit no point decides keeps
+its sign open, and the next layer's linear term settles it (:func:`.fit.resolve_signs`).
+
+References
+----------
+.. [CCHRSS24] I. A. Canales-Martinez, J. Chavez-Saab, A. Hambitzer, F. Rodriguez-Henriquez,
+   N. Satpute, A. Shamir, "Polynomial Time Cryptanalytic Extraction of Neural Network
+   Models", EUROCRYPT 2024.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .net import pre_activations
+from .refit import _boundary_points
+
+__all__ = ["wiggle_signs"]
+
+#: Boundary points tried per unit, and the fraction of the distance to the nearest other
+#: boundary (along Delta) that the step takes.
+WIGGLE_POINTS, WIGGLE_STEP = 6, 0.25
+#: A side moves when its change is above MOVE times the rounding of the outputs, and is
+#: still when below STILL times it.
+MOVE, STILL = 1e3, 1.0
+
+
+def _local_jacobian(known, x):
+    """``d h_l / d x`` (k_l, d) at one point (identity for no known layer)."""
+    d = x.shape[0]
+    J = np.eye(d)
+    h = x
+    for W, b in known:
+        z = W @ h + b
+        J = (z > 0)[:, None] * (W @ J)
+        h = np.maximum(z, 0.0)
+    return J
+
+
+def _wiggle(known, layer, j, x, settled):
+    """Direction Delta (unit) changing only z_j among the units of the layer that may be
+    active at x (all of them but the ``settled`` ones, whose orientation is known and which
+    are inactive there), the step t and the sign of z_j at x + t Delta (the current
+    orientation); None where there is no such direction."""
+    W, b = layer
+    J = _local_jacobian(known, x)
+    Z, H = pre_activations(known, x[None])
+    z = W @ H[0] + b
+    G = W @ J  # gradients of the layer's pre-activations in x
+    others = np.nonzero(~(settled & (z < 0)) & (np.arange(len(z)) != j))[0]
+    rank = x.shape[0] if not known else int((Z[-1][0] > 0).sum())  # >= rank of J
+    if len(others) >= rank:
+        return None
+    g = G[j]
+    if len(others):
+        M = G[others]
+        coef, *_ = np.linalg.lstsq(M.T, g, rcond=None)
+        delta = g - M.T @ coef
+    else:
+        delta = g.copy()
+    if np.linalg.norm(delta) <= 1e-6 * np.linalg.norm(g):
+        return None
+    delta /= np.linalg.norm(delta)
+    # Distance along Delta to the nearest other boundary: every unit of the known layers
+    # and the layer's other units (computed, first order within the region).
+    rates, values = [], []
+    Jl = np.eye(x.shape[0])
+    h = x
+    for Wk, bk in known:
+        zk = Wk @ h + bk
+        rates.append(np.abs(Wk @ Jl @ delta))
+        values.append(np.abs(zk))
+        Jl = (zk > 0)[:, None] * (Wk @ Jl)
+        h = np.maximum(zk, 0.0)
+    mask = np.arange(len(z)) != j
+    rates.append(np.abs(G[mask] @ delta))
+    values.append(np.abs(z[mask]))
+    r, v = np.concatenate(rates), np.concatenate(values)
+    with np.errstate(divide="ignore"):
+        room = np.min(np.where(r > 0, v / r, np.inf)) if len(r) else np.inf
+    t = float(min(WIGGLE_STEP * room, 0.1))
+    if not np.isfinite(t) or t <= 0:
+        return None
+    return delta, t, float(np.sign(g @ delta))
+
+
+def wiggle_signs(oracle, known, layer, rng):
+    """Orientation of each unit of ``layer`` (after the final layers ``known``).
+
+    Returns ``(flip, resolved)``: boolean arrays over the units, ``flip`` where the active
+    side is the negative side of the current row, ``resolved`` where some point decided
+    (and no two points disagreed)."""
+    W, b = layer
+    k = W.shape[0]
+    flip = np.zeros(k, dtype=bool)
+    resolved = np.zeros(k, dtype=bool)
+    for _ in range(WIGGLE_ROUNDS):
+        todo = np.nonzero(~resolved)[0]
+        if len(todo) == 0:
+            break
+        s = np.where(flip, -1.0, 1.0)
+        f2, r2 = _round(oracle, known, (W * s[:, None], b * s), todo, resolved, rng)
+        if not r2.any():
+            break
+        flip[r2] = f2[r2] ^ flip[r2]
+        resolved |= r2
+    return flip, resolved
+
+
+#: Rounds of wiggles: units settled in a round are known to be inactive at the next round's
+#: points, which frees directions for the others.
+WIGGLE_ROUNDS = 3
+
+
+def _round(oracle, known, layer, todo, settled, rng):
+    W, b = layer
+    k = W.shape[0]
+    d = oracle.d
+    pts, owners, orient = [], [], []
+    for j in todo:
+        X0, _ = _boundary_points(known, layer, j, WIGGLE_POINTS, d, rng)
+        for x in X0:
+            w = _wiggle(known, layer, j, x, settled)
+            if w is None:
+                continue
+            delta, t, s = w
+            pts.append(np.stack([x, x + t * delta, x - t * delta]))
+            owners.append(j)
+            orient.append(s)
+    flip = np.zeros(k, dtype=bool)
+    resolved = np.zeros(k, dtype=bool)
+    if not pts:
+        return flip, resolved
+    P = np.array(pts)
+    Y = oracle(P.reshape(-1, d)).reshape(len(P), 3, -1)
+    noise = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2)) + 1e-300
+    up = np.abs(Y[:, 1] - Y[:, 0]).max(axis=1) / noise
+    down = np.abs(Y[:, 2] - Y[:, 0]).max(axis=1) / noise
+    votes = np.zeros((k, 2), dtype=int)  # [keep, flip]
+    for i, j in enumerate(owners):
+        if up[i] > MOVE and down[i] <= STILL:
+            active_positive = orient[i] > 0  # z_j > 0 on the + side in the current orientation
+        elif down[i] > MOVE and up[i] <= STILL:
+            active_positive = orient[i] < 0
+        else:
+            continue
+        votes[j, 0 if active_positive else 1] += 1
+    resolved = (votes.sum(axis=1) > 0) & ((votes[:, 0] == 0) | (votes[:, 1] == 0))
+    flip = resolved & (votes[:, 1] > 0)
+    return flip, resolved
