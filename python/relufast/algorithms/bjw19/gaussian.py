@@ -34,6 +34,7 @@ from ...stages.diagnostics import (
     input_whitening,
     numerical_rank,
     outputs_below_hidden_message,
+    rank_shortfall,
     warn_if_not_gaussian,
 )
 from ...stages.fit import certify, check_finite_once, fit_and_certify, fit_from_stats, relative_residual
@@ -394,15 +395,12 @@ def _prepare(run, s, n_refine, whiten, prec):
                 "the second-moment matrix of X is singular: the inputs lie in a "
                 "subspace, so V is not identifiable along its complement",
             )
-    if rank < k:
-        return _early(
-            run,
-            s,
-            Status.RANK_DEFICIENT,
-            f"the outputs have numerical rank {rank} < n_hidden = {k} (sigma_k / sigma_1 = "
-            f"{sv[k - 1] / sv[0] if sv[0] > 0 else 0.0:.2e} on {ell} samples); BJW19 Thm 7 needs "
-            "U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U.",
+    if rank < k:  # rank(Y) < k only if every sample says so; else a unit too weak or too rare
+        check_finite_once(data)
+        status, why = rank_shortfall(
+            "bjw19-gaussian", data, k, prec, rows=ell, sample_ratio=float(sv[k - 1] / sv[0]) if sv[0] > 0 else 0.0
         )
+        return _early(run, s, status, why + " (BJW19 Thm 7).")
     warn_if_not_gaussian(diag, "bjw19-gaussian", "N(0, Sigma)" if p.Wh is not None else "N(0, I)")
     # Noisy outputs cannot be certified at any size: their estimate uses every sample.
     if adaptive and p.noise_ratio > prec.tol(NOISE_FLOOR, d, k):

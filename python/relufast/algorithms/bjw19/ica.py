@@ -15,7 +15,7 @@ from ..._validation import (
     check_random_state,
     resolve_n_jobs,
 )
-from ...stages.diagnostics import outputs_below_hidden_message
+from ...stages.diagnostics import outputs_below_hidden_message, rank_shortfall
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import GrowingSample, Samples, check_n_estimate, start_size
@@ -175,9 +175,10 @@ def _ica(X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, r
     opts = dict(n_restarts=n_restarts, ica_tol=ica_tol, max_iter=max_iter, threads=threads, prec=prec)
     try:
         pool, approx, Xr, Yr = _search(run, data, k, ell, n_est, rng, **opts)
-    except np.linalg.LinAlgError:
+    except np.linalg.LinAlgError:  # the sketch has rank < k: rank(Y) < k only if every sample says so
         check_finite_once(data)
-        return run.result(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
+        status, why = rank_shortfall("bjw19-ica", data, k, prec, rows=n_est, sample_ratio=None)
+        return run.result(status, why + " (BJW19 Thm 4, the sketched outputs have rank < k).")
     return _certify(run, data, pool, approx, Xr, Yr, prec.tol(tol, d, k), prec, threads)
 
 
