@@ -119,3 +119,20 @@ def test_sparse_noise_error_names_the_method_called():
     with pytest.raises(ValueError, match="bjw19-sparse-noise needs at least") as info:
         relufast.recover(X, Y, n_hidden=3, method="bjw19-sparse-noise")
     assert "bjw19-gaussian" not in str(info.value)
+
+
+def test_float16_message_quotes_the_residual_of_the_result():
+    net = two_layer(7, 3, 5, random_state=51)
+    X, Y = net.sample(16_000, random_state=52)
+    res = relufast.recover(X, Y.astype(np.float16), n_hidden=3, method="bjw19-gaussian", random_state=0)
+    assert res.status == "exact"
+    assert f"relative residual {res.residual:.2e}" in res.message
+
+
+def test_fpt_on_float16_outputs_claims_no_dependent_columns():
+    net = two_layer(8, 3, 4, random_state=53)
+    X, Y = net.sample(16_000, random_state=54)
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.recover(X, Y.astype(np.float16), n_hidden=3, method="bjw19-fpt", random_state=0)
+    assert res.status != "non_identifiable", res.message
+    assert "pairwise independent" not in res.message

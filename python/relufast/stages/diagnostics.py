@@ -190,6 +190,13 @@ def rank_shortfall(method, data, k, prec, *, rows, sample_ratio):
             f"the outputs have numerical rank {rank} < n_hidden = {k} over all {n} samples (sigma_k / sigma_1 = "
             f"{ratio:.2e}); {method} needs U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U"
         )
+    visible = sample_ratio is None or sample_ratio >= RANK_TOL**0.5
+    if visible and ratio >= RANK_TOL**0.5:  # every unit shows clearly in Y and in the method's sample
+        return Status.FAILED, (
+            f"{method}: a rank test on its {rows} estimation samples failed, though rank(Y) = {k} = n_hidden "
+            f"over all {n} samples (sigma_k / sigma_1 = {ratio:.2e}): the outputs are too imprecise or the "
+            "units too nearly parallel for this method"
+        )
     if sample_ratio is None:
         why = f"a unit is too weak or too rarely active on the {rows} samples {method} estimates from"
     elif sample_ratio <= prec.tol(RANK_FLOOR, d, k):

@@ -129,11 +129,11 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
         )
     Xe, Ye, classes = _group(run, data, k, min_size, class_tol, rng, n_estimate)
     if len(classes) > k:
-        classes = _single_unit_classes(run, Xe, Ye, classes, prec.tol(1e-9, d, k))
+        classes = _single_unit_classes(run, Xe, Ye, classes, prec.tol(1e-9, d, k), prec.tol(1e-6, d, k))
     if len(classes) != k:
         check_finite_once(data)
         return run.result(
-            Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE,
+            Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.FAILED,
             f"found {len(classes)} classes of at least {min_size} samples with parallel "
             f"outputs, expected k = {k}: "
             + (
@@ -142,8 +142,8 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
                 "order d (k kappa)^(2k): add samples). Noisy outputs also give no classes: "
                 "Alg. 7 needs outputs that are exactly parallel"
                 if len(classes) < k
-                else f"the outputs show at least {len(classes)} units with pairwise independent output columns, "
-                f"more than n_hidden = {k}: n_hidden is too small"
+                else f"{len(classes)} of them give distinct rows, each explained by one unit: n_hidden may be too "
+                "small, or the outputs too imprecise or noisy for classes of exactly parallel outputs"
             ),
         )
     V, class_res = _rows_from_classes(Xe, Ye, classes)
@@ -180,18 +180,18 @@ def _group(run, data, k, min_size, class_tol, rng, n_estimate):
     return Xe, Ye, classes
 
 
-def _single_unit_classes(run, Xe, Ye, classes, res_tol):
+def _single_unit_classes(run, Xe, Ye, classes, res_tol, row_tol):
     """More classes than k: keep those one unit explains (class residual at most ``res_tol``)
     and one class per row (relufast). Samples where a weak unit (an output column of 1e-8)
     is active beside a strong one, or outputs with noise, split into runs of nearly
     parallel outputs that Alg. 7 would count as units: a run of two units leaves a class
     residual, and the runs of one unit give one row. Returns the classes kept, largest
-    first (their count is the number of distinct rows)."""
+    first (their count is the number of distinct rows, apart by more than ``1 - |cos| = row_tol``)."""
     classes = sorted(classes, key=len, reverse=True)
     V, class_res = _rows_from_classes(Xe, Ye, classes)
     kept, rows = [], []
     for S, v, r in zip(classes, V, class_res):
-        if r > res_tol or (rows and np.max(np.abs(np.array(rows) @ v)) >= 1.0 - 1e-6):
+        if r > res_tol or (rows and np.max(np.abs(np.array(rows) @ v)) >= 1.0 - row_tol):
             continue
         kept.append(S)
         rows.append(v)

@@ -559,6 +559,11 @@ def _finish(run, s, p, f, tol_p, prec, in_memory):
     if exact and not prec.is_double and s.act is RELU and in_memory:
         with run.stage("polish"):
             U, V, _, _, residual = polish_at_precision(s.data.X, s.data.Y, U, V, threads=s.threads)
+        # the message quotes the residual of the network returned (result.residual)
+        message = message.replace(
+            f"relative residual {f.residual:.2e}",
+            f"relative residual {residual:.2e} ({f.residual:.2e} when certified, before the polish)",
+        )
         message += f" (certified at {prec.name} precision, floor {prec.floor(d, k):.1e}; polished in float64)"
     if not exact and s.act is RELU:
         Xb, Yb = (s.data.X, s.data.Y) if in_memory else (p.Xp[: p.n_probe], p.Yp[: p.n_probe])

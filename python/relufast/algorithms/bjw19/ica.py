@@ -175,9 +175,10 @@ def _ica(X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, r
     opts = dict(n_restarts=n_restarts, ica_tol=ica_tol, max_iter=max_iter, threads=threads, prec=prec)
     try:
         pool, approx, Xr, Yr = _search(run, data, k, ell, n_est, rng, **opts)
-    except np.linalg.LinAlgError:  # the sketch has rank < k: rank(Y) < k only if every sample says so
+    except np.linalg.LinAlgError as exc:  # the sketch has rank < k: rank(Y) < k only if every sample says so
         check_finite_once(data)
-        status, why = rank_shortfall("bjw19-ica", data, k, prec, rows=n_est, sample_ratio=None)
+        rows, ratio = getattr(exc, "sample", (n_est, None))
+        status, why = rank_shortfall("bjw19-ica", data, k, prec, rows=rows, sample_ratio=ratio)
         return run.result(status, why + " (BJW19 Thm 4, the sketched outputs have rank < k).")
     return _certify(run, data, pool, approx, Xr, Yr, prec.tol(tol, d, k), prec, threads)
 
@@ -217,7 +218,12 @@ def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, thr
         for restart in range(n_restarts):
             check_deadline("in a bjw19-ica restart")
             with run.stage("ica"):
-                cand, iters = _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol)
+                try:
+                    cand, iters = _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol)
+                except np.linalg.LinAlgError as exc:  # the sample's sigma_k / sigma_1 says why
+                    sv = np.linalg.svd(Ye, compute_uv=False)
+                    exc.sample = (len(Ye), float(sv[k - 1] / sv[0]) if len(sv) >= k and sv[0] > 0 else 0.0)
+                    raise
                 iters_all.append(iters)
             with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
                 out = refine_rows(B, Xr, cand, n_jobs=threads, **refine_tolerances(prec, d, k))
