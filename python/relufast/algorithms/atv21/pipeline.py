@@ -435,7 +435,7 @@ def _noisy_outcome(run, data, s, rr, params, note):
             f"the outputs are noisy: no network fits them to tol = {s.tol:.1e}, and the refined ATV21 estimate "
             f"leaves relative residual {rr.residual:.2e} over {n} samples, which is noise: its first two Hermite "
             f"moments are at their sampling level (z = {stat['z']:.1f} <= {NOISE_Z:g} on {len(rows)} samples), "
-            f"so the estimate reaches the noise level {stat['noise_level']:.2e} (relative to the outputs)" + note,
+            f"so the estimate reaches the noise level {stat['noise_level']:.2e} (relative to the outputs)." + note,
             **params,
         )
     vis = visible_units(Xh[:20000], Yh[:20000])
@@ -447,7 +447,7 @@ def _noisy_outcome(run, data, s, rr, params, note):
             f"the outputs show {at_least}{int(count)} hidden units, not n_hidden = {k}: "
             f"no network of {k} units "
             f"fits them (the best estimate leaves relative residual {rr.residual:.2e}, with moments "
-            f"{stat['z']:.0f} standard deviations above noise); try n_hidden = {int(count)}" + note,
+            f"{stat['z']:.0f} standard deviations above noise); try n_hidden = {int(count)}." + note,
             **params,
         )
     return None
