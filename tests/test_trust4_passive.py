@@ -136,3 +136,15 @@ def test_fpt_on_float16_outputs_claims_no_dependent_columns():
         res = relufast.recover(X, Y.astype(np.float16), n_hidden=3, method="bjw19-fpt", random_state=0)
     assert res.status != "non_identifiable", res.message
     assert "pairwise independent" not in res.message
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_offset_inputs_blame_the_offset_not_the_moment(seed, capfd):
+    net = two_layer(10, 2, 3, random_state=seed)
+    X = np.random.default_rng(seed + 10).standard_normal((20_000, 10)) + 3.0
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.recover(X, net.predict(X), n_hidden=2, method="bjw19-gaussian", random_state=0)
+    assert res.status == "failed"
+    assert "X is not centred" in res.message and "atv21" in res.message
+    assert "the moment estimate is too crude" not in res.message
+    assert "DLASCL" not in "".join(capfd.readouterr())
