@@ -148,3 +148,24 @@ def test_offset_inputs_blame_the_offset_not_the_moment(seed, capfd):
     assert "X is not centred" in res.message and "atv21" in res.message
     assert "the moment estimate is too crude" not in res.message
     assert "DLASCL" not in "".join(capfd.readouterr())
+
+
+@pytest.mark.parametrize("sigma", [1e-11, 3e-11])
+def test_bjw19_noisy_is_exact_on_noise_below_tol(sigma):
+    net = two_layer(9, 3, 5, random_state=61)
+    X, Y = net.sample(16_000, random_state=62)
+    Y = Y + sigma * np.random.default_rng(63).standard_normal(Y.shape)
+    res = relufast.recover(X, Y, n_hidden=3, method="bjw19-noisy", random_state=0)
+    assert res.status == "exact", res.message
+    assert relufast.metrics.parameter_error(res, net).V < 1e-9
+
+
+def test_bjw19_noisy_small_noise_reaches_the_noise_level():
+    net = two_layer(9, 3, 5, random_state=64)
+    X, Y = net.sample(16_000, random_state=65)
+    E = 1e-7 * np.random.default_rng(66).standard_normal(Y.shape)
+    res = relufast.recover(X, Y + E, n_hidden=3, method="bjw19-noisy", random_state=0)
+    assert res.status == "approximate"
+    noise = np.linalg.norm(E) / np.linalg.norm(Y + E)
+    assert res.residual < 1.5 * noise, (res.residual, noise, res.message)
+    assert relufast.metrics.parameter_error(res, net).V < 1e-5
