@@ -169,3 +169,12 @@ def test_bjw19_noisy_small_noise_reaches_the_noise_level():
     noise = np.linalg.norm(E) / np.linalg.norm(Y + E)
     assert res.residual < 1.5 * noise, (res.residual, noise, res.message)
     assert relufast.metrics.parameter_error(res, net).V < 1e-5
+
+
+@pytest.mark.parametrize("method", ["bjw19-gaussian", "bjw19-ica", "bjw19-fpt"])
+def test_weak_unit_is_not_called_dead(plain, method):
+    net, X, _ = plain
+    Y = _scaled(net, X, 1e-8, 1)
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.recover(X, Y, n_hidden=3, method=method, random_state=0)
+    assert "never active" not in res.message, res.message
