@@ -54,7 +54,7 @@ def _explain(res, X, Y, n_hidden, options):
     if plain_array(X) is not None and plain_array(Y) is not None:
         merged = merged_result(res, X, Y, n_jobs=options.get("n_jobs"))
     notes = [
-        invisible_message(vis.count, n_hidden),
+        "" if _shows_all(Y, vis.count, n_hidden, options) else invisible_message(vis.count, n_hidden),
         "" if res.V is None or merged is not None else near_duplicate_message(near_duplicates(res.V)),
     ]
     notes = [n for n in notes if n]
@@ -69,6 +69,26 @@ def _explain(res, X, Y, n_hidden, options):
     if merged is not None:
         warn(res.message)
     return res
+
+
+def _shows_all(Y, count, n_hidden, options):
+    """Whether the centred outputs over every sample have rank >= n_hidden at the rounding
+    floor although fewer units were counted visible: a unit is then weak (an output column of
+    1e-8) or rarely active, not dead or pruned, and the invisible-units note would be false."""
+    from .stages.diagnostics import RANK_FLOOR, numerical_rank, output_singular_values
+    from .stages.precision import resolve_precision
+
+    Ya = plain_array(Y)
+    if count >= n_hidden or Ya is None:
+        return False
+    Ya = np.asarray(Ya, dtype=np.float64).reshape(len(Ya), -1)
+    if Ya.shape[1] < n_hidden:
+        return False
+    try:
+        tol = resolve_precision(Y, options.get("precision")).tol(RANK_FLOOR, Ya.shape[1], int(n_hidden))
+    except (TypeError, ValueError):
+        return False
+    return numerical_rank(output_singular_values(Ya - Ya.mean(axis=0)), tol) >= n_hidden
 
 
 def recover(X: Any, Y: Any, *, n_hidden: int, method: str = "auto", **options: Any) -> RecoveryResult:

@@ -158,7 +158,14 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
     """The cheap facts ``auto`` decides on (rank of Y, Gaussianity, centring, symmetry,
     biases), from the probe of :func:`_auto_probe`. Returns (k, facts, law, samples)."""
     from ._validation import check_positive_int
-    from .stages.diagnostics import RANK_TOL, gaussianity, numerical_rank, whitener
+    from .stages.diagnostics import (
+        RANK_FLOOR,
+        RANK_TOL,
+        gaussianity,
+        numerical_rank,
+        output_singular_values,
+        whitener,
+    )
     from .stages.precision import resolve_precision
 
     k = check_positive_int(n_hidden, "n_hidden")
@@ -170,6 +177,11 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
     Xh_s, Yh_s = np.asarray(Xh_s, dtype=np.float64), np.asarray(Yh_s, dtype=np.float64)
     prec = resolve_precision(None, precision)
     rank = numerical_rank(np.linalg.svd(Yh_s[:2000], compute_uv=False), prec.tol(RANK_TOL, d, k))
+    rank_floor = rank
+    if rank < min(k, m):  # rank(Y) < k only if every sample says so (a unit may be weak or rare)
+        sv = output_singular_values(data)
+        rank = numerical_rank(sv, prec.tol(RANK_TOL, d, k))
+        rank_floor = numerical_rank(sv, prec.tol(RANK_FLOOR, d, k))
     mean_z, mean_rel = _mean_statistic(Xh_s) if len(Xh_s) > 2 else (0.0, 0.0)
     centred = not (mean_z > MEAN_Z_LIMIT and mean_rel > 0.05)
     g = gaussianity(Xh_s)
@@ -186,6 +198,7 @@ def _auto_facts(X, Y, n_hidden, comm, budget, precision=None):
         "m": m,
         "k": k,
         "rank_Y": rank,
+        "rank_Y_floor": rank_floor,
         "standard_gaussian": gaussian,
         "gaussian_other_covariance": gaussian_sigma,
         "gaussian_any_mean_covariance": gaussian_affine,
@@ -239,6 +252,9 @@ def _auto_plan(facts, law, *, distributed=False):
     from ._validation import check_n_hidden
 
     n, d, m, k, rank = facts["n"], facts["d"], facts["m"], facts["k"], facts["rank_Y"]
+    # rank(Y) < k is claimed only at the rounding floor over every sample: between it and
+    # RANK_TOL a unit is weak or rarely active, which atv21 handles and Alg. 7 does not.
+    full = facts.get("rank_Y_floor", rank)
     gaussian, biased, sym = facts["standard_gaussian"], facts["biased"], facts["symmetry_statistic"]
     budget = facts["time_limit"]
     plan = []
@@ -254,11 +270,11 @@ def _auto_plan(facts, law, *, distributed=False):
                 f"{law}; tried first whatever X is (a certified row is exact for any input law), cost O(n k d^2)",
             )
         )
-    if k <= d and rank < k and m >= 2:
+    if k <= d and full < k and m >= 2:
         why = (
             f"m = {m} < k = {k} outputs: U has rank below k, which Alg. 7 handles"
             if m < k
-            else f"rank(Y) = {rank} < k = {k}: rank-deficient U needs Alg. 7"
+            else f"rank(Y) = {full} < k = {k} over all samples: rank-deficient U needs Alg. 7"
         )
         plan.append(("bjw19-fpt", why))
     any_gaussian = gaussian or facts.get("gaussian_any_mean_covariance", False)
@@ -270,7 +286,7 @@ def _auto_plan(facts, law, *, distributed=False):
                 "(after bjw19-fpt, which is exact from fewer samples when it applies)",
             )
         )
-    if any_gaussian and k <= d and rank >= k and "atv21" in METHODS and not any(n == "atv21" for n, _ in plan):
+    if any_gaussian and k <= d and full >= k and "atv21" in METHODS and not any(n == "atv21" for n, _ in plan):
         plan.append(
             (
                 "atv21",
@@ -280,7 +296,7 @@ def _auto_plan(facts, law, *, distributed=False):
         )
     n_feat = d * (d + 1) // 2
     # GKLW19 needs A of full column rank.
-    if k <= d and m >= k and rank >= k and sym <= SYMMETRY_LIMIT and n > n_feat and n_feat <= GKLW19_MAX_FEATURES:
+    if k <= d and m >= k and full >= k and sym <= SYMMETRY_LIMIT and n > n_feat and n_feat <= GKLW19_MAX_FEATURES:
         plan.append(("gklw19", f"X looks symmetric (statistic {sym:.1f} <= {SYMMETRY_LIMIT})"))
     if rank == k and n >= k:
         plan.append(

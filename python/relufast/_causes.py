@@ -58,7 +58,7 @@ def causes(res, X, Y, n_hidden, options):
                 "use atv21 (biases and offsets)"
             )
     if Ys.shape[0] > Ys.shape[1] and isinstance(n_hidden, (int, np.integer)):
-        from .stages.diagnostics import RANK_TOL, numerical_rank
+        from .stages.diagnostics import RANK_FLOOR, RANK_TOL, numerical_rank, output_singular_values
         from .stages.precision import resolve_precision
 
         try:
@@ -68,6 +68,19 @@ def causes(res, X, Y, n_hidden, options):
         r = numerical_rank(np.linalg.svd(Ys, compute_uv=False), rtol)
         rc = numerical_rank(np.linalg.svd(Ys - Ys.mean(axis=0), compute_uv=False), rtol)
         m = Ys.shape[1]
+        if r < min(n_hidden, m):  # rank(Y) < k only if every sample says so, at the rounding floor
+            sv = output_singular_values(np.asarray(Ya, dtype=np.float64))
+            r_all = numerical_rank(sv, max(rtol * RANK_FLOOR / RANK_TOL, RANK_FLOOR))
+            if r_all >= min(n_hidden, m):
+                notes.append(
+                    f"rank(Y) = {r_all} over all {len(Ya)} samples, but sigma_{n_hidden} / sigma_1 = "
+                    f"{sv[n_hidden - 1] / sv[0]:.1e}: a unit is weak (small output column) or active on few samples"
+                )
+                r = r_all
+                Yc = np.asarray(Ya, dtype=np.float64)
+                rc = numerical_rank(
+                    output_singular_values(Yc - Yc.mean(axis=0)), max(rtol * RANK_FLOOR / RANK_TOL, RANK_FLOOR)
+                )
         if r < min(n_hidden, m):  # with m < n_hidden outputs, rank(Y) = m says nothing
             notes.append(
                 f"rank(Y) = {r} < n_hidden = {n_hidden}: either n_hidden is larger than the number "

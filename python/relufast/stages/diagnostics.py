@@ -13,6 +13,9 @@ from .._validation import check_positive_int
 
 __all__ = [
     "RANK_TOL",
+    "RANK_FLOOR",
+    "output_singular_values",
+    "rank_shortfall",
     "GAUSS_ROWS",
     "gaussianity",
     "numerical_rank",
@@ -137,6 +140,75 @@ def warn_if_not_gaussian(diag, method, law="N(0, I)"):
         f"kurtosis statistic {diag['kurtosis_statistic']:.3g} vs {diag['kurtosis_tolerance']:.3g}); "
         f"{method} assumes x ~ {law}. Rows are still certified exactly, so an 'exact' status "
         "remains trustworthy, but the moment step may fail."
+    )
+
+
+#: Rank floor of the outputs: sigma_k / sigma_1 over every sample at or below this (times the
+#: precision's floor for float32 outputs) is rounding, and only then does rank(Y) < k hold.
+#: Float64 outputs of a network whose U has rank < k give 1e-17..1e-15; a unit with an output
+#: column scaled by 1e-9 gives 5e-10, and a certificate at tol = 1e-10 sees it.
+RANK_FLOOR = 1e-12
+
+
+def output_singular_values(Y):
+    """Singular values of the outputs over every sample: ``Y`` an array (n, m) or a
+    :class:`relufast.stages.reduce.Samples` (the R factors of its blocks, stacked over the
+    blocks and the MPI ranks; O(n m^2), no n x n matrix)."""
+    from .reduce import Samples
+
+    if not isinstance(Y, Samples):
+        return np.linalg.svd(np.asarray(Y, dtype=np.float64), compute_uv=False)
+    m = Y.m
+    R = np.zeros((0, m))
+    for _, Yb in Y.blocks(bounded=True):
+        Yb = np.asarray(Yb.compute() if hasattr(Yb, "compute") else Yb, dtype=np.float64)
+        if len(Yb):
+            R = np.linalg.qr(np.vstack([R, Yb]), mode="r")
+    R = np.vstack([r for r in Y.allgather(R)])
+    return np.linalg.svd(R, compute_uv=False) if R.size else np.zeros(0)
+
+
+def rank_shortfall(method, data, k, prec, *, rows, sample_ratio):
+    """Why a method saw rank < k on ``rows`` samples of its outputs: a (status, message).
+
+    The rank is checked again over every sample (``data``, an array or
+    :class:`relufast.stages.reduce.Samples`) at :data:`RANK_FLOOR`. Below it rank(Y) < k
+    holds: ``rank_deficient``. Above it the outputs show k units, one of them too weak or
+    too rarely active for the method's sample (``sample_ratio``: its sigma_k / sigma_1, None
+    when unknown):
+    ``failed``, naming that cause.
+    """
+    from .._result import Status
+
+    sv = output_singular_values(data)
+    n = len(data) if not hasattr(data, "n") else data.n
+    d = data.shape[1] if not hasattr(data, "d") else data.d
+    rank = numerical_rank(sv, prec.tol(RANK_FLOOR, d, k))
+    ratio = float(sv[k - 1] / sv[0]) if len(sv) >= k and sv[0] > 0 else 0.0
+    if rank < k:
+        return Status.RANK_DEFICIENT, (
+            f"the outputs have numerical rank {rank} < n_hidden = {k} over all {n} samples (sigma_k / sigma_1 = "
+            f"{ratio:.2e}); {method} needs U of rank k. Check n_hidden, or use bjw19-fpt for rank-deficient U"
+        )
+    visible = sample_ratio is None or sample_ratio >= RANK_TOL**0.5
+    if visible and ratio >= RANK_TOL**0.5:  # every unit shows clearly in Y and in the method's sample
+        return Status.FAILED, (
+            f"{method}: a rank test on its {rows} estimation samples failed, though rank(Y) = {k} = n_hidden "
+            f"over all {n} samples (sigma_k / sigma_1 = {ratio:.2e}): the outputs are too imprecise or the "
+            "units too nearly parallel for this method"
+        )
+    if sample_ratio is None:
+        why = f"a unit is too weak or too rarely active on the {rows} samples {method} estimates from"
+    elif sample_ratio <= prec.tol(RANK_FLOOR, d, k):
+        why = f"a unit is active on too few samples: none of the {rows} samples {method} draws for its moments"
+    else:
+        why = (
+            f"a unit is too weak for {method}: its part of the outputs on its {rows} samples is "
+            f"sigma_k / sigma_1 = {sample_ratio:.1e}, below the {RANK_TOL:.0e} its moments resolve"
+        )
+    return Status.FAILED, (
+        f"rank(Y) = {k} = n_hidden over all {n} samples (sigma_k / sigma_1 = {ratio:.2e}), but {why} "
+        "(too small an output column, or too rarely active). atv21 recovers such units from Gaussian inputs"
     )
 
 

@@ -390,6 +390,9 @@ def _outcome(run, data, s, rr, attempts, note, refine, prec):
             "always together with others); more samples, or a smaller |b|, may fix it" + note,
             **params,
         )
+    judged = _noisy_outcome(run, data, s, rr, params, note)
+    if judged is not None:
+        return judged
     return run.result(
         Status.FAILED,
         f"the ATV21 estimate is outside the basin of the activation-region refinement: the "
@@ -400,6 +403,54 @@ def _outcome(run, data, s, rr, attempts, note, refine, prec):
         "refine=False) and X standard Gaussian" + note,
         **params,
     )
+
+
+#: The noise test of a refined estimate reads at most this many samples (its cost is
+#: O(n d^2 m)) and runs for d <= NOISE_TEST_MAX_D.
+NOISE_TEST_ROWS = 200_000
+NOISE_TEST_MAX_D = 100
+
+
+def _noisy_outcome(run, data, s, rr, params, note):
+    """A refined estimate that is not exact, judged by its residual (relufast): noise when
+    the residual's first two Hermite moments are at their sampling level
+    (:func:`relufast.stages.noise.residual_moment_statistic`), then ``approximate`` with the
+    noise level it reaches; otherwise, when the outputs show more units than n_hidden
+    (:func:`relufast.units.visible_units`), ``failed`` naming that count. None
+    when neither applies (the estimate is outside the basin)."""
+    from ...stages.noise import NOISE_Z, residual_moment_statistic
+    from ...units import visible_units
+
+    n, d, k = data.n, data.d, s.k
+    if d > NOISE_TEST_MAX_D or data.distributed or data.lazy:
+        return None
+    rows = np.arange(min(n, NOISE_TEST_ROWS))
+    Xh, Yh = data.take(rows)
+    stat = residual_moment_statistic(Samples(Xh, Yh), rr.U, rr.V, rr.b, rr.c)
+    run.diag["residual_moment_z"] = stat["z"]
+    if stat["z"] <= NOISE_Z:
+        run.diag["noise_level"] = stat["noise_level"]
+        return run.result(
+            Status.APPROXIMATE,
+            f"the outputs are noisy: no network fits them to tol = {s.tol:.1e}, and the refined ATV21 estimate "
+            f"leaves relative residual {rr.residual:.2e} over {n} samples, which is noise: its first two Hermite "
+            f"moments are at their sampling level (z = {stat['z']:.1f} <= {NOISE_Z:g} on {len(rows)} samples), "
+            f"so the estimate reaches the noise level {stat['noise_level']:.2e} (relative to the outputs)." + note,
+            **params,
+        )
+    vis = visible_units(Xh[:20000], Yh[:20000])
+    count = vis.count
+    at_least = "at least " if vis.output_rank >= data.m else ""  # the rank of m outputs is saturated
+    if math.isfinite(count) and count > k:  # fewer visible units than k is no proof: weak ones fall below the floor
+        return run.result(
+            Status.FAILED,
+            f"the outputs show {at_least}{int(count)} hidden units, not n_hidden = {k}: "
+            f"no network of {k} units "
+            f"fits them (the best estimate leaves relative residual {rr.residual:.2e}, with moments "
+            f"{stat['z']:.0f} standard deviations above noise); try n_hidden = {int(count)}." + note,
+            **params,
+        )
+    return None
 
 
 def start_size(d, k):

@@ -128,10 +128,12 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
             f"({DOCS_URL}/bjw19.md, erratum 7); got m = 1, k = {k}",
         )
     Xe, Ye, classes = _group(run, data, k, min_size, class_tol, rng, n_estimate)
+    if len(classes) > k:
+        classes = _single_unit_classes(run, Xe, Ye, classes, prec.tol(1e-9, d, k), prec.tol(1e-6, d, k))
     if len(classes) != k:
         check_finite_once(data)
         return run.result(
-            Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.NON_IDENTIFIABLE,
+            Status.INSUFFICIENT_SAMPLES if len(classes) < k else Status.FAILED,
             f"found {len(classes)} classes of at least {min_size} samples with parallel "
             f"outputs, expected k = {k}: "
             + (
@@ -140,7 +142,8 @@ def _fpt(X, Y, n_hidden, tol, class_tol, min_class_size, random_state, n_estimat
                 "order d (k kappa)^(2k): add samples). Noisy outputs also give no classes: "
                 "Alg. 7 needs outputs that are exactly parallel"
                 if len(classes) < k
-                else "the columns of U are not pairwise independent or k is too small"
+                else f"{len(classes)} of them give distinct rows, each explained by one unit: n_hidden may be too "
+                "small, or the outputs too imprecise or noisy for classes of exactly parallel outputs"
             ),
         )
     V, class_res = _rows_from_classes(Xe, Ye, classes)
@@ -175,6 +178,25 @@ def _group(run, data, k, min_size, class_tol, rng, n_estimate):
     run.counts.update(classes=len(classes), n_estimate=len(Xe), doublings=doublings, n_certify=n)
     run.diag["class_sizes"] = tuple(len(c) for c in classes)
     return Xe, Ye, classes
+
+
+def _single_unit_classes(run, Xe, Ye, classes, res_tol, row_tol):
+    """More classes than k: keep those one unit explains (class residual at most ``res_tol``)
+    and one class per row (relufast). Samples where a weak unit (an output column of 1e-8)
+    is active beside a strong one, or outputs with noise, split into runs of nearly
+    parallel outputs that Alg. 7 would count as units: a run of two units leaves a class
+    residual, and the runs of one unit give one row. Returns the classes kept, largest
+    first (their count is the number of distinct rows, apart by more than ``1 - |cos| = row_tol``)."""
+    classes = sorted(classes, key=len, reverse=True)
+    V, class_res = _rows_from_classes(Xe, Ye, classes)
+    kept, rows = [], []
+    for S, v, r in zip(classes, V, class_res):
+        if r > res_tol or (rows and np.max(np.abs(np.array(rows) @ v)) >= 1.0 - row_tol):
+            continue
+        kept.append(S)
+        rows.append(v)
+    run.diag["classes_before_merge"] = len(classes)
+    return kept
 
 
 def _rows_from_classes(Xe, Ye, classes):

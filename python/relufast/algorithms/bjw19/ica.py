@@ -15,7 +15,7 @@ from ..._validation import (
     check_random_state,
     resolve_n_jobs,
 )
-from ...stages.diagnostics import outputs_below_hidden_message
+from ...stages.diagnostics import outputs_below_hidden_message, rank_shortfall
 from ...stages.fit import check_finite_once, fit_and_certify
 from ...stages.precision import polish_at_precision, refine_tolerances, resolve_precision
 from ...stages.reduce import GrowingSample, Samples, check_n_estimate, start_size
@@ -175,9 +175,11 @@ def _ica(X, Y, n_hidden, n_refine, n_restarts, tol, ica_tol, max_iter, n_jobs, r
     opts = dict(n_restarts=n_restarts, ica_tol=ica_tol, max_iter=max_iter, threads=threads, prec=prec)
     try:
         pool, approx, Xr, Yr = _search(run, data, k, ell, n_est, rng, **opts)
-    except np.linalg.LinAlgError:
+    except np.linalg.LinAlgError as exc:  # the sketch has rank < k: rank(Y) < k only if every sample says so
         check_finite_once(data)
-        return run.result(Status.RANK_DEFICIENT, "the sketched outputs have rank < k: U is not of rank k")
+        rows, ratio = getattr(exc, "sample", (n_est, None))
+        status, why = rank_shortfall("bjw19-ica", data, k, prec, rows=rows, sample_ratio=ratio)
+        return run.result(status, why + " (BJW19 Thm 4, the sketched outputs have rank < k).")
     return _certify(run, data, pool, approx, Xr, Yr, prec.tol(tol, d, k), prec, threads)
 
 
@@ -216,7 +218,12 @@ def _search(run, data, k, ell, n_est, rng, *, n_restarts, ica_tol, max_iter, thr
         for restart in range(n_restarts):
             check_deadline("in a bjw19-ica restart")
             with run.stage("ica"):
-                cand, iters = _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol)
+                try:
+                    cand, iters = _unmix(Xe, Ye, k, rng, ica_tol, max_iter, rank_tol)
+                except np.linalg.LinAlgError as exc:  # the sample's sigma_k / sigma_1 says why
+                    sv = np.linalg.svd(Ye, compute_uv=False)
+                    exc.sample = (len(Ye), float(sv[k - 1] / sv[0]) if len(sv) >= k and sv[0] > 0 else 0.0)
+                    raise
                 iters_all.append(iters)
             with run.stage("refine"):  # Step 4: Algorithm 5 certifies.
                 out = refine_rows(B, Xr, cand, n_jobs=threads, **refine_tolerances(prec, d, k))

@@ -14,7 +14,7 @@ import numpy as np
 from ..._blas import single_threaded_blas
 from ..._protocol import recovery_method
 from ..._result import Run, Status
-from ..._validation import check_positive_int, check_problem
+from ..._validation import InsufficientSamples, check_positive_int, check_problem
 from ...stages.diagnostics import numerical_rank
 from ...stages.fit import local_rank_deficiency, max_abs, polish, scaled_norm
 from ...stages.robust_pca import principal_component_pursuit
@@ -95,6 +95,11 @@ def _sparse_noise(X, Y, n_hidden, lam, pcp_tol, max_iter, support_tol, polish_st
     run = Run("bjw19-sparse-noise")
     X, Y, n, d, m, k = check_problem(X, Y, n_hidden)
     polish_steps = check_positive_int(polish_steps, "polish_steps", minimum=0)
+    if n < 2 * (d + 1):  # checked here: the error must name the method the caller chose
+        raise InsufficientSamples(
+            f"bjw19-sparse-noise needs at least 2 (d + 1) = {2 * (d + 1)} samples for d = {d} "
+            f"(its Gaussian pipeline, BJW19 Thm 7, estimates a d x d moment); got n = {n}"
+        )
     run.counts.update(n_samples=n, n_hidden=k)
     direct = _zero_corruption(run, X, Y, k, tol, n_jobs, random_state)
     if direct is not None:
