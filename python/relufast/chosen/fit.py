@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from .net import features, forward, pre_activations
+from .probes import MAX_TOP_SCALE, MIN_TOP_SCALE, REACH_FACTOR, certificate_probes, magnitude, probe_errors, reach
 
 __all__ = ["resolve_signs", "output_layer", "polish", "certify", "cert_tolerance"]
 
@@ -153,15 +154,50 @@ def cert_tolerance(eps, widths):
 CERT_FACTOR = 16.0
 
 
-def certify(oracle, hidden, out, rng, *, n_points=256, scales=(1.0, 10.0)):
-    """Max relative error ``max |f^(x) - f(x)| / max |f(x)|`` of the extracted network on
-    fresh standard normal queries at each scale (one model call)."""
+def certify(oracle, hidden, out, rng, *, top=None):
+    """Compare the extracted network with the model on the probes of :mod:`.probes`: fresh
+    Gaussian points at scales from 1 to ``max(1e4, 10 R)`` (R the largest scale at which an
+    extracted unit switches), both sides of every extracted boundary and the wedges between
+    nearly parallel first-layer boundaries, in one call of the model.
+
+    Parameters
+    ----------
+    oracle : Oracle
+    hidden, out : the extracted network
+    rng : numpy Generator
+    top : float or None
+        Largest scale (default from :func:`.probes.certificate_probes`); lowered for models
+        whose output dtype would overflow there.
+
+    Returns
+    -------
+    dict
+        ``"error"`` (the largest relative error over all probes), ``"by_scale"``,
+        ``"by_family"``, ``"worst"`` (:func:`.probes.probe_errors`), ``"queries"`` (probes
+        sent), ``"counts"`` (probes per family) and ``"top_scale"``.
+    """
     d = oracle.d
-    X = np.vstack([s * rng.standard_normal((n_points, d)) for s in scales])
-    Y = oracle(X)
+    cap = _overflow_scale(oracle, hidden, out, rng, d)
+    if top is None:
+        top = min(MAX_TOP_SCALE, max(MIN_TOP_SCALE, REACH_FACTOR * reach(hidden, rng)))
+    X, group, family, scales = certificate_probes(hidden, rng, top=min(top, cap))
+    Y = oracle(X, finite=False)
     P = forward(hidden, out, X)
-    errs = []
-    for i in range(len(scales)):
-        sl = slice(i * n_points, (i + 1) * n_points)
-        errs.append(float(np.abs(P[sl] - Y[sl]).max() / max(np.abs(Y[sl]).max(), 1e-300)))
+    errs = probe_errors(Y, P, magnitude(hidden, out, X), group, family, scales)
+    errs.update(
+        error=float(errs["worst"][2]),
+        queries=len(X),
+        counts={str(f): int((family == f).sum()) for f in dict.fromkeys(family)},
+        top_scale=float(scales[-1]),
+    )
     return errs
+
+
+def _overflow_scale(oracle, hidden, out, rng, d):
+    """Largest scale at which the model's outputs stay 1e-3 of the largest finite number of
+    their dtype (float64: no limit below MAX_TOP_SCALE), from the extracted network's
+    magnitude at scale 1 (which grows at most linearly with the scale)."""
+    name = oracle.answer_dtype or "float64"
+    big = float(np.finfo(name).max) if np.dtype(name).kind == "f" else float(np.finfo(np.float64).max)
+    M1 = float(magnitude(hidden, out, rng.standard_normal((16, d))).max())
+    return max(1.0, 1e-3 * big / max(M1, 1e-300))
