@@ -198,18 +198,19 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
         where, ok = _miss(cert, tol)
         head = f"chosen queries: the extracted network {shape} misses the model by {residual:.2g} {where} "
         head += f"(tolerance {tol:.2g} at {prec}" + (f"; it agrees at scales 1 to {ok:.3g})" if ok else ")")
-        family = cert["worst"][0]
-        if diag.get("signs_resolved") is False:
-            few = diag.get("signs_underdetermined_layers") or []
-            why = (
-                f" (layer {', '.join(map(str, few))} has more units than its neighbours' widths multiply to: "
-                "the next layer's linear term has fewer equations than signs)"
-                if few
-                else " (the next layer's linear term did not fix them)"
-            )
+        few = diag.get("signs_underdetermined_layers")
+        if few:
             return status, head + (
-                f": signs unresolved{why}, so the flipped units are guesses; this is a limit of the "
-                "extraction, and says nothing against the model being a ReLU network of these widths"
+                f": signs unresolved (layer {', '.join(map(str, few))} has more units than the widths on either "
+                "side of it multiply to, so the next layer's linear term has fewer equations than signs): the "
+                "flipped units are guesses; a limit of the extraction, which says nothing against the model "
+                "being a ReLU network of these widths"
+            )
+        if diag.get("signs_resolved") is False:
+            return status, head + (
+                ": signs unresolved (the next layer's linear term is not the one of flipped units): a ReLU "
+                f"network of widths {widths} whose signs the extraction could not settle ({again}), or a model "
+                "with a part no such network has (a linear skip connection, another activation, wrong widths)"
             )
         if residual <= max(CLOSE, 100 * tol):
             return status, head + (
@@ -217,13 +218,13 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
                 f"(in-class networks end here, e.g. with outputs far from unit scale; {again}), or the "
                 "model differs slightly from a ReLU network (a leaky slope, noise)"
             )
-        if ok is not None and family == "scales":
+        if ok is not None:
             return status, head + (
                 f": it differs only beyond scale {ok:.3g}, so the model is not a ReLU network of widths "
                 f"{widths} (clipping, saturation, a unit that switches only far from the origin: more units), "
                 f"or the extraction took a wrong unit ({again})"
             )
-        if family in ("boundaries", "wedges"):
+        if cert["by_family"]["scales"] <= tol:
             return status, head + (
                 ": the model has a boundary the network lacks next to one of its own (two nearly parallel "
                 f"units taken as one: more units?), or the extraction placed a boundary wrongly ({again})"

@@ -34,8 +34,8 @@ from .net import pre_activations, preact_jacobians
 __all__ = ["certificate_probes", "probe_errors", "reach", "magnitude"]
 
 #: Fresh Gaussian points at scale 1, and at every other scale of the certificate.
-N_UNIT_SCALE = 64
-N_PER_SCALE = 16
+N_UNIT_SCALE = 48
+N_PER_SCALE = 8
 #: Scales per decade (log-uniform from 1 to the top scale).
 SCALES_PER_DECADE = 2
 #: Smallest top scale, and how far beyond the largest switching scale R of an extracted unit
