@@ -200,3 +200,29 @@ def test_item7_float16_named():
     f = P.relu_function(*P.deep_relu(8, (4,), 1, random_state=2), np.float16)
     res = not_exact(f, 8, 4, max_queries=60000)
     assert "float16" in res.message and "float32 or float64" in res.message
+
+
+def test_probes_straddle_every_extracted_boundary():
+    """The boundary probes of the certificate: each first-layer pair lies on both sides of its
+    unit's hyperplane within 1e-1 of it (times the scale), and most deeper pairs (found by
+    Newton steps on the network) on both sides of a bent boundary of their layer; the old
+    certificate had no such probes."""
+    from relufast.chosen import probes
+    from relufast.chosen.net import pre_activations
+
+    hidden, _ = P.deep_relu(7, (6, 5, 4), 1, random_state=3)
+    rng = np.random.default_rng(0)
+    scales = np.array([1.0, 100.0])
+    pts, _ = probes._first_layer(*hidden[0], scales, rng)
+    W, b = hidden[0]
+    for j in range(W.shape[0]):
+        zp, zm = pts[2 * j] @ W[j] + b[j], pts[2 * j + 1] @ W[j] + b[j]
+        assert np.all(zp > 0) and np.all(zm < 0) and np.all(zp - zm <= 0.2 * 100 + 1e-9)
+    pts, _ = probes._deep(hidden, scales, rng)
+    assert len(pts) == 4  # layers 2 and 3, each side
+    for li, (plus, minus) in zip((1, 2), (pts[0:2], pts[2:4])):
+        zp, zm = pre_activations(hidden, plus)[0][li], pre_activations(hidden, minus)[0][li]
+        assert len(plus) >= hidden[li][0].shape[0]  # most units kept their points
+        # some unit of the layer switches between them (a step may also cross a boundary of an
+        # earlier layer, where the bent boundary turns: most pairs, not all)
+        assert ((zp > 0) & (zm < 0)).any(axis=1).mean() >= 0.75

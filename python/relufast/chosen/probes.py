@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .net import pre_activations, preact_jacobians
+from .net import pre_activations
 
 __all__ = ["certificate_probes", "probe_errors", "reach", "magnitude"]
 
@@ -52,8 +52,9 @@ DELTA_RANGE = (1e-8, 1e-1)
 #: First-layer pairs whose |cos| exceeds this get wedge probes (at most WEDGE_PAIRS_PER_UNIT * k1 pairs).
 WEDGE_COS = 0.99
 WEDGE_PAIRS_PER_UNIT = 2
-#: Newton steps onto a deeper unit's boundary.
-NEWTON_STEPS = 3
+#: Newton steps onto a deeper unit's boundary, and how close (relative distance) counts as on it.
+NEWTON_STEPS = 5
+ON_BOUNDARY = 1e-9
 
 
 def magnitude(hidden, out, X):
@@ -114,24 +115,35 @@ def _first_layer(W, b, scales, rng):
     return pts, grp
 
 
+def _unit_gradients(hidden, li, unit, X):
+    """Pre-activations ``z_{li, unit}(x)`` and their gradients in x at the rows of X (one unit
+    per row), by one backward pass through the activation pattern of each row."""
+    Z, _ = pre_activations(hidden[: li + 1], X)
+    rows = np.arange(len(X))
+    G = hidden[li][0][unit]
+    for i in range(li - 1, -1, -1):
+        G = (G * (Z[i] > 0)) @ hidden[i][0]
+    return Z[li][rows, unit], G
+
+
 def _deep(hidden, scales, rng):
     """Both sides of the boundaries of deeper units, reached by Newton steps on the extracted
-    network from Gaussian points at scale 1 (points whose unit has a zero gradient there are left)."""
+    network from Gaussian points at scale 1 (points the steps did not bring onto the boundary, or
+    whose unit has a zero gradient there, are left)."""
     d = hidden[0][0].shape[1]
     pts, grp = [], []
     for li in range(1, len(hidden)):
         k = hidden[li][0].shape[0]
         unit = np.repeat(np.arange(k), DEEP_BASES)
         X = rng.standard_normal((len(unit), d))
-        G = np.zeros_like(X)
         for _ in range(NEWTON_STEPS):
-            z = pre_activations(hidden[: li + 1], X)[0][li][np.arange(len(X)), unit]
-            G = preact_jacobians(hidden[: li + 1], X)[li][np.arange(len(X)), unit]
+            z, G = _unit_gradients(hidden, li, unit, X)
             g2 = np.einsum("ij,ij->i", G, G)
             live = g2 > 0
             X[live] -= (z[live] / g2[live])[:, None] * G[live]
+        z, G = _unit_gradients(hidden, li, unit, X)
         norm = np.linalg.norm(G, axis=1)
-        live = norm > 0
+        live = (norm > 0) & (np.abs(z) <= ON_BOUNDARY * norm * (1.0 + np.linalg.norm(X, axis=1)))
         if not live.any():
             continue
         X, n = X[live], G[live] / norm[live, None]
