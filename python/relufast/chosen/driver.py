@@ -155,7 +155,7 @@ def _probed(cert):
         where += f", {n['deep boundaries']} beside deeper ones"
     if n.get("wedges"):
         where += f", {n['wedges']} in the wedges between nearly parallel ones"
-    return where
+    return where + f", in {cert['calls']} calls"
 
 
 #: The certificate's kinds of probes (:mod:`.probes`) in messages.
@@ -163,6 +163,7 @@ PLACES = {
     "boundaries": "beside a first-layer boundary",
     "deep boundaries": "beside a deeper boundary",
     "wedges": "in a wedge between nearly parallel boundaries",
+    "repeats": "on a point asked in every call",
 }
 
 
@@ -198,6 +199,11 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
         where, ok = _miss(cert, tol)
         head = f"chosen queries: the extracted network {shape} misses the model by {residual:.2g} {where} "
         head += f"(tolerance {tol:.2g} at {prec}" + (f"; it agrees at scales 1 to {ok:.3g})" if ok else ")")
+        if cert["inconsistent"] > tol:
+            return status, head + (
+                f": the model answered the same queries differently in different calls (by "
+                f"{cert['inconsistent']:.2g}): it is not a fixed function (a state, dropout or noise drawn per call)"
+            )
         few = diag.get("signs_underdetermined_layers")
         if few:
             return status, head + (
@@ -306,6 +312,7 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
             certificate_errors=dict(cert["by_family"]),
             certificate_scales=dict(cert["by_scale"]),
             certificate_queries=cert["queries"],
+            certificate_inconsistency=cert["inconsistent"],
             certificate_probes=dict(cert["counts"]),
         )
     status, message = _verdict(exact, hidden is not None, cert, tol, prec, note, (n_features, *widths), oracle, diag)

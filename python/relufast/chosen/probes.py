@@ -16,13 +16,15 @@ the extraction cannot see tend to be:
   second boundary of the model close to an extracted one (two nearly parallel units taken as
   one) shows there;
 - the wedges between nearly parallel first-layer boundaries (``|cos| > WEDGE_COS``): points
-  where the two units have every combination of signs, a small distance from both.
+  where the two units have every combination of signs, a small distance from both;
+- the same few points at scale 1 in each of the calls that send the probes: a model whose
+  answers change from call to call (a state, dropout or noise drawn per call) differs there.
 
 Each probe belongs to a scale group; its error is relative to the outputs' scale in that group
 (``max |Y|`` there, or the magnitude of the forward pass when the outputs cancel: the rounding
 of a forward pass is relative to the magnitudes it adds), so a positively homogeneous network
 gives the same relative error at scale 1e4 as at scale 1. Building the probes makes no query;
-they are sent in one call of the model.
+they are sent in a few calls of the model (:func:`send`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 from .net import pre_activations
 
-__all__ = ["certificate_probes", "probe_errors", "reach", "magnitude"]
+__all__ = ["certificate_probes", "probe_errors", "reach", "magnitude", "send"]
 
 #: Fresh Gaussian points at scale 1, and at every other scale of the certificate.
 N_UNIT_SCALE = 48
@@ -52,6 +54,10 @@ DELTA_RANGE = (1e-8, 1e-1)
 #: First-layer pairs whose |cos| exceeds this get wedge probes (at most WEDGE_PAIRS_PER_UNIT * k1 pairs).
 WEDGE_COS = 0.99
 WEDGE_PAIRS_PER_UNIT = 2
+#: The probes go in CALLS model calls, each also asking the same REPEATS points at scale 1: a
+#: model that answers them differently from one call to the next is not a fixed function.
+CALLS = 3
+REPEATS = 8
 #: Newton steps onto a deeper unit's boundary, and how close (relative distance) counts as on it.
 NEWTON_STEPS = 5
 ON_BOUNDARY = 1e-9
@@ -243,3 +249,26 @@ def probe_errors(Y, P, M, group, family, scales):
         "by_family": by_family,
         "worst": (str(family[i]), float(scales[group[i]]), float(rel[i])),
     }
+
+
+def send(oracle, X, rng):
+    """The model's answers to the probes X, in CALLS calls that each also ask the same REPEATS
+    Gaussian points at scale 1.
+
+    Returns
+    -------
+    Y : ndarray of shape (n, m)
+    Xr : ndarray of shape (REPEATS, d)
+        The repeated points.
+    R : ndarray of shape (CALLS, REPEATS, m)
+        Their answers in each call.
+    """
+    Xr = rng.standard_normal((REPEATS, X.shape[1]))
+    Y, R = None, []
+    for idx in np.array_split(rng.permutation(len(X)), CALLS):
+        Yc = oracle(np.vstack([X[idx], Xr]), finite=False)
+        if Y is None:
+            Y = np.empty((len(X), Yc.shape[1]))
+        Y[idx] = Yc[: len(idx)]
+        R.append(Yc[len(idx) :])
+    return Y, Xr, np.stack(R)
