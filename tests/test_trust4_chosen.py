@@ -226,3 +226,21 @@ def test_probes_straddle_every_extracted_boundary():
         # some unit of the layer switches between them (a step may also cross a boundary of an
         # earlier layer, where the bent boundary turns: most pairs, not all)
         assert ((zp > 0) & (zm < 0)).any(axis=1).mean() >= 0.75
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_model_changing_between_calls_is_named(seed):
+    """Dropout drawn once per call (p = 0.105 on each unit of a 7-3-1 network): the extraction
+    happens to see the full network, and the old certificate, one call, said exact. The
+    certificate's calls each ask the same points; the answers differ, and the message says so."""
+    hidden, out = P.deep_relu(7, (3,), 1, random_state=seed)
+    W, b = hidden[0]
+    rng = np.random.default_rng(seed)
+
+    def f(X):
+        H = np.maximum(np.asarray(X) @ W.T + b, 0.0) * (rng.random(3) > 0.105)
+        return H @ out[0].T + out[1]
+
+    res = not_exact(f, 7, 3)
+    assert "answered the same queries differently in different calls" in res.message
+    assert res.diagnostics["certificate_inconsistency"] > res.diagnostics["certificate_tolerance"]
