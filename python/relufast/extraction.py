@@ -233,8 +233,11 @@ def extract(
         inputs and return outputs at full precision or at the precision of their dtype. One
         hidden layer gives a :class:`RecoveryResult`, several a
         :class:`relufast.chosen.result.DeepResult` (``layers``, ``predict``). ``exact``
-        only when the network reproduces the model on fresh queries at scales 1 and 10 to
-        the precision of its outputs.
+        only when the network reproduces the model to the precision of its outputs on the
+        certificate's probes: fresh queries at scales 1 to 1e4 (and beyond every extracted
+        unit's switching scale), beside every extracted boundary and in the wedges between
+        nearly parallel ones (:mod:`relufast.chosen.probes`); the model must answer with the
+        same number of outputs and dtype on every call (else ``ValueError``).
     n_queries : int, default=20000
         Queries of the first attempt; doubled (new queries added) until the certificate
         holds or ``max_queries`` is reached.

@@ -8,7 +8,9 @@
 3. Signs of each layer from the linear term of the next one; the output layer by least
    squares (:mod:`.fit`; relufast's own exact route where [CCHRSS24] uses neuron wiggles).
 4. Exact polish: Gauss-Newton on all weights on points of known activation pattern.
-5. Certificate: fresh queries at scales 1 and 10, compared at the precision of the outputs.
+5. Certificate: fresh queries at scales 1 to 1e4 and beyond every extracted unit's switching
+   scale, beside every extracted boundary and in the wedges between nearly parallel ones,
+   compared at the precision of the outputs (:mod:`.probes`).
 
 References
 ----------
@@ -182,25 +184,121 @@ def _stages(oracle, widths, rng, clock, diag):
     return hidden, out, True, ""
 
 
-def _verdict(exact, have, residual, tol, prec, note, dims, oracle):
-    """(status, message) of an extraction: exact, a network that misses the model, or none."""
+#: Relative error under which a network that is not exact is "close": wrong only by the
+#: accuracy of its weights (in-class models end there when the polish stops early).
+CLOSE = 1e-6
+
+
+def _underdetermined_signs(dims, m):
+    """Hidden layers whose signs the next layer's linear term cannot fix: k_l unknown signs
+    against k_{l-1} k_{l+1} equations (one hidden layer: k > d m)."""
+    full = (*dims, m)
+    return [li + 1 for li in range(len(dims) - 1) if full[li + 1] > full[li] * full[li + 2]]
+
+
+def _probed(cert):
+    """Where the certificate looked, in words."""
+    n = cert["counts"]
+    where = f"{cert['queries']} fresh queries at scales 1 to {cert['top_scale']:.3g}"
+    if n.get("boundaries"):
+        where += f", {n['boundaries']} beside the first-layer boundaries"
+    if n.get("deep boundaries"):
+        where += f", {n['deep boundaries']} beside deeper ones"
+    if n.get("wedges"):
+        where += f", {n['wedges']} in the wedges between nearly parallel ones"
+    return where + f", in {cert['calls']} calls"
+
+
+#: The certificate's kinds of probes (:mod:`.probes`) in messages.
+PLACES = {
+    "boundaries": "beside a first-layer boundary",
+    "deep boundaries": "beside a deeper boundary",
+    "wedges": "in a wedge between nearly parallel boundaries",
+    "repeats": "on a point asked in every call",
+}
+
+
+def _miss(cert, tol):
+    """(where the largest error is, the largest scale up to which every scale agrees or None)."""
+    family, scale, _ = cert["worst"]
+    where = f"at scale {scale:.3g}" if family == "scales" else f"{PLACES[family]} (scale {scale:.3g})"
+    ok = None
+    for s, e in sorted(cert["by_scale"].items()):
+        if e > tol:
+            break
+        ok = s
+    return where, ok
+
+
+def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
+    """(status, message) of an extraction: exact (saying on which probes), a network that
+    misses the model (where, and the causes that fit: in the class or not), or none."""
     widths = tuple(dims[1:])
+    shape = "-".join(map(str, (*dims, oracle.n_outputs)))
     if exact:
-        shape = "-".join(map(str, (*dims, oracle.n_outputs)))
         return Status.EXACT, (
-            f"chosen queries: network {shape} reproduces the model on fresh queries at scales 1 and 10 "
-            f"to {residual:.2g} (tolerance {tol:.2g} at {prec})"
+            f"chosen queries: network {shape} reproduces the model to {cert['error']:.2g} (tolerance {tol:.2g} "
+            f"at {prec}) on {_probed(cert)} (exact holds on these probes: a difference confined to a region "
+            "none of them visits cannot be seen)"
         )
+    again = "another random_state may certify it"
+    if have and cert is None:
+        return Status.FAILED, f"chosen queries: {note}; the network {shape} is not certified"
     if have:
+        residual = cert["error"]
         status = Status.APPROXIMATE if np.isfinite(residual) and residual < 1e-2 else Status.FAILED
-        return status, (
-            f"chosen queries: the extracted network misses the model by {residual:.2g} on fresh queries "
-            f"(tolerance {tol:.2g} at {prec}): the model is outside the class (not a ReLU network of "
-            f"widths {widths}, e.g. another activation or wrong widths)"
+        where, ok = _miss(cert, tol)
+        head = f"chosen queries: the extracted network {shape} misses the model by {residual:.2g} {where} "
+        head += f"(tolerance {tol:.2g} at {prec}" + (f"; it agrees at scales 1 to {ok:.3g})" if ok else ")")
+        if cert["inconsistent"] > tol:
+            return status, head + (
+                f": the model answered the same queries differently in different calls (by "
+                f"{cert['inconsistent']:.2g}): it is not a fixed function (a state, dropout or noise drawn per call)"
+            )
+        few = diag.get("signs_underdetermined_layers")
+        if few:
+            return status, head + (
+                f": signs unresolved (layer {', '.join(map(str, few))} has more units than the widths on either "
+                "side of it multiply to, so the next layer's linear term has fewer equations than signs): the "
+                "flipped units are guesses; a limit of the extraction, which says nothing against the model "
+                "being a ReLU network of these widths"
+            )
+        if diag.get("signs_resolved") is False:
+            return status, head + (
+                ": signs unresolved (the next layer's linear term is not the one of flipped units): a ReLU "
+                f"network of widths {widths} whose signs the extraction could not settle ({again}), or a model "
+                "with a part no such network has (a linear skip connection, another activation, wrong widths)"
+            )
+        if residual <= max(CLOSE, 100 * tol):
+            return status, head + (
+                ": close, but not to the rounding of the outputs: the weights were not refined to it "
+                f"(in-class networks end here, e.g. with outputs far from unit scale; {again}), or the "
+                "model differs slightly from a ReLU network (a leaky slope, noise)"
+            )
+        if ok is not None:
+            return status, head + (
+                f": it differs only beyond scale {ok:.3g}, so the model is not a ReLU network of widths "
+                f"{widths} (clipping, saturation, a unit that switches only far from the origin: more units), "
+                f"or the extraction took a wrong unit ({again})"
+            )
+        if cert["by_family"]["scales"] <= tol:
+            return status, head + (
+                ": the model has a boundary the network lacks next to one of its own (two nearly parallel "
+                f"units taken as one: more units?), or the extraction placed a boundary wrongly ({again})"
+            )
+        return status, head + (
+            f": the model is not a ReLU network of widths {widths} (another activation, clipping, skip "
+            f"connections, wrong widths), or the extraction took a wrong unit ({again})"
+        )
+    if oracle.precision is not None and oracle.precision.name in ("float16", "bfloat16") and "max_queries" not in note:
+        return Status.FAILED, (
+            f"chosen queries: {note}, from {oracle.precision.name} outputs: their rounding "
+            f"({oracle.eps:.2g}) is too coarse to locate kinks and measure their hyperplanes; query the "
+            "model in float32 or float64"
         )
     return Status.FAILED, (
-        f"chosen queries: {note}. The model may be outside the class (not a ReLU network with hidden "
-        f"widths {widths}), or max_queries too small"
+        f"chosen queries: {note}. The model may not be a ReLU network with hidden widths {widths}, a unit "
+        f"may switch only rarely near the origin (another random_state may find it), or max_queries is too small"
     )
 
 
@@ -210,7 +308,8 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     Parameters
     ----------
     f : callable
-        float64 (n, d) -> (n, m) outputs (any float dtype).
+        float64 (n, d) -> (n, m) outputs (any float dtype, the same number of outputs and
+        dtype on every call).
     n_features : int
     widths : tuple of int
         Hidden widths (k_1, ..., k_L).
@@ -224,12 +323,20 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     Returns
     -------
     RecoveryResult (one hidden layer) or DeepResult
+        ``exact`` when the network reproduces the model to :func:`.fit.cert_tolerance` on
+        every probe of the certificate (:func:`.fit.certify`); ``diagnostics`` holds its
+        errors by scale and by kind of probe, its queries and the extraction's.
+
+    Raises
+    ------
+    ValueError
+        When the model's number of outputs or output dtype changes between calls.
     """
     rng = check_random_state(random_state)
     clock = Run("chosen")  # its stage timings (the result is built here)
     oracle = Oracle(f, n_features, max_queries, dtype_name, precision)
     diag: dict = {}
-    hidden = out = None
+    hidden = out = cert = None
     note = ""
     try:
         # NumPy's BLAS at one thread: the linear algebra here is many small and middle-sized
@@ -237,20 +344,33 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
         # (784-32-1: 60 s at two threads beside other jobs, 9 s at one).
         with single_threaded_blas():
             hidden, out, ok, note = _stages(oracle, tuple(widths), rng, clock, diag)
-            errs = [np.inf, np.inf]
-            if ok:
-                with clock.stage("certificate"):
-                    errs = certify(oracle, hidden, out, rng)
     except BudgetSpent as exc:
-        note, errs = f"{exc}: stopped before the network was complete", [np.inf, np.inf]
-        hidden = out = None
+        note, hidden, out = f"{exc}: stopped before the network was complete", None, None
+    n_extract = oracle.n_queries
+    if hidden is not None:
+        few = _underdetermined_signs((n_features, *widths), oracle.n_outputs)
+        if few:
+            diag.update(signs_resolved=False, signs_underdetermined_layers=tuple(few))
+        try:
+            with clock.stage("certificate"), single_threaded_blas():
+                cert = certify(oracle, hidden, out, rng)
+        except BudgetSpent as exc:
+            note = f"{exc} by the certificate"
     clock.seconds["total"] = time.perf_counter() - clock.t_start
     prec = oracle.precision.name if oracle.precision is not None else "float64"
     tol = cert_tolerance(oracle.eps, (n_features, *widths))
-    residual = float(max(errs))
-    exact = hidden is not None and residual <= tol
-    diag.update(certificate_errors=tuple(errs), certificate_tolerance=tol)
-    status, message = _verdict(exact, hidden is not None, residual, tol, prec, note, (n_features, *widths), oracle)
+    residual = float(cert["error"]) if cert is not None else np.inf
+    exact = cert is not None and residual <= tol
+    diag.update(certificate_tolerance=tol, extraction_queries=n_extract)
+    if cert is not None:
+        diag.update(
+            certificate_errors=dict(cert["by_family"]),
+            certificate_scales=dict(cert["by_scale"]),
+            certificate_queries=cert["queries"],
+            certificate_inconsistency=cert["inconsistent"],
+            certificate_probes=dict(cert["counts"]),
+        )
+    status, message = _verdict(exact, hidden is not None, cert, tol, prec, note, (n_features, *widths), oracle, diag)
     counts = {"queries": oracle.n_queries, "calls": oracle.n_calls}
     layers = None if out is None else _normalise(hidden, out)
     common = dict(

@@ -29,6 +29,16 @@ from __future__ import annotations
 import numpy as np
 
 from .net import features, forward, pre_activations
+from .probes import (
+    MAX_TOP_SCALE,
+    MIN_TOP_SCALE,
+    REACH_FACTOR,
+    certificate_probes,
+    magnitude,
+    probe_errors,
+    reach,
+    send,
+)
 
 __all__ = ["resolve_signs", "output_layer", "polish", "certify", "cert_tolerance"]
 
@@ -166,15 +176,63 @@ def cert_tolerance(eps, widths):
 CERT_FACTOR = 16.0
 
 
-def certify(oracle, hidden, out, rng, *, n_points=256, scales=(1.0, 10.0)):
-    """Max relative error ``max |f^(x) - f(x)| / max |f(x)|`` of the extracted network on
-    fresh standard normal queries at each scale (one model call)."""
+def certify(oracle, hidden, out, rng, *, top=None):
+    """Compare the extracted network with the model on the probes of :mod:`.probes`: fresh
+    Gaussian points at scales from 1 to ``max(1e4, 10 R)`` (R the largest scale at which an
+    extracted unit switches), both sides of every extracted boundary and the wedges between
+    nearly parallel first-layer boundaries, in :data:`.probes.CALLS` calls of the model that each
+    also ask the same few points (a model that answers them differently is not a function).
+
+    Parameters
+    ----------
+    oracle : Oracle
+    hidden, out : the extracted network
+    rng : numpy Generator
+    top : float or None
+        Largest scale (default from :func:`.probes.certificate_probes`); lowered for models
+        whose output dtype would overflow there.
+
+    Returns
+    -------
+    dict
+        ``"error"`` (the largest relative error over all probes), ``"by_scale"``,
+        ``"by_family"``, ``"worst"`` (:func:`.probes.probe_errors`), ``"queries"`` (probes
+        sent), ``"calls"``, ``"counts"`` (probes per family), ``"top_scale"`` and
+        ``"inconsistent"`` (the largest change of an answer to a repeated point between calls,
+        relative to the outputs' scale at scale 1).
+    """
     d = oracle.d
-    X = np.vstack([s * rng.standard_normal((n_points, d)) for s in scales])
-    Y = oracle(X)
-    P = forward(hidden, out, X)
-    errs = []
-    for i in range(len(scales)):
-        sl = slice(i * n_points, (i + 1) * n_points)
-        errs.append(float(np.abs(P[sl] - Y[sl]).max() / max(np.abs(Y[sl]).max(), 1e-300)))
+    cap = _overflow_scale(oracle, hidden, out, rng, d)
+    if top is None:
+        top = min(MAX_TOP_SCALE, max(MIN_TOP_SCALE, REACH_FACTOR * reach(hidden, rng)))
+    X, group, family, scales = certificate_probes(hidden, rng, top=min(top, cap))
+    Y, Xr, R = send(oracle, X, rng)
+    calls, reps = R.shape[:2]
+    X, Y = np.vstack([X, np.tile(Xr, (calls, 1))]), np.vstack([Y, R.reshape(calls * reps, -1)])
+    group = np.concatenate([group, np.zeros(calls * reps, dtype=int)])
+    family = np.concatenate([family, np.full(calls * reps, "repeats", dtype=object)])
+    P, M = forward(hidden, out, X), magnitude(hidden, out, X)
+    errs = probe_errors(Y, P, M, group, family, scales)
+    at1 = group == 0
+    den = max(float(np.abs(Y[at1][np.isfinite(Y[at1])]).max(initial=0.0)), float(M[at1].max()), 1e-300)
+    with np.errstate(invalid="ignore"):
+        changed = np.nan_to_num(np.abs(R - R[:1]), nan=np.inf).max() / den
+    errs.update(
+        error=float(errs["worst"][2]),
+        queries=len(X),
+        calls=calls,
+        counts={str(f): int((family == f).sum()) for f in dict.fromkeys(family)},
+        top_scale=float(scales[-1]),
+        inconsistent=float(changed),
+    )
     return errs
+
+
+def _overflow_scale(oracle, hidden, out, rng, d):
+    """Largest scale at which the model's outputs stay 1e-3 of the largest finite number of
+    their dtype (float64: no limit below MAX_TOP_SCALE), from the extracted network's
+    magnitude at scale 1 (which grows at most linearly with the scale)."""
+    name = oracle.answer_dtype or "float64"
+    big = float(np.finfo(name).max) if np.dtype(name).kind == "f" else float(np.finfo(np.float64).max)
+    M1 = float(magnitude(hidden, out, rng.standard_normal((16, d))).max())
+    return max(1.0, 1e-3 * big / max(M1, 1e-300))

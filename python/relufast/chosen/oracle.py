@@ -22,6 +22,11 @@ class BudgetSpent(Exception):
 class Oracle:
     """Counting wrapper of a query function ``f: (n, d) -> (n, m)``.
 
+    Every answer must have the number of outputs and the dtype of the first one: a model
+    whose answers change shape or dtype between calls is not a function the extraction can
+    read (the network and its certificate would describe only some of the calls), and the
+    call raises ``ValueError`` naming both.
+
     Parameters
     ----------
     f : callable
@@ -45,22 +50,46 @@ class Oracle:
         self._precision_arg = precision
         self.precision: Precision | None = None
         self.n_outputs: int | None = None
+        self.answer_dtype: str | None = None
 
-    def __call__(self, X):
+    def __call__(self, X, *, finite=True):
+        """The model's outputs on the rows of X, as float64 of shape (n, m).
+
+        Parameters
+        ----------
+        X : array-like of shape (n, d)
+        finite : bool, default=True
+            Raise ``FloatingPointError`` on a non-finite output; with False they are
+            returned (the certificate judges them, at scales where the model may overflow).
+        """
         X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.d)
+        if len(X) == 0 and self.n_outputs is not None:
+            return np.empty((0, self.n_outputs))
         if self.max_queries is not None and self.n_queries + len(X) > self.max_queries:
             raise BudgetSpent(f"max_queries={self.max_queries} spent ({self.n_queries} used, {len(X)} more asked)")
         self.n_queries += len(X)
         self.n_calls += 1
-        Y = self.f(X)
+        Y = np.asarray(self.f(X))
         if self.precision is None:
-            name = self._dtype or getattr(np.asarray(Y), "dtype", np.dtype(np.float64)).name
+            name = self._dtype or Y.dtype.name
             probe = np.empty(0, dtype=name if name in ("float32", "float16") else np.float64)
             self.precision = resolve_precision(probe, self._precision_arg)
-        Y = np.asarray(Y, dtype=np.float64).reshape(len(X), -1)
+        got = Y.dtype.name
+        if Y.size % max(len(X), 1):
+            raise ValueError(
+                f"the model answered {len(X)} queries with an array of shape {Y.shape}; expected "
+                f"{len(X)} rows of outputs"
+            )
+        Y = Y.astype(np.float64, copy=False).reshape(len(X), -1)
         if self.n_outputs is None:
-            self.n_outputs = Y.shape[1]
-        if not np.all(np.isfinite(Y)):
+            self.n_outputs, self.answer_dtype = Y.shape[1], got
+        elif Y.shape[1] != self.n_outputs or got != self.answer_dtype:
+            raise ValueError(
+                f"the model's outputs changed between calls: expected {self.n_outputs} output(s) of "
+                f"dtype {self.answer_dtype} (its first answer), got {Y.shape[1]} of dtype {got} at "
+                f"call {self.n_calls}; chosen queries need a fixed function (n, d) -> (n, m)"
+            )
+        if finite and not np.all(np.isfinite(Y)):
             raise FloatingPointError("the model returned non-finite outputs")
         return Y
 

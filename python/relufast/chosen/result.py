@@ -30,12 +30,16 @@ class DeepResult:
     method : str
         ``"chosen"``.
     exact : bool
-        True only when the network reproduces the model on fresh queries at scales 1 and 10
-        to the precision of the model's outputs.
+        True only when the network reproduces the model to the precision of its outputs on
+        every probe of the certificate (:mod:`relufast.chosen.probes`: scales 1 to 1e4 and
+        beyond, both sides of every extracted boundary, wedges between nearly parallel ones).
     residual : float
-        The larger relative error of the two certificate batches.
+        The largest relative error over the certificate's probes (each relative to the
+        outputs' scale at its probe's scale).
     seconds, counts, diagnostics : mapping
-        Per-stage wall time; ``counts["queries"]`` (and model calls); certificate figures.
+        Per-stage wall time; ``counts["queries"]`` (and model calls); certificate figures
+        (``diagnostics["certificate_errors"]`` by kind of probe, ``["certificate_scales"]``
+        by scale, ``["certificate_queries"]`` against ``["extraction_queries"]``).
     precision : str
         Precision at which the certificate holds (``"float32"`` for float32 models).
     """
