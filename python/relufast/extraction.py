@@ -227,6 +227,17 @@ def _units_note(vis, k_given, k, m, d):
     )
 
 
+def _saturation_note(model):
+    """What a classifier's non-finite logits mean (:func:`relufast.bridges.logit_function`)."""
+    if getattr(model, "out_activation_", None) not in ("logistic", "softmax") or not hasattr(model, "predict_proba"):
+        return ""
+    return (
+        "; this classifier is queried through predict_proba, whose probabilities round to 0 or 1 where its logits "
+        "are large (a logistic logit above about 37, softmax logit differences beyond about 745): "
+        "the logits are lost there (relufast.bridges.logit_function)"
+    )
+
+
 def _widths(n_hidden):
     """n_hidden (an int or a tuple of widths) as a tuple of positive ints."""
     widths = (n_hidden,) if isinstance(n_hidden, numbers.Integral) else tuple(n_hidden)
@@ -296,7 +307,7 @@ def _chosen(model, d, widths, max_queries, precision, random_state):
     f, dtype_name = as_query_function(model)
     hint = (
         "chosen queries follow lines through the input space and certify at scales 1 and 10 (inputs of norm "
-        f"about sqrt(d) = {math.sqrt(d):.3g} to 10 sqrt(d) and beyond)"
+        f"about sqrt(d) = {math.sqrt(d):.3g} to 10 sqrt(d) and beyond)" + _saturation_note(model)
     )
     return extract_chosen(
         checked_query_function(f, d, hint),
@@ -460,7 +471,7 @@ def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, m
     f, dtype_name = as_query_function(model)
     hint = (
         f"Gaussian queries (queries='random') have norm about sqrt(d) = {math.sqrt(d):.3g}; chosen queries "
-        "reach far larger norms"
+        "reach far larger norms" + _saturation_note(model)
     )
     f = checked_query_function(f, d, hint)
     rng = check_random_state(random_state)
