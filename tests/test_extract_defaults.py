@@ -118,6 +118,13 @@ def test_non_relu_models_are_refused_when_chosen_queries_would_be_used():
         rf.extract(nn.Sequential(nn.Linear(4, 3), nn.Sigmoid(), nn.Linear(3, 1)), 4, max_queries=40_000)
 
 
+def test_n_features_is_checked_against_the_model():
+    """Before: sklearn's own error from inside the first query."""
+    mlp, X = _fitted("diabetes", (4,), max_iter=2)
+    with pytest.raises(ValueError, match="n_features = 12, but the model's first layer takes 10 features"):
+        rf.extract(mlp, 12, random_state=0)
+
+
 def test_deep_widths_go_to_chosen_queries_and_random_says_what_to_pass():
     """A callable with n_hidden=(6, 4): chosen queries by default (before: ValueError). Asked
     for random queries, the error names the argument to pass."""
