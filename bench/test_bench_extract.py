@@ -83,7 +83,7 @@ def test_extract_vs_distill(benchmark, machine, d, k, m, dtype_name):
     def run():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rf.RelufastWarning)
-            return rf.extract(model, d, k, n_queries=20000, random_state=0)
+            return rf.extract(model, d, k, queries="random", n_queries=20000, random_state=0)
 
     res = benchmark.pedantic(run, rounds=1, iterations=1)
     err = metrics.parameter_error(truth, res)
@@ -134,7 +134,7 @@ def test_fewer_outputs_vs_distill(benchmark, machine, k, m):
     def run():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", rf.RelufastWarning)
-            return rf.extract(model, d, k, n_queries=20000, random_state=0)
+            return rf.extract(model, d, k, queries="random", n_queries=20000, random_state=0)
 
     res = benchmark.pedantic(run, rounds=1, iterations=1)
     err = metrics.parameter_error(truth, res)

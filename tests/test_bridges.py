@@ -72,7 +72,7 @@ def test_extract_sklearn_regressor_exact():
     """A trained MLPRegressor (biases, float64) is extracted exactly by queries."""
     mlp = trained_regressor(d=6, k=4, m=2)
     net = relufast.from_sklearn(mlp)
-    res = relufast.extract(mlp, 6, 4, n_queries=50000, random_state=0)
+    res = relufast.extract(mlp, 6, 4, queries="random", n_queries=50000, random_state=0)
     assert res.exact, res.message
     assert res.counts["queries"] >= 50000 and "queries" in res.message
     assert res.diagnostics["cryptanalytic_queries"] == relufast.extraction.cryptanalytic_queries(6, 4)
@@ -171,7 +171,7 @@ def test_extract_torch(dtype_name, bias):
     _, model = _torch_net(d, k, m, getattr(torch, dtype_name), seed=1, bias=bias)
     model = _train(torch, model, d)
     net = relufast.from_torch(model)
-    res = relufast.extract(model, d, k, n_queries=40000 if bias else 4000, random_state=0)
+    res = relufast.extract(model, d, k, queries="random", n_queries=40000 if bias else 4000, random_state=0)
     assert res.exact, res.message
     assert res.precision == dtype_name
     tol = EXACT_TOL if dtype_name == "float64" else F32_TOL

@@ -238,7 +238,7 @@ def test_validation():
     with pytest.raises(ValueError, match="needs n_hidden"):
         relufast.extract(f, n_features=4, queries="chosen")
     with pytest.raises(ValueError, match="queries='random' extracts one hidden layer"):
-        relufast.extract(f, n_features=4, n_hidden=(2, 2))
+        relufast.extract(f, n_features=4, n_hidden=(2, 2), queries="random")
     with pytest.raises(ValueError, match="n_hidden must be an integer >= 1"):
         relufast.extract(f, n_features=4, n_hidden=(2, 0), queries="chosen")
 

@@ -30,7 +30,7 @@ def test_more_units_than_inputs_are_not_called_dead(k):
         return np.maximum(X @ V.T + b, 0) @ U.T
 
     with pytest.warns(rf.RelufastWarning):
-        res = rf.extract(f, n_features=4, n_hidden=k, random_state=0, max_queries=40_000)
+        res = rf.extract(f, n_features=4, n_hidden=k, queries="random", random_state=0, max_queries=40_000)
     assert res.status.value != "exact"
     assert "never active" not in res.message and f"n_hidden = {k} > d = 4" in res.message
     with pytest.warns(rf.RelufastWarning):

@@ -159,7 +159,7 @@ def test_extract_sklearn_classifier_trained_in_the_test():
     y = (np.sin(X @ rng.standard_normal(5)) > 0).astype(int)
     mlp = _trained_classifier(X, y, 3)
     teacher = relufast.from_sklearn(mlp)
-    res = relufast.extract(mlp, 5, 3, n_queries=40000, random_state=0)
+    res = relufast.extract(mlp, 5, 3, queries="random", n_queries=40000, random_state=0)
     assert res.exact and res.precision == "float64", res.message
     err = metrics.parameter_error(teacher, res)
     assert err.V < EXACT_TOL and err.U < EXACT_TOL
@@ -190,7 +190,7 @@ def test_extract_softmax_classifier_trained_on_wine():
     X, y = datasets.load_wine(return_X_y=True)
     X = (X - X.mean(axis=0)) / X.std(axis=0)
     mlp = _trained_classifier(X, y, 4)
-    res = relufast.extract(mlp, 13, 4, n_queries=40000, random_state=0)
+    res = relufast.extract(mlp, 13, 4, queries="random", n_queries=40000, random_state=0)
     assert res.exact and res.n_hidden == 4 and res.U.shape == (3, 4), res.message
     logits = relufast.from_sklearn(mlp).predict(X)
     np.testing.assert_allclose(res.predict(X), logits - logits.mean(axis=1, keepdims=True), atol=1e-12)

@@ -4,20 +4,32 @@
 :class:`relufast.network.Network` ``y = U relu(V x + b) + c``; ``to_torch`` and
 ``to_sklearn`` (also ``RecoveryResult.to_torch()`` / ``.to_sklearn()``) build models back.
 ``layers_of`` reads the layers of a ReLU network of any depth (to compare with
-``relufast.extract(..., queries="chosen")``).
+``relufast.extract(..., queries="chosen")``). ``hidden_widths`` reads only the architecture
+(the hidden widths that ``relufast.extract`` uses by default), and ``logit_function`` turns a
+fitted classifier into its logit function from queries of ``predict_proba`` alone.
 torch and scikit-learn are optional (``pip install relufast[torch]``, ``relufast[sklearn]``)
 and imported only inside these functions, never at ``import relufast``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
 from .network import Network, as_network
 
-__all__ = ["from_torch", "from_sklearn", "to_torch", "to_sklearn", "layers_of"]
+__all__ = [
+    "from_torch",
+    "from_sklearn",
+    "to_torch",
+    "to_sklearn",
+    "layers_of",
+    "architecture",
+    "hidden_widths",
+    "logit_function",
+]
 
 
 def _require(name, extra):
@@ -202,3 +214,178 @@ def layers_of(model: Any) -> list:
         b = np.zeros(W.shape[0]) if lin.bias is None else lin.bias.detach().cpu().double().numpy().copy()
         out.append((W, b))
     return out
+
+
+class Architecture(NamedTuple):
+    """What :func:`architecture` reads from a model (never its weights).
+
+    Attributes
+    ----------
+    family : str or None
+        ``"torch"`` (an ``nn.Sequential``), ``"sklearn"`` (a fitted MLP) or None (anything else:
+        a plain callable, a torch module with its own ``forward``, an unfitted estimator).
+    widths : tuple of int or None
+        Hidden widths (k1, ..., kL) when the model is a ReLU network; else None.
+    n_features : int or None
+        Input dimension of the first layer.
+    problem : str or None
+        Why a torch/sklearn model is not a ReLU network (another activation, two linear layers
+        without a ReLU between them, no hidden layer, dropout in training mode); None otherwise.
+    """
+
+    family: Optional[str]
+    widths: Optional[tuple]
+    n_features: Optional[int]
+    problem: Optional[str]
+
+
+def _flat_children(seq, nn):
+    for child in seq.children():
+        if isinstance(child, nn.Sequential):
+            yield from _flat_children(child, nn)
+        else:
+            yield child
+
+
+def _torch_architecture(module, torch):
+    nn = torch.nn
+    if not isinstance(module, nn.Sequential):
+        return Architecture(None, None, None, None)  # its forward is its own: nothing to read
+    linears, problem, after_linear = [], None, False
+    for i, mod in enumerate(_flat_children(module, nn)):
+        if isinstance(mod, (nn.Identity, nn.Flatten)):
+            continue
+        if isinstance(mod, nn.Dropout):
+            if mod.training and mod.p > 0:
+                problem = problem or f"{type(mod).__name__}(p={mod.p}) in training mode (call model.eval())"
+            continue
+        if isinstance(mod, nn.Linear):
+            if after_linear:
+                problem = problem or (
+                    f"nn.Linear layers {len(linears)} and {len(linears) + 1} follow each other without a ReLU"
+                )
+            linears.append(mod)
+            after_linear = True
+        elif isinstance(mod, nn.ReLU) and after_linear:
+            after_linear = False
+        else:
+            where = f"after nn.Linear layer {len(linears)}" if linears else "before the first nn.Linear"
+            problem = problem or f"{type(mod).__name__} (module {i}) {where}; relufast extracts nn.ReLU networks"
+    if not linears:
+        return Architecture("torch", None, None, problem or "no nn.Linear layer")
+    if not after_linear:
+        problem = problem or "the last module is not an nn.Linear (the output layer)"
+    if len(linears) == 1:
+        problem = problem or "a single nn.Linear: a linear model, no hidden layer"
+    widths = tuple(int(lin.out_features) for lin in linears[:-1])
+    return Architecture("torch", None if problem else widths, int(linears[0].in_features), problem)
+
+
+def architecture(model: Any) -> Architecture:
+    """The architecture of a model as :func:`relufast.extract` reads it: never the weights.
+
+    Parameters
+    ----------
+    model : object
+        A torch ``nn.Sequential`` of ``nn.Linear`` layers with ``nn.ReLU`` between them (nested
+        ``nn.Sequential``, ``nn.Identity``, ``nn.Flatten`` and dropout in eval mode are
+        allowed), a fitted scikit-learn ``MLPRegressor`` / ``MLPClassifier``, or anything else.
+
+    Returns
+    -------
+    Architecture
+        ``(family, widths, n_features, problem)``; widths is None for anything but a ReLU
+        network of one of the two families (``problem`` then says what was found).
+    """
+    torch = sys.modules.get("torch")  # a torch module exists only once torch was imported
+    if torch is not None and isinstance(model, torch.nn.Module):
+        return _torch_architecture(model, torch)
+    if hasattr(model, "coefs_") and hasattr(model, "hidden_layer_sizes") and hasattr(model, "predict"):
+        n_in = getattr(model, "n_features_in_", None)
+        n_in = int(n_in) if n_in is not None else int(np.shape(model.coefs_[0])[0])
+        activation = getattr(model, "activation", "relu")
+        if activation != "relu":
+            return Architecture(
+                "sklearn", None, n_in, f"activation={activation!r} (relufast extracts activation='relu')"
+            )
+        return Architecture("sklearn", tuple(int(np.shape(W)[1]) for W in model.coefs_[:-1]), n_in, None)
+    return Architecture(None, None, None, None)
+
+
+def hidden_widths(model: Any) -> Optional[tuple]:
+    """The hidden widths ``(k1, ..., kL)`` of a ReLU network model, read from its architecture.
+
+    Parameters
+    ----------
+    model : object
+        A torch ``nn.Sequential`` (its ``nn.Linear`` layers with ``nn.ReLU`` between them) or a
+        fitted scikit-learn MLP with ``activation="relu"`` (``hidden_layer_sizes``).
+
+    Returns
+    -------
+    tuple of int or None
+        The widths of the hidden layers (the output layer excluded); None for any other model
+        (a plain callable, a torch module with its own ``forward``, another activation).
+        Only the architecture is read, never the weights.
+    """
+    return architecture(model).widths
+
+
+def logit_function(clf: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """The logit function of a fitted classifier, from queries of ``predict_proba`` only.
+
+    A classifier's probabilities are its logits passed through a logistic (binary) or a
+    softmax (several classes). The logits of a ReLU network are a ReLU network; this function
+    undoes the output activation without reading the weights:
+
+    - binary (one logistic output, ``predict_proba`` of shape (n, 2)): ``log(p / (1 - p))``
+      with p the probability of the second class, shape (n, 1): the logit itself;
+    - softmax: the logits are known only up to an additive constant per input, so the
+      centred log-probabilities ``log p - mean(log p)`` are returned, shape (n, m): the logits
+      minus their mean, a linear image of the logits and so still a ReLU network's output
+      (its rows sum to zero);
+    - independent logistic outputs (multilabel): ``log(p / (1 - p))`` per column.
+
+    Parameters
+    ----------
+    clf : fitted classifier
+        An ``sklearn.neural_network.MLPClassifier`` (or any fitted classifier with
+        ``predict_proba`` and ``out_activation_`` ``"logistic"`` or ``"softmax"``).
+
+    Returns
+    -------
+    callable
+        ``f(X)`` for X of shape (n, n_features) returning float64 logits.
+
+    Notes
+    -----
+    Precision: ``predict_proba`` holds p in float64, so a logit z is known to about
+    ``eps (1 + exp(|z|))`` for a logistic output (``1 - p`` loses its digits as p nears 1) and
+    to about ``eps |z|`` for a softmax until a probability underflows (logit differences
+    beyond about 708; subnormal probabilities lose digits first). Where a probability rounds
+    to 0 or 1 the logit is lost: the function returns inf or NaN there, and
+    :func:`relufast.extract` stops with an error naming the inputs' scale.
+    """
+    if not hasattr(clf, "predict_proba"):
+        raise TypeError(f"logit_function expects a fitted classifier with predict_proba; got {type(clf).__name__}")
+    if not hasattr(clf, "classes_"):
+        raise TypeError(f"logit_function expects a fitted classifier; {type(clf).__name__} is not fitted")
+    out = getattr(clf, "out_activation_", None)
+    if out not in ("logistic", "softmax"):
+        raise ValueError(
+            "logit_function expects a classifier whose output activation is 'logistic' or 'softmax' "
+            f"(out_activation_ of an sklearn MLPClassifier); got {out!r}"
+        )
+    binary = out == "logistic" and int(getattr(clf, "n_outputs_", 1)) == 1
+
+    def logits(X):
+        P = np.asarray(clf.predict_proba(X), dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if out == "logistic":
+                p = P[:, -1:] if binary else P
+                return np.log(p) - np.log1p(-p)
+            L = np.log(P)
+            return L - L.mean(axis=1, keepdims=True)
+
+    logits.__doc__ = f"Logits of {type(clf).__name__} ({'binary logistic' if binary else out}) from predict_proba."
+    return logits

@@ -15,6 +15,7 @@ returns no network at all, the mean of the training outputs (also with a warning
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -33,6 +34,47 @@ from ._api import recover
 from ._result import RelufastWarning
 
 __all__ = ["ReluNetRegressor"]
+
+#: Standard errors beyond which a moment of X says it is not standard Gaussian.
+GAUSS_SIGMAS = 6.0
+
+
+def _not_standard_gaussian(X):
+    """Why X is not standard Gaussian (a column's mean, variance, excess kurtosis or a pair's
+    correlation beyond GAUSS_SIGMAS standard errors of N(0, I) at this n), or None."""
+    n, d = X.shape
+    mean, sd = X.mean(axis=0), X.std(axis=0)
+    checks = [("mean", mean, 0.0, 1.0 / np.sqrt(n)), ("variance", sd**2, 1.0, np.sqrt(2.0 / n))]
+    Z = (X - mean) / np.where(sd > 0, sd, 1.0)
+    checks.append(("excess kurtosis", np.mean(Z**4, axis=0) - 3.0, 0.0, np.sqrt(24.0 / n)))
+    for name, value, expected, se in checks:
+        j = int(np.argmax(np.abs(value - expected)))
+        if abs(value[j] - expected) > GAUSS_SIGMAS * se:
+            return f"column {j} has {name} {value[j]:.3g} (standard Gaussian: {expected:g} +- {se:.2g} at n = {n})"
+    if d > 1:
+        C = np.abs(Z.T @ Z / n - np.eye(d))
+        i, j = np.unravel_index(int(np.argmax(C)), C.shape)
+        if C[i, j] > GAUSS_SIGMAS / np.sqrt(n):
+            return f"columns {i} and {j} have correlation {C[i, j]:.3g} (standard Gaussian: 0 +- {1 / np.sqrt(n):.2g})"
+    return None
+
+
+def _fewer_outputs_message(m, k, reason, method_message):
+    """The real cause when m < k outputs on non-Gaussian X end without a certificate."""
+    which = (
+        "the only method that applies is atv21 (bjw19-fpt needs m >= 2, the others m >= n_hidden), and it needs "
+        "standard Gaussian X"
+        if m == 1
+        else "the methods that apply are bjw19-fpt and atv21, and atv21 needs standard Gaussian X"
+    )
+    return (
+        f"no certified network: with m = {m} output(s) < n_hidden = {k}, {which}; X is not standard Gaussian: "
+        f"{reason}. What to do: fit n_hidden <= {m} (bjw19-enumeration, for rank(Y) = n_hidden, accepts any X), "
+        "or give Gaussian inputs x ~ N(0, I) (standardising does not make data Gaussian); with a model you can query, "
+        "relufast.extract (chosen queries need neither); targets that are not exactly a ReLU network of X "
+        "(measured data) have no certificate: MLPRegressor approximates them. The method's own diagnosis, which "
+        f"assumes Gaussian X: {method_message}"
+    )
 
 
 class ReluNetRegressor(RegressorMixin, BaseEstimator):
@@ -107,7 +149,21 @@ class ReluNetRegressor(RegressorMixin, BaseEstimator):
             value = getattr(self, name)
             if value is not None:
                 options[name] = value
-        res = recover(X, y if y.ndim == 1 else Y, n_hidden=k, method=self.method, **options)
+        m = Y.shape[1]
+        not_gaussian = _not_standard_gaussian(X) if m < k else None
+        with warnings.catch_warnings(record=not_gaussian is not None) as caught:
+            if not_gaussian is not None:
+                warnings.simplefilter("always")
+            res = recover(X, y if y.ndim == 1 else Y, n_hidden=k, method=self.method, **options)
+        if not_gaussian is not None and not res.exact:
+            # The methods' own diagnosis assumes Gaussian X (never-active units, the detection
+            # limit); the real cause is the input law with m < k: said first.
+            message = _fewer_outputs_message(m, k, not_gaussian, res.message)
+            res = dataclasses.replace(res, message=message)
+            warnings.warn(message, RelufastWarning, stacklevel=2)
+        elif caught:
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self.result_ = res
         self.n_hidden_ = k
         self.status_ = res.status.value

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 
 from ._progress import Progress
-from ._result import RecoveryResult, warn
+from ._result import RecoveryResult, Status, warn
 from ._validation import check_positive_int, check_random_state
 from .stages.precision import resolve_precision
 from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
 
-__all__ = ["extract", "as_query_function", "cryptanalytic_queries"]
+__all__ = ["extract", "as_query_function", "check_outputs", "checked_query_function", "cryptanalytic_queries"]
 
 
 def cryptanalytic_queries(n_features: int, n_hidden: int) -> int:
@@ -73,27 +73,92 @@ def _torch_function(model):
 
 
 def _sklearn_function(mlp):
-    """The outputs before the output activation: logits of a classifier (logit of
-    predict_proba for binary, centred log-probabilities for multiclass: a linear image
-    of the logits, so still a two-layer ReLU network), predict of a regressor."""
+    """The outputs before the output activation: the logits of a classifier
+    (:func:`relufast.bridges.logit_function`: logit of ``predict_proba`` for binary, centred
+    log-probabilities for multiclass, a linear image of the logits and so still a ReLU
+    network), ``predict`` of a regressor."""
+    from .bridges import logit_function
+
     out = getattr(mlp, "out_activation_", "identity")
     if out == "identity":
-        return (lambda X: np.asarray(mlp.predict(X), dtype=np.float64).reshape(len(X), -1)), "float64"
-    if out == "logistic":
-
-        def f(X):
-            p = np.clip(mlp.predict_proba(X)[:, -1:], 1e-300, 1.0)
-            return np.log(p) - np.log1p(-np.minimum(p, 1 - 1e-16))
-
-        return f, "float64"
-    if out == "softmax":
-
-        def f(X):
-            L = np.log(np.clip(mlp.predict_proba(X), 1e-300, None))
-            return L - L.mean(axis=1, keepdims=True)
-
-        return f, "float64"
+        return (lambda X: np.asarray(mlp.predict(X), dtype=np.float64)), "float64"
+    if out in ("logistic", "softmax"):
+        return logit_function(mlp), "float64"
     raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
+
+
+def check_outputs(out: Any, X: np.ndarray, n_outputs: int | None = None, *, hint: str = "") -> np.ndarray:
+    """The model's answer to the queries X, checked: an array of shape (n, m), in its own dtype.
+
+    One check for both query modes. Accepts shape (n, m), (n,) (one output) or (n, ...)
+    (flattened per query); raises ``ValueError`` naming the expected and received shapes for
+    None, a scalar, a wrong number of rows, a transposed answer (m, n), a number of outputs
+    that differs from ``n_outputs`` (earlier calls), non-numeric values, and non-finite
+    outputs (naming the norms of the inputs where they occurred).
+
+    Parameters
+    ----------
+    out : object
+        What the model returned for X.
+    X : ndarray of shape (n, d)
+        The queries.
+    n_outputs : int or None
+        Outputs per query of earlier calls (None: first call).
+    hint : str
+        Appended to the message of non-finite outputs (what the query mode needs).
+    """
+    n, d = X.shape
+    expected = f"({n}, m) or ({n},) (one row per query)" if n_outputs is None else f"({n}, {n_outputs})"
+    called = f"called on {n} queries of shape ({n}, {d})"
+    if out is None:
+        raise ValueError(f"the model must return an array of shape {expected}; {called}, it returned None")
+    arr = np.asarray(out)
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(
+            f"the model must return real numbers, an array of shape {expected}; {called}, it returned "
+            f"{type(out).__name__} of dtype {arr.dtype}"
+        )
+    if arr.ndim == 0:
+        raise ValueError(f"the model must return an array of shape {expected}; {called}, it returned a scalar")
+    if arr.shape[0] != n:
+        if arr.ndim == 2 and arr.shape[1] == n:
+            raise ValueError(
+                f"the model must return one row per query, shape ({n}, m); {called}, it returned shape {arr.shape}, "
+                "the transpose (return Y.T)"
+            )
+        raise ValueError(f"the model must return an array of shape {expected}; {called}, it returned shape {arr.shape}")
+    Y = arr.reshape(n, -1)
+    if Y.shape[1] == 0 or (n_outputs is not None and Y.shape[1] != n_outputs):
+        what = "no output" if Y.shape[1] == 0 else f"{Y.shape[1]} outputs per query"
+        raise ValueError(
+            f"the model must return an array of shape {expected}; {called}, it returned shape {arr.shape} ({what}"
+            + (f"; earlier calls returned {n_outputs})" if n_outputs is not None else ")")
+        )
+    bad = ~np.isfinite(Y).all(axis=1) if Y.dtype.kind == "f" else np.zeros(n, dtype=bool)
+    if bad.any():
+        norms = np.linalg.norm(X, axis=1)
+        fine = norms[~bad]
+        kinds = " and ".join(k for k, t in (("NaN", np.isnan(Y).any()), ("inf", np.isinf(Y).any())) if t)
+        raise ValueError(
+            f"the model returned non-finite outputs ({kinds}) for {int(bad.sum())} of {n} queries, at input norms "
+            f"{norms[bad].min():.3g} to {norms[bad].max():.3g}"
+            + (f" (finite answers up to norm {fine.max():.3g})" if fine.size else "")
+            + "; relufast needs a finite answer at every query"
+            + (f": {hint}" if hint else "")
+        )
+    return Y
+
+
+def checked_query_function(f, n_features: int, hint: str = ""):
+    """``f`` wrapped by :func:`check_outputs`; remembers the number of outputs of its first call."""
+    state: dict = {"m": None}
+
+    def g(X):
+        Y = check_outputs(f(X), np.asarray(X).reshape(-1, n_features), state["m"], hint=hint)
+        state["m"] = Y.shape[1]
+        return Y
+
+    return g
 
 
 #: Rows of Y summing to at most this (relative to |Y|) are centred outputs (softmax logits).
@@ -129,7 +194,7 @@ def as_query_function(model: Any) -> tuple:
             out = model(X)
             if hasattr(out, "detach"):
                 out = out.detach().cpu().numpy()
-            return np.asarray(out)
+            return out  # checked by check_outputs
 
         return f, None
     raise TypeError(
@@ -140,13 +205,6 @@ def as_query_function(model: Any) -> tuple:
 
 def _units_note(vis, k_given, k, m, d):
     """The message's opening when fewer units were recovered than given, or none was given."""
-    if k_given is not None and k_given > d:
-        # Not dead units: Gaussian queries see at most d directions of hidden rows.
-        return (
-            f"n_hidden = {k_given} > d = {d}: the Gaussian-query methods recover at most d hidden "
-            f"units (they need k <= d), so a network with {k} units was fitted; queries='chosen' "
-            "extracts wider layers. "
-        )
     if k_given is not None and m < k_given:
         # With fewer outputs than units the count is a lower bound, not evidence of dead units.
         return (
@@ -169,21 +227,90 @@ def _units_note(vis, k_given, k, m, d):
     )
 
 
-def _chosen(model, d, n_hidden, max_queries, precision, random_state):
-    """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen`."""
-    from .chosen.driver import extract_chosen
+def _saturation_note(model):
+    """What a classifier's non-finite logits mean (:func:`relufast.bridges.logit_function`)."""
+    if getattr(model, "out_activation_", None) not in ("logistic", "softmax") or not hasattr(model, "predict_proba"):
+        return ""
+    return (
+        "; this classifier is queried through predict_proba, whose probabilities round to 0 or 1 where its logits "
+        "are large (a logistic logit above about 37, softmax logit differences beyond about 745): "
+        "the logits are lost there (relufast.bridges.logit_function)"
+    )
 
-    if n_hidden is None:
-        raise ValueError("queries='chosen' needs n_hidden: an int or a tuple of hidden widths (k1, ..., kL)")
+
+def _widths(n_hidden):
+    """n_hidden (an int or a tuple of widths) as a tuple of positive ints."""
     widths = (n_hidden,) if isinstance(n_hidden, numbers.Integral) else tuple(n_hidden)
     if len(widths) == 0:
         raise ValueError("n_hidden must name at least one hidden layer; got ()")
-    widths = tuple(check_positive_int(k, "n_hidden") for k in widths)
+    return tuple(check_positive_int(k, "n_hidden") for k in widths)
+
+
+def _plan(model, d, n_hidden, queries):
+    """The query mode and the widths of ``extract``: (mode, widths or None, widths_from, why).
+
+    ``queries=None`` picks chosen queries for a torch ``nn.Sequential`` or a fitted sklearn MLP
+    (widths read from the architecture), for several hidden layers, and for one layer wider
+    than d (Gaussian queries recover at most d units); random queries otherwise.
+    """
+    from .bridges import architecture
+
+    if queries not in (None, "random", "chosen"):
+        raise ValueError(f"queries must be None, 'random' or 'chosen'; got {queries!r}")
+    arch = architecture(model)
+    if arch.n_features is not None and arch.n_features != d:
+        raise ValueError(f"n_features = {d}, but the model's first layer takes {arch.n_features} features")
+    if n_hidden is not None:
+        widths, widths_from = _widths(n_hidden), "argument"
+    elif arch.widths is not None:
+        widths, widths_from = arch.widths, "model"
+    else:
+        widths, widths_from = None, "visible units"
+    if queries is not None:
+        mode, why = queries, "queries=" + repr(queries)
+    elif arch.family is not None:
+        mode, why = (
+            "chosen",
+            f"the default for a {'torch nn.Sequential' if arch.family == 'torch' else 'fitted sklearn MLP'}",
+        )
+    elif widths is not None and len(widths) > 1:
+        mode, why = "chosen", f"the default for {len(widths)} hidden layers"
+    elif widths is not None and widths[0] > d:
+        mode, why = (
+            "chosen",
+            f"the default for n_hidden = {widths[0]} > d = {d} (Gaussian queries recover at most d units)",
+        )
+    else:
+        mode, why = "random", "the default for a callable with one hidden layer"
+    if arch.problem is not None and mode == "chosen":
+        raise ValueError(
+            f"chosen queries ({why}) extract ReLU networks; this {arch.family} model has {arch.problem}. "
+            "Pass queries='random' with n_hidden to try Gaussian queries anyway"
+        )
+    if mode == "chosen" and widths is None:
+        raise ValueError("queries='chosen' needs n_hidden: an int or a tuple of hidden widths (k1, ..., kL)")
+    if mode == "random" and widths is not None and len(widths) > 1:
+        source = "read from the model" if widths_from == "model" else "given"
+        raise ValueError(
+            f"queries='random' extracts one hidden layer from Gaussian queries; n_hidden={widths} ({source}) has "
+            f"{len(widths)}. Pass queries='chosen' (or leave queries unset) to extract them with chosen queries"
+        )
+    return mode, widths, widths_from, why
+
+
+def _chosen(model, d, widths, max_queries, precision, random_state):
+    """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen`."""
+    from .chosen.driver import extract_chosen
+
     if max_queries is not None:
         max_queries = check_positive_int(max_queries, "max_queries")
     f, dtype_name = as_query_function(model)
+    hint = (
+        "chosen queries follow lines through the input space and certify at scales 1 and 10 (inputs of norm "
+        f"about sqrt(d) = {math.sqrt(d):.3g} to 10 sqrt(d) and beyond)" + _saturation_note(model)
+    )
     return extract_chosen(
-        f,
+        checked_query_function(f, d, hint),
         d,
         widths,
         max_queries=max_queries,
@@ -193,12 +320,39 @@ def _chosen(model, d, n_hidden, max_queries, precision, random_state):
     )
 
 
+def _with_plan(res, widths, widths_from, mode, why):
+    """The result with where its widths and its query mode came from (diagnostics, message)."""
+    diag = dict(res.diagnostics, widths_from=widths_from, queries=mode)
+    if widths_from == "model":  # said first: the user did not give them
+        message = (
+            f"Hidden widths {widths} read from the model's architecture (not its weights); {mode} queries ({why}). "
+        )
+        message += res.message
+    else:
+        source = f"hidden widths {widths} from n_hidden" if widths_from == "argument" else "n_hidden from the outputs"
+        message = f"{res.message.rstrip('.')}. ({mode.capitalize()} queries: {why}; {source}.)"
+    return dataclasses.replace(res, diagnostics=diag, message=message)
+
+
+def _unsupported_random(k, d):
+    """The result of random queries asked for more units than Gaussian queries can see."""
+    message = (
+        f"n_hidden = {k} > d = {d}: Gaussian queries recover at most d hidden units (the moments of the "
+        f"outputs have rank at most d), so none was made. Pass queries='chosen' (n_hidden={k}) or leave "
+        "queries unset: chosen queries extract layers of any width"
+    )
+    warn(message)
+    return RecoveryResult(
+        U=None, V=None, status=Status.UNSUPPORTED, message=message, method="random queries", counts={"queries": 0}
+    )
+
+
 def extract(
     model: Any,
     n_features: int,
     n_hidden: Any = None,
     *,
-    queries: str = "random",
+    queries: str | None = None,
     n_queries: int = 20000,
     max_queries: int | None = None,
     precision: Any = None,
@@ -208,26 +362,40 @@ def extract(
     random_state: Any = None,
     n_jobs: int | None = None,
 ) -> RecoveryResult:
-    """Extract a ReLU network from a model: ``y = U relu(V x + b) + c`` by Gaussian
-    queries (default), or a network with several hidden layers by chosen queries.
+    """Extract a ReLU network from a model you can query: ``y = U relu(V x + b) + c`` by
+    Gaussian queries, or a network with one or more hidden layers by chosen queries.
 
     Parameters
     ----------
     model : torch.nn.Module, sklearn MLPRegressor/MLPClassifier, or callable
-        The model to query. A classifier is queried before its output activation (the
-        logistic/softmax is inverted from ``predict_proba``; multiclass gives centred
-        logits). A callable takes an ndarray of shape (n, n_features) and returns (n, m)
-        or (n,).
+        The model to query. A classifier is queried before its output activation
+        (:func:`relufast.bridges.logit_function`: the logistic/softmax is undone from
+        ``predict_proba``; multiclass gives centred logits). A callable takes an ndarray of
+        shape (n, n_features) and returns (n, m) or (n,); any other answer (None, a scalar,
+        another number of rows, the transpose (m, n), NaN or inf) stops the extraction with a
+        ``ValueError`` naming the expected and received shapes, or the inputs' norms.
     n_features : int
         Input dimension d.
     n_hidden : int or tuple of int, optional
-        Hidden units k; default: the number visible in the outputs
-        (:func:`relufast.units.visible_units`). When fewer units are visible than given
-        (dead or pruned units), the visible ones are recovered and the message says so.
-        With ``queries="chosen"``: required, an int (one hidden layer) or the widths
-        ``(k1, ..., kL)`` of L hidden layers.
-    queries : {"random", "chosen"}, default="random"
-        "random": standard Gaussian queries, one hidden layer (the methods below).
+        Hidden widths: an int (one hidden layer) or ``(k1, ..., kL)``. Default: for a torch
+        ``nn.Sequential`` or a fitted sklearn MLP, the widths of its hidden layers, read from
+        the architecture (:func:`relufast.bridges.hidden_widths`, never the weights); for
+        other callables with random queries, the number of units visible in the outputs
+        (:func:`relufast.units.visible_units`). ``diagnostics["widths_from"]`` says which
+        (``"model"``, ``"argument"`` or ``"visible units"``), and so does the message. When
+        fewer units are visible than given (dead or pruned units), random queries recover
+        the visible ones and the message says so.
+    queries : {None, "random", "chosen"}, default=None
+        None: chosen queries for a torch ``nn.Sequential`` or fitted sklearn MLP (a model
+        you can query answers any input), for several hidden layers, and for one layer
+        wider than d (Gaussian queries recover at most d units); random queries for other
+        callables with one hidden layer (given or counted). A torch/sklearn model whose
+        activation is not ReLU is refused (``ValueError`` naming what was found) when
+        chosen queries would be used.
+        "random": standard Gaussian queries, one hidden layer (the methods below; the papers'
+        setting). With several hidden layers: ``ValueError`` saying to pass
+        ``queries="chosen"``; with ``n_hidden > d``: status ``unsupported`` at once, no query
+        made.
         "chosen": the inputs are chosen (critical points on lines, their hyperplanes, layer
         by layer; :mod:`relufast.chosen`, after [3, 4]); the model must accept arbitrary real
         inputs and return outputs at full precision or at the precision of their dtype. One
@@ -261,25 +429,41 @@ def extract(
     Returns
     -------
     RecoveryResult or DeepResult
-        ``counts["queries"]`` is the number of queries used;
-        ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude estimate of the query count of
-        differential extraction [3, 4] for the same size (:func:`cryptanalytic_queries`).
+        ``counts["queries"]`` is the number of queries used; ``diagnostics["queries"]`` the
+        mode used and ``diagnostics["widths_from"]`` where the widths came from; with random
+        queries ``diagnostics["cryptanalytic_queries"]`` is relufast's own order-of-magnitude
+        estimate of the query count of differential extraction [3, 4] for the same size
+        (:func:`cryptanalytic_queries`).
     """
+    d = check_positive_int(n_features, "n_features")
+    mode, widths, widths_from, why = _plan(model, d, n_hidden, queries)
+    if mode == "chosen":
+        return _with_plan(
+            _chosen(model, d, widths, max_queries, precision, random_state), widths, widths_from, mode, why
+        )
+    if widths is not None and widths[0] > d:  # known before any query: Gaussian queries see at most d units
+        return _with_plan(_unsupported_random(widths[0], d), widths, widths_from, mode, why)
+    res = _random(
+        model,
+        d,
+        None if widths is None else widths[0],
+        n_queries,
+        max_queries,
+        precision,
+        batch_size,
+        method,
+        progress,
+        random_state,
+        n_jobs,
+    )
+    return _with_plan(res, widths, widths_from, mode, why)
+
+
+def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs):
+    """``extract`` by Gaussian queries (one hidden layer): doubling until the certificate holds."""
     from ._auto import query_plan
     from .methods import run_method
 
-    d = check_positive_int(n_features, "n_features")
-    if queries not in ("random", "chosen"):
-        raise ValueError(f"queries must be 'random' or 'chosen'; got {queries!r}")
-    if queries == "chosen":
-        return _chosen(model, d, n_hidden, max_queries, precision, random_state)
-    if n_hidden is not None and not isinstance(n_hidden, numbers.Integral):
-        widths = tuple(n_hidden)
-        if len(widths) != 1:
-            raise ValueError(
-                f"queries='random' extracts one hidden layer; got n_hidden={widths} (use queries='chosen')"
-            )
-        n_hidden = widths[0]
     max_queries = 2_000_000 if max_queries is None else max_queries
     n0 = check_positive_int(n_queries, "n_queries", minimum=2 * (d + 1))
     max_queries = check_positive_int(max_queries, "max_queries", minimum=n0)
@@ -288,6 +472,11 @@ def extract(
         raise ValueError(f"method must be 'auto', 'bjw19-gaussian' or 'atv21'; got {method!r}")
     k_given = None if n_hidden is None else check_positive_int(n_hidden, "n_hidden")
     f, dtype_name = as_query_function(model)
+    hint = (
+        f"Gaussian queries (queries='random') have norm about sqrt(d) = {math.sqrt(d):.3g}; chosen queries "
+        "reach far larger norms" + _saturation_note(model)
+    )
+    f = checked_query_function(f, d, hint)
     rng = check_random_state(random_state)
 
     Xs: list[np.ndarray] = []
@@ -301,7 +490,7 @@ def extract(
             Yb = f(Xb)
             if out_dtype[0] is None:
                 out_dtype[0] = np.asarray(Yb).dtype.name
-            Yb = np.asarray(Yb, dtype=np.float64).reshape(len(Xb), -1)
+            Yb = np.asarray(Yb, dtype=np.float64)
             Xs.append(Xb)
             Ys.append(Yb)
             bar.update(done + s + len(Xb), "queries")
@@ -355,6 +544,12 @@ def extract(
     if not result.exact and result.V is not None and merged is None:
         dup = near_duplicate_message(near_duplicates(result.V, d))
         message += f". {dup}" if dup else ""
+    if not result.exact and k_given is None:
+        message += (
+            f". n_hidden was not given and {k} unit(s) were counted in the outputs: if the model has more, pass "
+            "n_hidden (random queries), or queries='chosen' with n_hidden (chosen queries see units that Gaussian "
+            "queries rarely activate)"
+        )
     res = dataclasses.replace(result, counts=counts, diagnostics=diag, message=message)
     if centred and res.U is not None:  # the last output is minus the sum of the others
         res = dataclasses.replace(
