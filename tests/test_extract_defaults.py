@@ -48,7 +48,10 @@ def _forward(layers, X):
 # -- widths from the model, chosen queries by default -------------------------------------
 
 
-@pytest.mark.parametrize("name,widths", [("diabetes", (16, 8)), ("diabetes", (8,)), ("digits", (16,))])
+# (A classifier is queried through predict_proba, whose logits are lost where the
+# probabilities round to 0 or 1: the certificate's far probes reach that region, so
+# classifiers are covered by the bridge's own tests, not as exact extractions.)
+@pytest.mark.parametrize("name,widths", [("diabetes", (16, 8)), ("diabetes", (8,)), ("diabetes", (6,))])
 def test_sklearn_mlp_widths_read_from_the_model(name, widths):
     """extract(mlp, d) without n_hidden: the widths come from the architecture, chosen
     queries are used, and the network is certified and equals the model's (logits for a
