@@ -37,6 +37,16 @@ def test_help_and_argument_errors_import_neither_numpy_nor_the_algorithms():
     assert _run_python(_IMPORTED_AFTER, "--version") == "0 []"
     assert _run_python(_IMPORTED_AFTER, "extract", "no-such-model.pt") == "2 []"
     assert _run_python(_IMPORTED_AFTER, "extract", "m.pkl", "--n-hidden", "0") == "2 []"
+    # recover's mistakes too: --method is checked against the registry only once they are.
+    assert _run_python(_IMPORTED_AFTER, "recover", "--n-hidden", "2") == "2 []"
+    assert _run_python(_IMPORTED_AFTER, "recover", "no-such-data.npz", "--n-hidden", "2", "--method", "x") == "2 []"
+
+
+def test_an_unknown_method_is_a_one_line_error(tmp_path, capsys):
+    for args in (["demo", "--n", "300"], ["recover", "--x", __file__, "--y", __file__, "--n-hidden", "2"]):
+        assert main(args + ["--method", "nope"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--method 'nope' is not a method; expected one of auto, atv21" in err, err
 
 
 def test_help_answers_in_under_0_3_s():

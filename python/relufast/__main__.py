@@ -87,6 +87,7 @@ class _Warnings:
 def _demo(args):
     import relufast as rf
 
+    _check_method(args.method)
     print(f"relufast {rf.__version__} (kernels: {rf.BACKEND})")
     print(
         f"planting y = U relu(V x): d = {args.d}, k = {args.k}, m = {args.m}; "
@@ -340,6 +341,7 @@ def _recover(args):
             print(msg, file=sys.stderr, flush=True)
 
     _check_paths(args, comm, rank)
+    _check_method(args.method)
     t0 = time.perf_counter()
     try:
         X, Y, n = _load_inputs(args, rank, size)
@@ -447,8 +449,21 @@ def _methods():
     return methods, method_help
 
 
-def _add_demo(sub, name, summary):
-    methods, method_help = _methods()
+def _add_method_option(p, listing):
+    """``--method``. Its help lists the methods, which imports the registry and the algorithms,
+    only when help is asked for (``listing``); otherwise the name is checked when the command
+    runs (:func:`_check_method`), after the cheap checks of the other arguments."""
+    methods, method_help = _methods() if listing else (None, "recovery method (default auto; --help lists them)")
+    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+
+
+def _check_method(method):
+    methods, _ = _methods()
+    if method not in methods:
+        raise _CommandError(f"--method {method!r} is not a method; expected one of {', '.join(methods)}")
+
+
+def _add_demo(sub, name, summary, listing=True):
     p = sub.add_parser(
         name,
         help=summary,
@@ -467,7 +482,7 @@ def _add_demo(sub, name, summary):
         default=0.0,
         help="standard deviation of Gaussian output noise (default 0: exact outputs)",
     )
-    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+    _add_method_option(p, listing)
     p.add_argument("--seed", type=int, default=0, help="seed of the planted network and samples (default 0)")
     p.add_argument(
         "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
@@ -475,8 +490,7 @@ def _add_demo(sub, name, summary):
     p.set_defaults(func=_demo)
 
 
-def _add_recover(sub, name, summary):
-    methods, method_help = _methods()
+def _add_recover(sub, name, summary, listing=True):
     p = sub.add_parser(
         name,
         help=summary,
@@ -495,7 +509,7 @@ def _add_recover(sub, name, summary):
     )
     p.add_argument("--y", help="outputs Y of shape (n, m) or (n,) (with --x, instead of DATA): .npy, .csv or .txt")
     p.add_argument("--n-hidden", type=_positive_int, required=True, help="number of hidden units k")
-    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+    _add_method_option(p, listing)
     p.add_argument(
         "--out", help="write U, V (when recovered), b, c, status, message and residual to this .npz file (a file name)"
     )
@@ -519,7 +533,7 @@ def _add_recover(sub, name, summary):
     p.set_defaults(func=_recover)
 
 
-def _add_reproduce(sub, name, summary):
+def _add_reproduce(sub, name, summary, listing=True):
     from relufast.reproduce import EXPERIMENTS
 
     p = sub.add_parser(
@@ -585,7 +599,7 @@ def _extract(args):
     return 0 if res.success else 1
 
 
-def _add_extract(sub, name, summary):
+def _add_extract(sub, name, summary, listing=True):
     p = sub.add_parser(
         name,
         help=summary,
@@ -639,7 +653,7 @@ def _widths(text):
     return widths(text)
 
 
-def _add_info(sub, name, summary):
+def _add_info(sub, name, summary, listing=True):
     sub.add_parser(name, help=summary, description=summary).set_defaults(func=_info)
 
 
@@ -656,10 +670,10 @@ COMMANDS = {
 }
 
 
-def _parser(command=None):
-    """The argument parser. Only ``command``'s own parser is built in full (its options may
-    import the method registry); the others are listed by name and help, so that
-    ``relufast --help`` imports neither NumPy nor the algorithms."""
+def _parser(command=None, listing=True):
+    """The argument parser. Only ``command``'s own parser is built in full; the others are
+    listed by name and help, so that ``relufast --help`` imports neither NumPy nor the
+    algorithms. ``listing``: whether ``--method``'s help lists the methods (imports the registry)."""
     from relufast import __version__
 
     parser = _Parser(
@@ -672,7 +686,7 @@ def _parser(command=None):
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (summary, add) in COMMANDS.items():
         if name == command:
-            add(sub, name, summary)
+            add(sub, name, summary, listing=listing)
         else:
             sub.add_parser(name, help=summary, add_help=False)
     return parser
@@ -684,7 +698,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     # The top-level options take no value: the first word that is not an option is the command.
     command = next((word for word in argv if not word.startswith("-")), None)
-    parser = _parser(command)
+    parser = _parser(command, listing=any(word in ("-h", "--help") for word in argv))
     args = parser.parse_args(argv)
     if args.command == "recover" and not (args.data or (args.x and args.y)):
         parser.error("recover needs an .npz file with X and Y, or both --x and --y")
