@@ -17,6 +17,7 @@ FACADE = {
     "relufast.extraction",
     "relufast.estimator",
     "relufast.__main__",
+    "relufast._cli_extract",
     "relufast.reproduce",
 }
 ALGORITHMS = ("bjw19", "gklw19", "atv21", "gp19", "mr19")

@@ -1,4 +1,9 @@
-"""Command line: ``relufast demo``, ``relufast recover``, ``relufast reproduce``, ``relufast info``."""
+"""Command line: ``relufast demo``, ``relufast recover``, ``relufast extract``, ``relufast reproduce``,
+``relufast info``.
+
+Nothing heavy is imported at module level: each command imports what it uses, so that
+``relufast --help`` and a command's argument errors answer at once.
+"""
 
 from __future__ import annotations
 
@@ -82,6 +87,7 @@ class _Warnings:
 def _demo(args):
     import relufast as rf
 
+    _check_method(args.method)
     print(f"relufast {rf.__version__} (kernels: {rf.BACKEND})")
     print(
         f"planting y = U relu(V x): d = {args.d}, k = {args.k}, m = {args.m}; "
@@ -335,6 +341,7 @@ def _recover(args):
             print(msg, file=sys.stderr, flush=True)
 
     _check_paths(args, comm, rank)
+    _check_method(args.method)
     t0 = time.perf_counter()
     try:
         X, Y, n = _load_inputs(args, rank, size)
@@ -418,15 +425,48 @@ def _info(args):
 
     print(f"relufast {rf.__version__}")
     print(f"kernels: {rf.BACKEND}")
+    print("recover: passive recovery of a two-layer network from samples (X, Y), by the methods below")
+    print(
+        "extract: a model you can query (torch, scikit-learn, a callable); one hidden layer by random "
+        "queries, several by chosen queries (relufast extract --help)"
+    )
+    print("methods of recover:")
     for name, entry in sorted(rf.METHODS.items()):
         print(f"  {name}: {entry.citation}")
     return 0
 
 
-def _add_demo(sub, methods, method_help):
+def _methods():
+    """(names, help text) of --method: imports the registry, so only the commands that take it call this."""
+    from relufast._result import DOCS_URL
+    from relufast.methods import METHODS
+
+    methods = ["auto"] + sorted(METHODS)
+    method_help = (
+        "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
+        f"order of cost; {DOCS_URL}/results.md)"
+    )
+    return methods, method_help
+
+
+def _add_method_option(p, listing):
+    """``--method``. Its help lists the methods, which imports the registry and the algorithms,
+    only when help is asked for (``listing``); otherwise the name is checked when the command
+    runs (:func:`_check_method`), after the cheap checks of the other arguments."""
+    methods, method_help = _methods() if listing else (None, "recovery method (default auto; --help lists them)")
+    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+
+
+def _check_method(method):
+    methods, _ = _methods()
+    if method not in methods:
+        raise _CommandError(f"--method {method!r} is not a method; expected one of {', '.join(methods)}")
+
+
+def _add_demo(sub, name, summary, listing=True):
     p = sub.add_parser(
-        "demo",
-        help="plant a network, recover it, print errors and timings",
+        name,
+        help=summary,
         description="Plant a random network, sample Gaussian inputs, recover it and "
         "print the status, errors and timings.",
     )
@@ -442,7 +482,7 @@ def _add_demo(sub, methods, method_help):
         default=0.0,
         help="standard deviation of Gaussian output noise (default 0: exact outputs)",
     )
-    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+    _add_method_option(p, listing)
     p.add_argument("--seed", type=int, default=0, help="seed of the planted network and samples (default 0)")
     p.add_argument(
         "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
@@ -450,10 +490,10 @@ def _add_demo(sub, methods, method_help):
     p.set_defaults(func=_demo)
 
 
-def _add_recover(sub, methods, method_help):
+def _add_recover(sub, name, summary, listing=True):
     p = sub.add_parser(
-        "recover",
-        help="recover a network from .npz/.npy files or a zarr store",
+        name,
+        help=summary,
         description="Recover U and V (and b, c) from inputs X (n, d) and outputs Y (n, m).",
     )
     p.add_argument(
@@ -469,7 +509,7 @@ def _add_recover(sub, methods, method_help):
     )
     p.add_argument("--y", help="outputs Y of shape (n, m) or (n,) (with --x, instead of DATA): .npy, .csv or .txt")
     p.add_argument("--n-hidden", type=_positive_int, required=True, help="number of hidden units k")
-    p.add_argument("--method", default="auto", choices=methods, metavar="METHOD", help=method_help)
+    _add_method_option(p, listing)
     p.add_argument(
         "--out", help="write U, V (when recovered), b, c, status, message and residual to this .npz file (a file name)"
     )
@@ -493,12 +533,12 @@ def _add_recover(sub, methods, method_help):
     p.set_defaults(func=_recover)
 
 
-def _add_reproduce(sub):
+def _add_reproduce(sub, name, summary, listing=True):
     from relufast.reproduce import EXPERIMENTS
 
     p = sub.add_parser(
-        "reproduce",
-        help="reproduce a paper's experiment to a CSV and a PNG figure",
+        name,
+        help=summary,
         description="Reproduce a figure of a paper: " + "; ".join(f"{k}: {v}" for k, v in EXPERIMENTS.items()),
     )
     p.add_argument("experiment", choices=sorted(EXPERIMENTS), help="experiment: " + ", ".join(sorted(EXPERIMENTS)))
@@ -510,35 +550,155 @@ def _add_reproduce(sub):
     p.set_defaults(func=_reproduce)
 
 
-def _parser():
-    """The argument parser of every subcommand."""
-    import relufast as rf
-    from relufast._result import DOCS_URL
+def _extract(args):
+    """``relufast extract``: load the model, extract it, print the result and write ``--out``."""
+    from relufast import _cli_extract as cli
 
-    methods = ["auto"] + sorted(rf.METHODS)
-    method_help = (
-        "recovery method: " + ", ".join(methods) + " (auto tries the certified methods in "
-        f"order of cost; {DOCS_URL}/results.md)"
+    if args.out:
+        problem = _output_problem(args.out, "--out", _out_path(args))
+        if problem:
+            raise _CommandError(problem)
+    model = cli.load_model(args.model)
+    n_features = args.n_features or cli.n_features_of(model)
+    if n_features is None:
+        raise _CommandError(f"give --n-features: {args.model} does not state its input dimension")
+    import relufast as rf
+
+    options = {"queries": args.queries, "random_state": args.random_state}
+    for name in ("max_queries", "n_jobs"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if not args.quiet:
+        print(f"relufast: extracting {args.model} (d = {n_features}) with {args.queries} queries ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    with _Warnings() as caught:
+        res = rf.extract(model, n_features, args.n_hidden, **options)
+    print(res)
+    print(f"status:   {res.status.value}")
+    print(f"message:  {res.message}")
+    print(f"queries:  {res.counts.get('queries', 0)}")
+    print(f"seconds:  {time.perf_counter() - t0:.2f}")
+    caught.print()
+    if args.out:
+        import numpy as np
+
+        arrays = cli.arrays_of(res)
+        out = _out_path(args)
+        np.savez(
+            out,
+            status=res.status.value,
+            message=res.message,
+            exact=res.exact,
+            residual=res.residual,
+            method=res.method,
+            queries=res.counts.get("queries", 0),
+            precision=getattr(res, "precision", "float64"),
+            **arrays,
+        )
+        print(f"wrote {out} ({', '.join(arrays) or 'status and message only: no network returned'})")
+    return 0 if res.success else 1
+
+
+def _add_extract(sub, name, summary, listing=True):
+    p = sub.add_parser(
+        name,
+        help=summary,
+        description="Extract y = U relu(V x + b) + c (one hidden layer, random or chosen queries) or a network "
+        "with several hidden layers (--n-hidden 20,10 --queries chosen) from a model you can query, by "
+        "relufast.extract. Reading a torch file or a pickle runs the code it holds, and module:function imports "
+        "the module: give only files and modules you trust.",
     )
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        help="a torch.nn.Module saved by torch.save (.pt, .pth; read with weights_only=False), a pickled model "
+        "such as a fitted scikit-learn MLPRegressor/MLPClassifier (.pkl, .pickle, .joblib), or module:function, "
+        "a callable on arrays (n, d) (the current folder is searched first)",
+    )
+    p.add_argument(
+        "--n-features",
+        type=_positive_int,
+        default=None,
+        help="input dimension d (default: read from the model: its first nn.Linear, n_features_in_)",
+    )
+    p.add_argument(
+        "--n-hidden",
+        type=_widths,
+        default=None,
+        help="hidden units k, or the widths of several hidden layers separated by commas (20,10; needs "
+        "--queries chosen); default with random queries: the units visible in the outputs",
+    )
+    p.add_argument(
+        "--queries",
+        choices=("random", "chosen"),
+        default="random",
+        help="random: Gaussian queries, one hidden layer; chosen: chosen queries, any depth (default random)",
+    )
+    p.add_argument("--max-queries", type=_positive_int, default=None, help="budget of queries (default: extract's)")
+    p.add_argument("--random-state", "--seed", type=int, default=0, help="random seed of the queries (default 0)")
+    p.add_argument(
+        "--out", help="write the network (U, V, b, c, or W1, b1, ... per layer), status and message to this .npz file"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress message on stderr")
+    p.add_argument(
+        "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
+    )
+    p.set_defaults(func=_extract)
+
+
+def _widths(text):
+    """argparse type of extract's --n-hidden (see relufast._cli_extract.widths)."""
+    from relufast._cli_extract import widths
+
+    return widths(text)
+
+
+def _add_info(sub, name, summary, listing=True):
+    sub.add_parser(name, help=summary, description=summary).set_defaults(func=_info)
+
+
+#: The subcommands: name -> (one-line help, function adding its parser).
+COMMANDS = {
+    "demo": ("plant a network, recover it, print errors and timings", _add_demo),
+    "recover": ("recover a two-layer network from samples: .npz/.npy/.csv files or a zarr store", _add_recover),
+    "extract": (
+        "extract a network from a model you can query: a torch file, a pickled sklearn model or module:function",
+        _add_extract,
+    ),
+    "reproduce": ("reproduce a paper's experiment to a CSV and a PNG figure", _add_reproduce),
+    "info": ("version, kernel build and methods with their citations", _add_info),
+}
+
+
+def _parser(command=None, listing=True):
+    """The argument parser. Only ``command``'s own parser is built in full; the others are
+    listed by name and help, so that ``relufast --help`` imports neither NumPy nor the
+    algorithms. ``listing``: whether ``--method``'s help lists the methods (imports the registry)."""
+    from relufast import __version__
+
     parser = _Parser(
         prog="relufast",
-        description="Provable weight recovery of two-layer ReLU networks y = U relu(V x + b) + c from inputs X and "
-        "outputs Y.",
+        description="Weight recovery of ReLU networks, with certificates: recover a two-layer network "
+        "y = U relu(V x + b) + c from samples (X, Y), or extract a network, deep ones included, from a model "
+        "you can query.",
     )
-    parser.add_argument("--version", action="version", version=f"relufast {rf.__version__}")
+    parser.add_argument("--version", action="version", version=f"relufast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_demo(sub, methods, method_help)
-    _add_recover(sub, methods, method_help)
-    _add_reproduce(sub)
-    p = sub.add_parser("info", help="version, kernel build and methods with their citations")
-    p.set_defaults(func=_info)
+    for name, (summary, add) in COMMANDS.items():
+        if name == command:
+            add(sub, name, summary, listing=listing)
+        else:
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv=None):
     """Run the command line; returns the exit code (0 success, 1 no network, 2 user error,
     130 interrupted)."""
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The top-level options take no value: the first word that is not an option is the command.
+    command = next((word for word in argv if not word.startswith("-")), None)
+    parser = _parser(command, listing=any(word in ("-h", "--help") for word in argv))
     args = parser.parse_args(argv)
     if args.command == "recover" and not (args.data or (args.x and args.y)):
         parser.error("recover needs an .npz file with X and Y, or both --x and --y")
