@@ -57,10 +57,12 @@ _LAZY.update({name: (f".stages.{name}", None) for name in _STAGE_ALIASES})
 
 #: Submodules and subpackages of this package (``relufast.planted``, ``relufast.units``, ...).
 _SUBMODULES = frozenset(
-    entry[:-3] if entry.endswith(".py") else entry
-    for entry in _os.listdir(__path__[0])
+    (entry[:-3] if entry.endswith(".py") else entry)
+    for folder in __path__  # every folder of the package (an editable install has several)
+    if _os.path.isdir(folder)
+    for entry in _os.listdir(folder)
     if not entry.startswith(("_", "."))
-    and (entry.endswith(".py") or _os.path.isfile(_os.path.join(__path__[0], entry, "__init__.py")))
+    and (entry.endswith(".py") or _os.path.isfile(_os.path.join(folder, entry, "__init__.py")))
 )
 
 
