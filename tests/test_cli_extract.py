@@ -200,7 +200,7 @@ def test_bad_widths_are_refused_when_parsing(folder, capsys, widths):
 def test_several_widths_with_random_queries_are_extract_s_error(mlp, folder, capsys):
     (folder / "mlp.pkl").write_bytes(pickle.dumps(mlp))
     assert main(["extract", "mlp.pkl", "--n-hidden", "4,2"]) == 2
-    _one_line_error(capsys, "queries='random' extracts one hidden layer", "use queries='chosen'")
+    _one_line_error(capsys, "queries='random' extracts one hidden layer", "Pass queries='chosen'")
 
 
 def test_torch_state_dict_is_named(folder, capsys):
