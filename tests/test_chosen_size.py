@@ -129,3 +129,21 @@ def test_wiggle_signs_never_guess_on_a_wide_layer():
     W, b = hidden[0]
     flip, settled = wiggle_signs(oracle, [], (W, b), np.random.default_rng(0))
     assert not flip[settled].any()
+
+
+def test_chosen_queries_have_a_default_budget(monkeypatch):
+    # Without max_queries a chosen-query run is bounded (100 queries a hidden weight, at
+    # least 2 million); a run that spends it ends failed and names max_queries.
+    from relufast import extraction
+
+    assert extraction.chosen_budget(784, (32,)) == 100 * 32 * 785
+    assert extraction.chosen_budget(10, (5,)) == 2_000_000
+    monkeypatch.setattr(extraction, "CHOSEN_BUDGET_MIN", 3000)
+    monkeypatch.setattr(extraction, "CHOSEN_BUDGET_PER_WEIGHT", 1)
+    hidden, out = rf.planted.deep_relu(12, [8, 6], 1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        res = rf.extract(rf.planted.relu_function(hidden, out), 12, (8, 6), queries="chosen", random_state=0)
+    assert res.status == "failed" and not res.exact
+    assert "max_queries=3000" in res.message
+    assert res.counts["queries"] <= 3000

@@ -302,8 +302,9 @@ def _chosen(model, d, widths, max_queries, precision, random_state):
     """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen`."""
     from .chosen.driver import extract_chosen
 
-    if max_queries is not None:
-        max_queries = check_positive_int(max_queries, "max_queries")
+    if max_queries is None:
+        max_queries = chosen_budget(d, widths)
+    max_queries = check_positive_int(max_queries, "max_queries")
     f, dtype_name = as_query_function(model)
     hint = (
         "chosen queries follow lines through the input space and certify at scales 1 and 10 (inputs of norm "
@@ -318,6 +319,19 @@ def _chosen(model, d, widths, max_queries, precision, random_state):
         precision=precision,
         random_state=check_random_state(random_state),
     )
+
+
+#: Default query budget of chosen queries: CHOSEN_BUDGET_PER_WEIGHT queries a hidden weight,
+#: at least CHOSEN_BUDGET_MIN (the networks of the benchmarks that end exact use 11-60 a
+#: weight; a run that cannot succeed ends with a message instead of running for an hour).
+CHOSEN_BUDGET_PER_WEIGHT, CHOSEN_BUDGET_MIN = 100, 2_000_000
+
+
+def chosen_budget(d, widths):
+    """The default ``max_queries`` of chosen queries for hidden widths ``widths`` after d inputs."""
+    dims = [int(d), *map(int, widths)]
+    weights = sum(dims[i + 1] * (dims[i] + 1) for i in range(len(dims) - 1))
+    return max(CHOSEN_BUDGET_MIN, CHOSEN_BUDGET_PER_WEIGHT * weights)
 
 
 def _with_plan(res, widths, widths_from, mode, why):
@@ -410,7 +424,9 @@ def extract(
         Queries of the first attempt; doubled (new queries added) until the certificate
         holds or ``max_queries`` is reached.
     max_queries : int or None
-        Budget of queries (None: 2,000,000 for random queries, no budget for chosen ones).
+        Budget of queries (None: 2,000,000 for random queries; for chosen ones 100 a hidden weight,
+        at least 2,000,000: :func:`chosen_budget`). A chosen-query run that spends it ends `failed`
+        with a message naming max_queries.
     precision : None, str or float
         Precision of the outputs (default: from the model's output dtype; torch float32
         modules are certified at float32).
