@@ -256,6 +256,25 @@ def _connect_mpi(args):
     return comm, comm.Get_rank(), comm.Get_size()
 
 
+def _save_result(args, res, arrays, **extra):
+    """Write the result's status, message, certificate and ``arrays`` to ``--out`` (.npz);
+    returns the path written."""
+    import numpy as np
+
+    out = _out_path(args)
+    np.savez(
+        out,
+        status=res.status.value,
+        message=res.message,
+        exact=res.exact,
+        residual=res.residual,
+        method=res.method,
+        **extra,
+        **arrays,
+    )
+    return out
+
+
 def _out_path(args):
     """The file --out writes (np.savez adds .npz to a name without it)."""
     return args.out if args.out is None or args.out.endswith(".npz") else args.out + ".npz"
@@ -368,21 +387,10 @@ def _write_outputs(args, res, n, size):
     """``--out`` (.npz of the network, status and message) and ``--diagnostics`` (JSON)."""
     import json
 
-    import numpy as np
-
     if args.out:
         # Only the arrays the result has (never None saved as an object array).
         arrays = {name: getattr(res, name) for name in ("U", "V", "b", "c") if getattr(res, name) is not None}
-        out = _out_path(args)
-        np.savez(
-            out,
-            status=res.status.value,
-            message=res.message,
-            exact=res.exact,
-            residual=res.residual,
-            method=res.method,
-            **arrays,
-        )
+        out = _save_result(args, res, arrays)
         print(f"wrote {out}" + ("" if arrays else " (status and message only: no network returned)"))
     if args.diagnostics:
         report = {
@@ -580,20 +588,9 @@ def _extract(args):
     print(f"seconds:  {time.perf_counter() - t0:.2f}")
     caught.print()
     if args.out:
-        import numpy as np
-
         arrays = cli.arrays_of(res)
-        out = _out_path(args)
-        np.savez(
-            out,
-            status=res.status.value,
-            message=res.message,
-            exact=res.exact,
-            residual=res.residual,
-            method=res.method,
-            queries=res.counts.get("queries", 0),
-            precision=getattr(res, "precision", "float64"),
-            **arrays,
+        out = _save_result(
+            args, res, arrays, queries=res.counts.get("queries", 0), precision=getattr(res, "precision", "float64")
         )
         print(f"wrote {out} ({', '.join(arrays) or 'status and message only: no network returned'})")
     return 0 if res.success else 1

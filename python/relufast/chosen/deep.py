@@ -42,7 +42,7 @@ from .cluster import cluster_units
 from .first_layer import KinkPool, random_lines
 from .hyperplanes import jump_normals
 from .lines import Kinks, find_kinks, window_kinks
-from .net import feature_jacobians, features, pre_activations, preact_jacobians
+from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
 
 __all__ = ["next_layer"]
 
@@ -171,11 +171,6 @@ BISECT = 52
 STEP_PAST = 0.02
 
 
-def _pattern(layers, X):
-    Z, _ = pre_activations(layers, X)
-    return np.hstack([z > 0 for z in Z])
-
-
 def _walk_step(oracle, known, tent, X, N, want, rng):
     """One step of every chain; returns (new points, normals, accepted mask).
 
@@ -195,7 +190,7 @@ def _walk_step(oracle, known, tent, X, N, want, rng):
     kinks = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], grid)
     Z, _ = pre_activations(layers, kinks.x)
     fresh = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window()
-    fresh &= (_pattern(layers, kinks.x) == pats[live[kinks.line]]).all(axis=1)
+    fresh &= (activation_pattern(layers, kinks.x) == pats[live[kinks.line]]).all(axis=1)
     best: dict = {}
     for i in np.nonzero(fresh)[0]:
         line = kinks.line[i]
@@ -250,7 +245,7 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
     C = len(X0)
     n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
     M = [_constraints(known, tent, X0[c : c + 1], N0[c : c + 1]) for c in range(C)]
-    pats = [[p] for p in _pattern(layers, X0)]
+    pats = [[p] for p in activation_pattern(layers, X0)]
     X, N = X0.copy(), N0.copy()
     done: dict = {}
     fails = np.zeros(C, dtype=int)
@@ -272,7 +267,7 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
                 continue
             fails[c] = 0
             X[c], N[c] = Xn[j], Nn[j]
-            pats[c].append(_pattern(layers, Xn[j : j + 1])[0])
+            pats[c].append(activation_pattern(layers, Xn[j : j + 1])[0])
             M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])])
             if _targets(pats[c], n_tent, n_last):
                 continue  # phi has null directions until every unit was crossed
@@ -343,7 +338,7 @@ def _complete(oracle, known, tent, partial, pool):
         return []
     Mp = _constraints(known, tent, pool.x, pool.n)
     scale = np.linalg.norm(Mp, axis=(1, 2))
-    P = _pattern([*known, tent], pool.x)
+    P = activation_pattern([*known, tent], pool.x)
     tol = _null_tol(oracle)
     out = []
     for Mc, _, _, todo in partial:
@@ -471,7 +466,7 @@ def _group(oracle, known, tent, pool, tol, delta=None):
         return np.zeros((0, 0))
     M = _constraints(known, tent, pool.x, pool.n)
     M = M / np.maximum(np.linalg.norm(M, axis=2, keepdims=True), 1e-300)
-    T, Lz = _degenerate(_pattern(layers, pool.x), n_tent, n_last)
+    T, Lz = _degenerate(activation_pattern(layers, pool.x), n_tent, n_last)
     cols = M.shape[2]
     extra_rows = np.zeros((0, cols))
     if delta is not None:

@@ -105,6 +105,32 @@ def _refit(oracle, known, tent, rng, clock, diag, name):
     return (W * s[:, None], b * s), n == len(W), bool(settled.all())
 
 
+def _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, tries):
+    """Layer ``li + 1`` found after the final ``known`` layers and the tentative ``tent``
+    (:func:`.deep.next_layer`, ``tries`` searches), ``tent``'s signs settled (by the wiggles
+    when ``oriented``, else by the new layer's linear term) and the new layer refitted.
+    Returns (tent final, new tentative layer, refitted whole, oriented, signs ok) or None."""
+    found = None
+    with clock.stage(f"layer_{li + 1}"):
+        for _ in range(tries):  # each try draws new lines; the kink pool is kept
+            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented)
+            if found is not None:
+                break
+    if found is None:
+        return None
+    coef, beta, const = found
+    with clock.stage("signs"):
+        W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], coef, beta, const)
+    if oriented:  # the wiggles settled every sign: the linear term must agree
+        ok &= bool(np.array_equal(np.sign(W), np.sign(tent[0])))
+        W, b, Wn, bn = tent[0], tent[1], coef, const
+    s = np.linalg.norm(Wn, axis=1)
+    nxt, done, nxt_oriented = _refit(
+        oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}"
+    )
+    return (W, b), nxt, done, nxt_oriented, ok
+
+
 def _spawn(rng):
     seq = getattr(rng.bit_generator, "seed_seq", None)
     return np.random.default_rng(seq.spawn(1)[0] if seq is not None else rng.integers(2**63))
@@ -123,41 +149,17 @@ def _stages(oracle, widths, rng, clock, diag):
     known: list = []
     signs_ok = True
     for li in range(1, L):
-        with clock.stage(f"layer_{li + 1}"):
-            found = None
-            for _ in range(LAYER_TRIES):  # each try draws new lines; the kink pool is kept
-                found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented)
-                if found is not None:
-                    break
-        if found is None:
-            return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
-        coef, beta, const = found
-        with clock.stage("signs"):
-            W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], coef, beta, const)
-        if oriented:  # the wiggles settled every sign: the linear term must agree
-            ok &= bool(np.array_equal(np.sign(W), np.sign(tent[0])))
-            W, b, Wn, bn = tent[0], tent[1], coef, const
-        s = np.linalg.norm(Wn, axis=1)
-        nxt, done, nxt_oriented = _refit(
-            oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}"
-        )
-        if oriented and not done:
+        peeled = _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, LAYER_TRIES)
+        if peeled is not None and oriented and not peeled[2]:
             # A unit the clustering of oriented kinks proposed that no segment confirms
             # (its kinks do not fit it): search again with the signs open.
             diag.setdefault("layer_searches_again", []).append(li + 1)
-            with clock.stage(f"layer_{li + 1}"):
-                found = next_layer(oracle, known, tent, widths[li], widths, rng, pool)
-            if found is None:
-                return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
-            with clock.stage("signs"):
-                W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], *found)
-            s = np.linalg.norm(Wn, axis=1)
-            nxt, done, nxt_oriented = _refit(
-                oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}"
-            )
+            peeled = _peel(oracle, known, tent, False, li, widths, rng, pool, clock, diag, 1)
+        if peeled is None:
+            return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
+        layer, tent, done, oriented, ok = peeled
         signs_ok &= ok
-        known = known + [(W, b)]
-        tent, oriented = nxt, nxt_oriented
+        known = known + [layer]
         all_refit &= done
     m = oracle.n_outputs
     k_prev = widths[-2] if L > 1 else d
@@ -340,8 +342,8 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     note = ""
     try:
         # NumPy's BLAS at one thread: the linear algebra here is many small and middle-sized
-        # solves, which multithreaded OpenBLAS slows by 5-10x when the cores are shared
-        # (784-32-1: 60 s at two threads beside other jobs, 9 s at one).
+        # solves, which multithreaded OpenBLAS slows several times over when the cores are
+        # shared (its workers spin).
         with single_threaded_blas():
             hidden, out, ok, note = _stages(oracle, tuple(widths), rng, clock, diag)
     except BudgetSpent as exc:

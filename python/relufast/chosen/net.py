@@ -83,4 +83,10 @@ def preact_jacobians(layers, X):
     return out
 
 
-__all__ += ["preact_jacobians"]
+def activation_pattern(layers, X):
+    """Signs ``z > 0`` of every unit of every layer at the rows of X, (n, sum k_l) bool."""
+    Z, _ = pre_activations(layers, X)
+    return np.hstack([z > 0 for z in Z])
+
+
+__all__ += ["preact_jacobians", "activation_pattern"]

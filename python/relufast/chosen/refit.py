@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 import scipy.linalg
 
-from .net import pre_activations
+from .net import activation_pattern, pre_activations
 
 __all__ = ["refit_layer"]
 
@@ -88,11 +88,6 @@ def _unit_gradient(known, w, Z):
     return np.ascontiguousarray(g)
 
 
-def _pattern(layers, X):
-    Z, _ = pre_activations(layers, X)
-    return np.hstack([z > 0 for z in Z])
-
-
 def _segment_kinks(oracle, known, layer, j, X0, G, S):
     """Kinks of the model on the segments ``X0 + t G`` (|t| <= REFIT_HALF); returns the
     kinks (P, d) and a mask of the usable ones."""
@@ -104,9 +99,9 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
     others = np.ones(sum(W.shape[0] for W, _ in [*known, layer]), dtype=bool)
     others[sum(W.shape[0] for W, _ in known) + j] = False
-    pat = _pattern([*known, layer], X.reshape(-1, d)).reshape(P, 2 * S, -1)[:, :, others]
+    pat = activation_pattern([*known, layer], X.reshape(-1, d)).reshape(P, 2 * S, -1)[:, :, others]
     ends = np.concatenate([X0 - 1e-9 * G, X0 + 1e-9 * G])
-    pend = _pattern([*known, layer], ends)[:, others].reshape(2, P, -1)
+    pend = activation_pattern([*known, layer], ends)[:, others].reshape(2, P, -1)
     clear = (pat[:, :S] == pend[0][:, None]).all(axis=(1, 2)) & (pat[:, S:] == pend[1][:, None]).all(axis=(1, 2))
     Y = oracle(X.reshape(-1, d)).reshape(P, 2 * S, -1)
     A = np.stack([np.ones(S), side], axis=1)

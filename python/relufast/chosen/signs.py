@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .net import pre_activations
+from .net import pre_activations, preact_jacobians
 from .refit import _boundary_points
 
 __all__ = ["wiggle_signs"]
@@ -37,32 +37,19 @@ WIGGLE_POINTS, WIGGLE_STEP = 6, 0.25
 MOVE, STILL = 1e3, 1.0
 
 
-def _local_jacobian(known, x):
-    """``d h_l / d x`` (k_l, d) at one point (identity for no known layer)."""
-    d = x.shape[0]
-    J = np.eye(d)
-    h = x
-    for W, b in known:
-        z = W @ h + b
-        J = (z > 0)[:, None] * (W @ J)
-        h = np.maximum(z, 0.0)
-    return J
-
-
 def _wiggle(known, layer, j, x, settled):
     """Direction Delta (unit) changing only z_j among the units of the layer that may be
     active at x (all of them but the ``settled`` ones, whose orientation is known and which
     are inactive there), the step t and the sign of z_j at x + t Delta (the current
     orientation); None where there is no such direction."""
-    W, b = layer
-    J = _local_jacobian(known, x)
-    Z, H = pre_activations(known, x[None])
-    z = W @ H[0] + b
-    G = W @ J  # gradients of the layer's pre-activations in x
+    Z, _ = pre_activations([*known, layer], x[None])
+    z = Z[-1][0]
     others = np.nonzero(~(settled & (z < 0)) & (np.arange(len(z)) != j))[0]
-    rank = x.shape[0] if not known else int((Z[-1][0] > 0).sum())  # >= rank of J
+    rank = x.shape[0] if not known else int((Z[-2][0] > 0).sum())  # >= rank of d h_l / d x
     if len(others) >= rank:
         return None
+    Jz = [J[0] for J in preact_jacobians([*known, layer], x[None])]  # d z / d x, every layer
+    G = Jz[-1]
     g = G[j]
     if len(others):
         M = G[others]
@@ -75,19 +62,9 @@ def _wiggle(known, layer, j, x, settled):
     delta /= np.linalg.norm(delta)
     # Distance along Delta to the nearest other boundary: every unit of the known layers
     # and the layer's other units (computed, first order within the region).
-    rates, values = [], []
-    Jl = np.eye(x.shape[0])
-    h = x
-    for Wk, bk in known:
-        zk = Wk @ h + bk
-        rates.append(np.abs(Wk @ Jl @ delta))
-        values.append(np.abs(zk))
-        Jl = (zk > 0)[:, None] * (Wk @ Jl)
-        h = np.maximum(zk, 0.0)
     mask = np.arange(len(z)) != j
-    rates.append(np.abs(G[mask] @ delta))
-    values.append(np.abs(z[mask]))
-    r, v = np.concatenate(rates), np.concatenate(values)
+    r = np.concatenate([np.abs(J @ delta) for J in Jz[:-1]] + [np.abs(G[mask] @ delta)])
+    v = np.concatenate([np.abs(zk[0]) for zk in Z[:-1]] + [np.abs(z[mask])])
     with np.errstate(divide="ignore"):
         room = np.min(np.where(r > 0, v / r, np.inf)) if len(r) else np.inf
     t = float(min(WIGGLE_STEP * room, 0.1))
