@@ -90,7 +90,9 @@ FIT_BYTES = 64 * 2**20
 
 def _refit(oracle, known, tent, rng, clock, diag, name):
     """The layer refitted through precise kinks (:mod:`.refit`) and oriented where the
-    wiggles settle its signs (:mod:`.signs`); returns (layer, refitted whole, oriented)."""
+    wiggles settle its signs (:mod:`.signs`); returns (layer, every row confirmed by its
+    kinks (refitted whole, or in part where a unit before it is never active there),
+    oriented)."""
     # Its own random stream (spawned, no draw taken from rng): the searches for the next
     # layer see the same lines whatever the refit drew.
     sub = _spawn(rng)
@@ -102,14 +104,14 @@ def _refit(oracle, known, tent, rng, clock, diag, name):
         flip, settled = wiggle_signs(oracle, known, (W, b), sub)
     diag.setdefault("signs_by_wiggle", []).append(f"{name}: {int(settled.sum())} of {len(W)}")
     s = np.where(flip, -1.0, 1.0)
-    return (W * s[:, None], b * s), n == len(W), bool(settled.all())
+    return (W * s[:, None], b * s), n + why.get("in part", 0) == len(W), bool(settled.all())
 
 
 def _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, tries):
     """Layer ``li + 1`` found after the final ``known`` layers and the tentative ``tent``
     (:func:`.deep.next_layer`, ``tries`` searches), ``tent``'s signs settled (by the wiggles
     when ``oriented``, else by the new layer's linear term) and the new layer refitted.
-    Returns (tent final, new tentative layer, refitted whole, oriented, signs ok) or None."""
+    Returns (tent final, new tentative layer, its rows confirmed, oriented, signs ok) or None."""
     found = None
     with clock.stage(f"layer_{li + 1}"):
         for _ in range(tries):  # each try draws new lines; the kink pool is kept
@@ -145,7 +147,7 @@ def _stages(oracle, widths, rng, clock, diag):
     diag["line_rounds"] = rounds
     if len(W) < widths[0]:
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
-    tent, all_refit, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1")
+    tent, _, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1")
     known: list = []
     signs_ok = True
     for li in range(1, L):
@@ -157,10 +159,9 @@ def _stages(oracle, widths, rng, clock, diag):
             peeled = _peel(oracle, known, tent, False, li, widths, rng, pool, clock, diag, 1)
         if peeled is None:
             return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
-        layer, tent, done, oriented, ok = peeled
+        layer, tent, _, oriented, ok = peeled
         signs_ok &= ok
         known = known + [layer]
-        all_refit &= done
     m = oracle.n_outputs
     k_prev = widths[-2] if L > 1 else d
     n_par = sum(k * (p + 1) for k, p in zip([*widths, m], [d, *widths]))

@@ -4,7 +4,8 @@ On the two sides of a kink x* of a ReLU network the model is affine, with Jacobi
 J+ (m, d). A single unit switches at x*, so ``J+ - J- = a n^T`` has rank one ([CJM20]
 Sec. 4.3, [RK20] Sec. 3): n is the normal of the unit's boundary at x*, and the boundary is
 ``{x : n.(x - x*) = 0}`` in the linear region of x*. J+ and J- are read by forward
-differences from one point on each side, d + 1 queries a side for all m outputs at once;
+differences from one point on each side, d + 1 queries a side for all m outputs at once
+(r + 1 behind a known layer of r < d units, whose gradients span every later gradient);
 all kinks of a batch go in one model call. In exact arithmetic a piecewise-linear function
 has exact forward differences, so the step is as large as the region allows (set by the
 output precision, :meth:`Oracle.fd_fraction`), and the result is checked against the
@@ -46,35 +47,45 @@ class Normals(NamedTuple):
     error: np.ndarray
 
 
-def jump_normals(oracle, kinks, rng):
-    """Normals of the kinks from one-sided Jacobians (one model call for all kinks).
+def jump_normals(oracle, kinks, rng, basis=None):
+    """Normals of the kinks from one-sided Jacobians (one model call per batch of kinks).
 
     A kink is kept when the jump has rank one (m > 1) and reproduces the slope jump on its
     line to the finite-difference accuracy of the output precision; otherwise two units
     switched in one grid cell, or the step left the region, and the kink is dropped.
+
+    ``basis``: None (derivatives along d random orthonormal directions), or a function of
+    kink points (c, d) returning orthonormal bases (c, d, r) of a subspace that holds the
+    model's gradient on both sides of each kink: behind a known layer of r < d units every
+    gradient is a combination of those units' gradients (:func:`.deep.downstream_basis`),
+    and r + 1 queries a side suffice instead of d + 1.
     """
     K = len(kinks.t)
     d = kinks.x.shape[1] if K else oracle.d
     if K == 0:
         return Normals(np.zeros(0, int), np.zeros((0, d)), np.zeros((0, d)), np.zeros(0))
+    if basis is None:
+        Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+        basis = lambda x: np.broadcast_to(Q, (len(x), d, d))  # noqa: E731
     side = kinks.step * kinks.u  # one grid step along the line: linear up to there
     h = oracle.fd_fraction() * kinks.step * np.linalg.norm(kinks.u, axis=1)
-    Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
-    chunk = max(1, int(FD_BATCH_BYTES // (2 * (d + 1) * d * 8)))  # kinks per model call
+    r = basis(kinks.x[:1]).shape[2]
+    chunk = max(1, int(FD_BATCH_BYTES // (2 * (r + 1) * d * 8)))  # kinks per model call
     jumps, fscale = [], []
     for lo in range(0, K, chunk):
         sl = slice(lo, min(K, lo + chunk))
+        B = basis(kinks.x[sl])  # (c, d, r)
         pts = []
         for sgn in (-1.0, 1.0):
             xs = kinks.x[sl] + sgn * side[sl]
             pts.append(xs[:, None, :])
-            pts.append(xs[:, None, :] + h[sl, None, None] * Q.T[None, :, :])
-        P = np.concatenate(pts, axis=1)  # (c, 2 (d + 1), d)
+            pts.append(xs[:, None, :] + h[sl, None, None] * np.swapaxes(B, 1, 2))
+        P = np.concatenate(pts, axis=1)  # (c, 2 (r + 1), d)
         c = P.shape[0]
-        Y = oracle(P.reshape(-1, d)).reshape(c, 2 * (d + 1), -1)
-        Jm = (Y[:, 1 : d + 1] - Y[:, :1]) / h[sl, None, None]  # (c, d, m): derivatives along Q
-        Jp = (Y[:, d + 2 :] - Y[:, d + 1 : d + 2]) / h[sl, None, None]
-        jumps.append(np.einsum("ij,kjm->kmi", Q, Jp - Jm))  # (c, m, d): J+ - J-
+        Y = oracle(P.reshape(-1, d)).reshape(c, 2 * (r + 1), -1)
+        Jm = (Y[:, 1 : r + 1] - Y[:, :1]) / h[sl, None, None]  # (c, r, m): derivatives along B
+        Jp = (Y[:, r + 2 :] - Y[:, r + 1 : r + 2]) / h[sl, None, None]
+        jumps.append(np.einsum("kir,krm->kmi", B, Jp - Jm))  # (c, m, d): J+ - J-
         fscale.append(np.abs(Y).max(axis=(1, 2)))
     jump, fscale = np.concatenate(jumps), np.concatenate(fscale)
     _, s, Vt = np.linalg.svd(jump, full_matrices=False)
@@ -83,13 +94,13 @@ def jump_normals(oracle, kinks, rng):
     ref = np.maximum(np.linalg.norm(kinks.slope_jump, axis=1), 1e-300)
     err = np.linalg.norm(along - kinks.slope_jump, axis=1) / ref
     fd_err = 8.0 * oracle.eps * fscale / h / np.maximum(s[:, 0], 1e-300)
-    tol = np.maximum(64.0 * fd_err * np.sqrt(d), 1e-7)
+    tol = np.maximum(64.0 * fd_err * np.sqrt(r), 1e-7)
     rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(K, dtype=bool)
     keep = np.nonzero((err <= tol) & rank1 & (s[:, 0] > 0))[0]
     n = n[keep]
     if oracle.eps > LOW_PRECISION and len(keep):
-        n = _refine(oracle, kinks.x[keep], n, Q)
-        n = _affine_refine(oracle, kinks.x[keep], n, rng)
+        n = _refine(oracle, kinks.x[keep], n, basis)
+        n = _affine_refine(oracle, kinks.x[keep], n, rng, basis)
     return Normals(keep, kinks.x[keep], n, err[keep])
 
 
@@ -104,22 +115,24 @@ LOW_PRECISION = 1e-10
 REFINE_OFFSET, REFINE_STEP = 0.02, 0.01
 
 
-def _jacobians(oracle, P, Q, h):
-    """Jacobians (K, m, d) at points P (K, d) from forward differences along the columns of Q."""
+def _jacobians(oracle, P, B, h):
+    """Jacobians (K, m, d) at points P (K, d) from forward differences along the columns of
+    the bases B (K, d, r)."""
     K, d = P.shape
-    pts = np.concatenate([P[:, None, :], P[:, None, :] + h * Q.T[None, :, :]], axis=1)
-    Y = oracle(pts.reshape(-1, d)).reshape(K, d + 1, -1)
-    return np.einsum("ij,kjm->kmi", Q, (Y[:, 1:] - Y[:, :1]) / h)
+    r = B.shape[2]
+    pts = np.concatenate([P[:, None, :], P[:, None, :] + h * np.swapaxes(B, 1, 2)], axis=1)
+    Y = oracle(pts.reshape(-1, d)).reshape(K, r + 1, -1)
+    return np.einsum("kir,krm->kmi", B, (Y[:, 1:] - Y[:, :1]) / h)
 
 
-def _refine(oracle, x, n, Q):
+def _refine(oracle, x, n, basis):
     """Low-precision outputs: the jump measured again at REFINE_OFFSET on both sides along
     the first estimate of the normal, with the wider step REFINE_STEP (the rounding error of
     a difference is eps |f| / step). Kept where it agrees with the first estimate to the
     accuracy of that estimate (a wider stencil that crossed another boundary does not)."""
     K, d = x.shape
     P = np.concatenate([x + REFINE_OFFSET * n, x - REFINE_OFFSET * n])
-    J = _jacobians(oracle, P, Q, REFINE_STEP)
+    J = _jacobians(oracle, P, np.concatenate([basis(x)] * 2), REFINE_STEP)
     _, _, Vt = np.linalg.svd(J[:K] - J[K:], full_matrices=False)
     n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
     agree = np.linalg.norm(n2 - n, axis=1) <= oracle.normal_tol()
@@ -134,7 +147,7 @@ def _refine(oracle, x, n, Q):
 AFFINE_OFFSETS, AFFINE_POINTS, AFFINE_RESIDUAL, AFFINE_AGREE = (0.05, 0.02, 0.008), 64, 4.0, 0.1
 
 
-def _affine_refine(oracle, x, n, rng):
+def _affine_refine(oracle, x, n, rng, basis):
     """Low-precision outputs: the affine map on each side fitted by least squares on
     AFFINE_POINTS points spread over a box of the linear region (the network is piecewise
     linear, so the fit averages the rounding of the outputs away, [CJM20] Sec. 4.3); the
@@ -146,26 +159,29 @@ def _affine_refine(oracle, x, n, rng):
         todo = np.nonzero(~done)[0]
         if len(todo) == 0:
             break
-        n2, ok = _affine_normals(oracle, x[todo], n[todo], off, rng)
+        n2, ok = _affine_normals(oracle, x[todo], n[todo], off, rng, basis)
         n[todo[ok]] = n2[ok]
         done[todo[ok]] = True
     return n
 
 
-def _affine_normals(oracle, x, n, off, rng):
-    """Normals from affine fits in boxes at ``off`` on both sides, and where they hold."""
+def _affine_normals(oracle, x, n, off, rng, basis):
+    """Normals from affine fits in boxes at ``off`` on both sides, and where they hold (the
+    boxes lie in the subspace of ``basis``, whose coordinates are the unknowns)."""
     K, d = x.shape
-    M = AFFINE_POINTS
+    B = basis(x)  # (K, d, r)
+    r = B.shape[2]
+    M = max(AFFINE_POINTS, 2 * (r + 1)) if r < d else AFFINE_POINTS
     J, ok = [], np.ones(K, dtype=bool)
     for sgn in (1.0, -1.0):
-        D = 0.5 * off * rng.uniform(-1.0, 1.0, (K, M, d))
-        P = (x + sgn * off * n)[:, None, :] + D
+        C = 0.5 * off * rng.uniform(-1.0, 1.0, (K, M, r))
+        P = (x + sgn * off * n)[:, None, :] + C @ np.swapaxes(B, 1, 2)
         Y = oracle(P.reshape(-1, d)).reshape(K, M, -1)
-        A = np.concatenate([D, np.ones((K, M, 1))], axis=2)
-        coef = np.linalg.pinv(A) @ Y  # (K, d + 1, m)
+        A = np.concatenate([C, np.ones((K, M, 1))], axis=2)
+        coef = np.linalg.pinv(A) @ Y  # (K, r + 1, m)
         rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
         ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
-        J.append(np.swapaxes(coef[:, :d], 1, 2))
+        J.append(np.einsum("kir,krm->kmi", B, coef[:, :r]))
     _, _, Vt = np.linalg.svd(J[0] - J[1], full_matrices=False)
     n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
     ok &= np.linalg.norm(n2 - n, axis=1) <= AFFINE_AGREE

@@ -56,7 +56,8 @@ def find_kinks(oracle, base, dirs, t_grid):
 
     Every output is searched (a unit whose output weights nearly cancel in one combination
     of the outputs still shows in the others); the kink is located on the output where its
-    second difference stands highest above that output's rounding noise.
+    second difference stands highest above the rounding noise (at the scale of the line's
+    largest output).
 
     Parameters
     ----------
@@ -75,7 +76,10 @@ def find_kinks(oracle, base, dirs, t_grid):
     G = len(t_grid)
     X = base[:, None, :] + t_grid[None, :, None] * dirs[:, None, :]
     Y = oracle(X.reshape(-1, d)).reshape(n_lines, G, -1)
-    thr = oracle.zero_factor() * np.abs(Y).max(axis=1, keepdims=True) + 1e-300  # (L, 1, m)
+    # Rounding noise at the scale of the line's largest output, for every output: an output
+    # near zero is computed from terms as large as the others (a threshold from its own
+    # size flags its rounding as kinks and rejects true kinks located on it).
+    thr = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2))[:, None, None] + 1e-300  # (L, 1, 1)
     D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:]) / thr  # (L, G - 2, m), > 1: not collinear
     nz = (D2 > 1).any(axis=2)
     i = np.arange(2, G - 3)
@@ -97,7 +101,7 @@ def find_kinks(oracle, base, dirs, t_grid):
         # is not: one query at each kink (one call for all) tells them apart.
         at = oracle(x)[np.arange(len(t)), o]
         pred = Y[li, cell, o] + sL[good] * tau
-        single = np.abs(at - pred) <= thr[li, 0, o]
+        single = np.abs(at - pred) <= thr[li, 0, 0]
         li, cell, t, x = li[single], cell[single], t[single], x[single]
     jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
     return Kinks(li, t, x, dirs[li], step, jump)
