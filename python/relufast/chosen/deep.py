@@ -67,6 +67,10 @@ def downstream_basis(layers):
     if k >= d:
         return None
 
+    if len(layers) == 1:  # the first layer: the same span everywhere
+        Q = np.linalg.qr(layers[0][0].T)[0]
+        return lambda x: np.broadcast_to(Q, (len(x), *Q.shape))
+
     def basis(x):
         J = preact_jacobians(layers, x)[-1]  # (c, k, d)
         return np.linalg.qr(np.swapaxes(J, 1, 2))[0]  # (c, d, k)

@@ -83,10 +83,16 @@ def preact_jacobians(layers, X):
     return out
 
 
+def active_jacobian(layers, X):
+    """Jacobian ``d relu(z_L) / d x`` of the last layer's outputs, (n, k_L, d)."""
+    Z, _ = pre_activations(layers, X)
+    return (Z[-1] > 0)[:, :, None] * preact_jacobians(layers, X)[-1]
+
+
 def activation_pattern(layers, X):
     """Signs ``z > 0`` of every unit of every layer at the rows of X, (n, sum k_l) bool."""
     Z, _ = pre_activations(layers, X)
     return np.hstack([z > 0 for z in Z])
 
 
-__all__ += ["preact_jacobians", "activation_pattern"]
+__all__ += ["preact_jacobians", "activation_pattern", "active_jacobian"]

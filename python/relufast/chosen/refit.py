@@ -99,7 +99,9 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
     # plane fit); closer in, fewer do. Low precision keeps 1/8 (estimates are ~1e-3 off).
     inner = REFIT_INNER_DOUBLE if S == REFIT_SAMPLES_DOUBLE else REFIT_INNER_LOW
-    side = np.concatenate([[half * inner], np.linspace(half / 8, half, S - 1)]) if inner < 1 / 8 else np.linspace(half / 8, half, S)
+    side = np.linspace(half / 8, half, S)
+    if inner < 1 / 8:
+        side = np.concatenate([[half * inner], np.linspace(half / 8, half, S - 1)])
     t = np.concatenate([-side[::-1], side])
     X = X0[:, None, :] + t[None, :, None] * G[:, None, :]
     # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
@@ -140,8 +142,9 @@ def _plane_through(F, w, eps):
     studentised residual ``r_i / sqrt(1 - h_ii)`` (the deleted residual ``r_i / (1 - h_ii)``
     in units of its spread; the deleted residual alone makes good high-leverage rows stand
     out), while the median residual is above the rounding or the largest studentised one
-    exceeds TRIM times the median one and the rounding, at most a quarter of the spare rows (the inverse updated by Sherman-Morrison; the plane solved again on the
-    rows kept).
+    exceeds TRIM times the median one and the rounding, at most a quarter of the spare rows
+    (the inverse and the leverages updated by Sherman-Morrison, O(P k) a drop; the plane
+    solved again on the rows kept).
 
     Coordinates that are zero on every row (units of the layer before that no kink sees
     active) are not determined and keep w's value. Returns (v unit, c, median residual
@@ -175,18 +178,19 @@ def _plane_through(F, w, eps):
     if r.max() > TRIM * np.median(r) or np.median(r) > ROUNDING * eps * norm:
         Ginv = np.linalg.inv(A.T @ A + reg)
         b = A.T @ rhs
+        h = np.einsum("ij,ij->i", A @ Ginv, A)  # leverages (one GEMM; updated per drop)
         for _ in range(max(0, (P - q - 1) // 4)):
-            Ak = A[keep]
-            h = np.einsum("ij,jk,ik->i", Ak, Ginv, Ak)
-            res = np.abs(Ak @ (Ginv @ b) - rhs[keep])
-            rd = res / np.sqrt(np.maximum(1.0 - h, 1e-12))
+            res = np.abs(A[keep] @ (Ginv @ b) - rhs[keep])
+            rd = res / np.sqrt(np.maximum(1.0 - h[keep], 1e-12))
             worst = int(np.argmax(rd))
             floor = ROUNDING * eps * norm
             if np.median(res) <= floor and rd[worst] <= max(TRIM * np.median(rd), floor):
                 break  # at the rounding, nothing standing out
             i = np.nonzero(keep)[0][worst]
             u = Ginv @ A[i]
-            Ginv += np.outer(u, u) / (1.0 - A[i] @ u)
+            den = 1.0 - A[i] @ u
+            Ginv += np.outer(u, u) / den
+            h += (A @ u) ** 2 / den
             b -= A[i] * rhs[i]
             keep[i] = False
             dropped += 1
