@@ -330,17 +330,28 @@ def _across(oracle, layers, partial, rng, pool):
         _search(oracle, layers, np.array(base), np.array(dirs), rng, pool)
 
 
-def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None):
+def _fresh(layers, x, tol, Theta=None):
+    """Indices of the kinks x on no known boundary (of the layers, or of the units of the
+    next layer found so far, rows of Theta): only these are worth a normal."""
+    Z, _ = pre_activations(layers, x)
+    keep = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol
+    if Theta is not None and len(Theta) and len(x):
+        keep &= np.min(np.abs(_zeta(layers[:-1], layers[-1], x, Theta)), axis=1) > tol
+    return np.nonzero(keep)[0]
+
+
+def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None, Theta=None):
     """Kinks on the lines ``base + t dirs`` (|t| <= width) on no known boundary, with
     their normals, into the pool."""
     width, points = width or ACROSS_WIDTH, points or ACROSS_POINTS
     kinks = find_kinks(oracle, base, dirs * width, np.linspace(-1.0, 1.0, points))
-    Z, _ = pre_activations(layers, kinks.x)
-    fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window())[0]
+    fresh = _fresh(layers, kinks.x, 0.5 * oracle.window(), Theta)
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)
 
 
+#: Entry lines a round for each unit still to find (:func:`.cluster.cluster_units`).
+ASKS_PER_UNIT = 4
 #: Half-width and points of the lines into the active side of a unit a cluster missed.
 ENTRY_WIDTH, ENTRY_POINTS = 0.5, 128
 #: Half-width and points of the lines drawn across a boundary a chain could not cross.
@@ -446,11 +457,10 @@ def _null_tol(oracle):
     return oracle.normal_tol() / 30
 
 
-def _refill(oracle, layers, widths, rng, pool, tol):
-    """More kinks for the pool from one random line (those no known unit explains)."""
-    kinks = random_lines(oracle, 1, widths, rng)
-    Z, _ = pre_activations(layers, kinks.x)
-    fresh = np.nonzero(np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol)[0]
+def _refill(oracle, layers, widths, rng, pool, tol, n_lines=1, Theta=None):
+    """More kinks for the pool from random lines (those no known unit explains)."""
+    kinks = random_lines(oracle, n_lines, widths, rng)
+    fresh = _fresh(layers, kinks.x, tol, Theta)
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)
 
@@ -541,6 +551,8 @@ GROUP_MIN = 3
 GROUP_CONFIRM = 2
 #: Random lines drawn per round of grouping, and rounds before the chains take over.
 GROUP_LINES, GROUP_ROUNDS = 2, 25
+#: Most random lines a round once the pool runs dry (doubling from GROUP_LINES).
+DRY_LINES = 64
 
 
 #: Largest angle between two restrictions of one unit (:func:`.cluster.cluster_units`), in
@@ -601,12 +613,15 @@ def _prune(pool, known, tent, Theta, tol):
     pool.keep(keep)
 
 
-def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, oriented=False):
+def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, oriented=False, carry=None):
     """The units of the layer after ``tent`` as hyperplanes in phi-space.
 
     ``oriented``: every unit of ``tent`` has its true sign already (:mod:`.signs`), so the
     kinks are clustered by their restricted rows from the first round (:mod:`.cluster`),
     without the grouping by null spaces that finds the first units when signs are open.
+
+    ``carry``: a dict kept between searches for the same layer (the units found so far
+    are kept there, so a new search does not start from none).
 
     Returns (coef (k, k_tent), beta (k, k_prev), const (k,)) or None when fewer than k
     units were determined in ``max_rounds`` rounds. Kinks explained by the layers so far
@@ -616,22 +631,28 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
     tol = 0.5 * oracle.window()
     D = tent[0].shape[0] + tent[0].shape[1]
     steps = 8 + 6 * (tent[0].shape[0] + (known[-1][0].shape[0] if known else 0))
-    Theta = np.zeros((0, D + 1))
+    carry = {} if carry is None else carry
+    Theta = carry.get("Theta", np.zeros((0, D + 1)))
+    lines = GROUP_LINES
     for _ in range(GROUP_ROUNDS):
-        for _ in range(GROUP_LINES):
-            _refill(oracle, layers, widths, rng, pool, tol)
+        _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)
         _prune(pool, known, tent, Theta, tol)
+        if len(pool) == 0:  # the units left switch on few lines (3% of them at 100-64-64-10)
+            lines = min(2 * lines, DRY_LINES)
         ntol = _null_tol(oracle) * NULL_GROWTH ** len(known)
         delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta)
         if delta is not None:
-            found, asks = cluster_units(known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng)
+            cap = ASKS_PER_UNIT * (k - len(Theta)) + 8
+            found, asks = cluster_units(
+                known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng, max_asks=cap
+            )
             if asks:
                 base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
-                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS)
+                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS, Theta)
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
-            Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
+            Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
             kt = tent[0].shape[0]
             return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
@@ -639,7 +660,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
         if len(pool) < want:
-            _refill(oracle, layers, widths, rng, pool, tol)
+            _refill(oracle, layers, widths, rng, pool, tol, Theta=Theta)
             continue
         pick = rng.choice(len(pool), size=want, replace=False)
         found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps)
@@ -651,7 +672,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
         if found is None:
             continue
-        Theta = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
+        Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
             kt = tent[0].shape[0]
             return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]

@@ -112,10 +112,10 @@ def _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, tri
     (:func:`.deep.next_layer`, ``tries`` searches), ``tent``'s signs settled (by the wiggles
     when ``oriented``, else by the new layer's linear term) and the new layer refitted.
     Returns (tent final, new tentative layer, its rows confirmed, oriented, signs ok) or None."""
-    found = None
+    found, carry = None, {}
     with clock.stage(f"layer_{li + 1}"):
-        for _ in range(tries):  # each try draws new lines; the kink pool is kept
-            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented)
+        for _ in range(tries):  # each try draws new lines; the kink pool and units found are kept
+            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented, carry=carry)
             if found is not None:
                 break
     if found is None:

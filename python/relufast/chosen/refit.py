@@ -65,7 +65,7 @@ def _boundary_points(known, layer, j, n, d, rng):
     W, b = layer
     lj = (W[j : j + 1], b[j : j + 1])
     g = None
-    for _ in range(BOUNDARY_STEPS):
+    for _ in range(BOUNDARY_STEPS if known else 2):  # a first-layer z is affine: one step and a polish
         Z, _ = pre_activations([*known, lj], X)
         g = _unit_gradient(known, W[j], Z)
         gg = np.einsum("nd,nd->n", g, g)
@@ -107,10 +107,14 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
     others = np.ones(sum(W.shape[0] for W, _ in [*known, layer]), dtype=bool)
     others[sum(W.shape[0] for W, _ in known) + j] = False
-    pat = activation_pattern([*known, layer], X.reshape(-1, d)).reshape(P, 2 * S, -1)[:, :, others]
+    # First layer: every z is affine on the segment, so its two ends tell (a tenth of the work
+    # at d = 784); deeper, the pattern is checked at every sample.
+    Xp = X[:, [0, -1]] if not known else X
+    pat = activation_pattern([*known, layer], Xp.reshape(-1, d)).reshape(P, Xp.shape[1], -1)[:, :, others]
+    n_lo = 1 if not known else S
     ends = np.concatenate([X0 - 1e-9 * G, X0 + 1e-9 * G])
     pend = activation_pattern([*known, layer], ends)[:, others].reshape(2, P, -1)
-    clear = (pat[:, :S] == pend[0][:, None]).all(axis=(1, 2)) & (pat[:, S:] == pend[1][:, None]).all(axis=(1, 2))
+    clear = (pat[:, :n_lo] == pend[0][:, None]).all(axis=(1, 2)) & (pat[:, n_lo:] == pend[1][:, None]).all(axis=(1, 2))
     Y = oracle(X.reshape(-1, d)).reshape(P, 2 * S, -1)
     A = np.stack([np.ones(S), side], axis=1)
     pinv = np.linalg.pinv(A)
@@ -156,15 +160,19 @@ def _plane_through(F, w, eps):
     ws = w[seen]
     q = int(seen.sum())
     rhs = -(F @ w)
-    reg = np.zeros((q + 1, q + 1))
-    reg[:q, :q] = P * np.outer(ws, ws)  # delta . w = 0, weighted like the rows
+    # Normal matrix once (a symmetric rank-k update: half a GEMM), with delta . w = 0
+    # weighted like the rows; dropped rows are subtracted from it.
+    G0 = scipy.linalg.blas.dsyrk(1.0, A, trans=1)
+    G0 = np.triu(G0) + np.triu(G0, 1).T
+    G0[:q, :q] += P * np.outer(ws, ws)
 
     def solve(keep):
-        Ak = A[keep]
+        out = ~keep
+        G = G0 - A[out].T @ A[out] if out.any() else G0
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", scipy.linalg.LinAlgWarning)
-                return scipy.linalg.solve(Ak.T @ Ak + reg, Ak.T @ rhs[keep], assume_a="pos", check_finite=False)
+                return scipy.linalg.solve(G, A[keep].T @ rhs[keep], assume_a="pos", check_finite=False)
         except (np.linalg.LinAlgError, scipy.linalg.LinAlgWarning):
             return None
 
@@ -176,12 +184,15 @@ def _plane_through(F, w, eps):
     dropped = 0
     norm = max(float(np.median(np.linalg.norm(A, axis=1))), 1e-300)
     if r.max() > TRIM * np.median(r) or np.median(r) > ROUNDING * eps * norm:
-        Ginv = np.linalg.inv(A.T @ A + reg)
+        Ginv = np.linalg.inv(G0)
         b = A.T @ rhs
         h = np.einsum("ij,ij->i", A @ Ginv, A)  # leverages (one GEMM; updated per drop)
         for _ in range(max(0, (P - q - 1) // 4)):
             res = np.abs(A[keep] @ (Ginv @ b) - rhs[keep])
-            rd = res / np.sqrt(np.maximum(1.0 - h[keep], 1e-12))
+            # A row of leverage ~1 is the only support of some direction (a unit of the
+            # layer before active at one kink): it cannot be judged, and is never dropped.
+            lev = 1.0 - h[keep]
+            rd = np.where(lev > LEVERAGE_FLOOR, res / np.sqrt(np.maximum(lev, LEVERAGE_FLOOR)), 0.0)
             worst = int(np.argmax(rd))
             floor = ROUNDING * eps * norm
             if np.median(res) <= floor and rd[worst] <= max(TRIM * np.median(rd), floor):
@@ -195,10 +206,12 @@ def _plane_through(F, w, eps):
             keep[i] = False
             dropped += 1
         if dropped:
-            sol = solve(keep)
-            if sol is None:
-                return None
-            r = np.abs(A @ sol - rhs)
+            trimmed = solve(keep)
+            if trimmed is None:  # the rows left do not determine the plane: keep them all
+                keep[:], dropped = True, 0
+            else:
+                sol = trimmed
+                r = np.abs(A @ sol - rhs)
     v = w.copy()
     v[seen] += sol[:q]
     s = np.linalg.norm(v)
@@ -209,6 +222,8 @@ def _plane_through(F, w, eps):
 #: A kink whose studentised residual exceeds TRIM times the median one is dropped (rounding
 #: alone rarely gives more than 5 times the median on a hundred rows).
 TRIM = 8.0
+#: Rows with 1 - leverage below this are not judged (nor dropped).
+LEVERAGE_FLOOR = 1e-6
 #: Median residual (relative, in units of eps) above which the rows are trimmed even when
 #: no residual stands out (exact kinks fit to about eps / 3).
 ROUNDING = 16.0
