@@ -237,7 +237,9 @@ def _partial_row(E, missing, tol):
     """The row of a component restricted to the units it saw active (zero on ``missing``):
     its equations keep one null direction per missing unit besides it. None otherwise."""
     R = E.reshape(-1, E.shape[-1])
-    _, s, Vt = np.linalg.svd(R, full_matrices=True)
+    # Tall (many kinks): the reduced SVD has every right singular vector, and no U of
+    # (rows x rows) (a full one took 61 s of 226 at 784-128-128-10).
+    _, s, Vt = np.linalg.svd(R, full_matrices=R.shape[0] < R.shape[1])
     s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
     K = Vt[s <= tol * s[0]]
     if len(K) != len(missing) + 1:
@@ -263,11 +265,14 @@ def _entry_lines(known, true_tent, E, x, missing, tol, rng):
     kt = true_tent[0].shape[0]
 
     def newton(y, j):
-        for _ in range(NEWTON):
+        for _ in range(NEWTON):  # exact in one step within a linear region
             Phi, Z = features(known, true_tent, y[None])
-            gu = theta[:kt] @ active_jacobian(layers, y[None])[0]
-            g = np.stack([preact_jacobians(layers, y[None])[-1][0, j], gu])
-            y = y - np.linalg.pinv(g) @ np.array([Z[-1][0, j], Phi[0, :kt] @ theta[:kt] + theta[-1]])
+            r = np.array([Z[-1][0, j], Phi[0, :kt] @ theta[:kt] + theta[-1]])
+            Jz = preact_jacobians(layers, y[None])[-1][0]
+            g = np.stack([Jz[j], (theta[:kt] * (Z[-1][0] > 0)) @ Jz])
+            if np.abs(r).max() <= 1e-13 * (1.0 + np.abs(y).max()):
+                break
+            y = y - np.linalg.pinv(g) @ r
         Phi, Z = features(known, true_tent, y[None])
         res = max(abs(Z[-1][0, j]), abs(Phi[0, :kt] @ theta[:kt] + theta[-1]))
         return y, g, res <= 1e-9

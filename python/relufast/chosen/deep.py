@@ -340,12 +340,16 @@ def _fresh(layers, x, tol, Theta=None):
     return np.nonzero(keep)[0]
 
 
-def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None, Theta=None):
+def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None, Theta=None, nearest=False):
     """Kinks on the lines ``base + t dirs`` (|t| <= width) on no known boundary, with
-    their normals, into the pool."""
+    their normals, into the pool (``nearest``: only the kink nearest to the base of each
+    line, where an entry line expects the boundary it was computed for)."""
     width, points = width or ACROSS_WIDTH, points or ACROSS_POINTS
     kinks = find_kinks(oracle, base, dirs * width, np.linspace(-1.0, 1.0, points))
     fresh = _fresh(layers, kinks.x, 0.5 * oracle.window(), Theta)
+    if nearest and len(fresh):
+        order = fresh[np.lexsort((np.abs(kinks.t[fresh]), kinks.line[fresh]))]
+        fresh = order[np.r_[True, kinks.line[order][1:] != kinks.line[order][:-1]]]
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)
 
@@ -648,7 +652,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
             )
             if asks:
                 base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
-                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS, Theta)
+                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS, Theta, nearest=True)
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
