@@ -221,10 +221,12 @@ def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None):
             row = _split(E[det], S[det], adj, comp, tol)
         if row is not None:
             rows.append(row / np.linalg.norm(row[:-1]))
-    # Entry lines for the components nearest to complete first (fewest units missed, most
-    # kinks), at most max_asks lines a round: early on most components miss most units,
-    # and 784-128-128-10 asked for 5,439 lines (700,000 queries) in its first round.
-    for _, _, members, missing in sorted(pending, key=lambda p: p[:2]):
+    # Entry lines for components in random order, at most max_asks lines a round: early on
+    # most components miss most units (784-128-128-10 asked for 5,439 lines, 700,000
+    # queries, in its first round); a fixed order (fewest units missed first) asked for the
+    # same component round after round while another unit waited (10-15-15-1).
+    for i in rng.permutation(len(pending)):
+        _, _, members, missing = pending[i]
         if max_asks is not None and len(asks) >= max_asks:
             break
         asks.extend(_entry_lines(known, true_tent, E[members], x[members], missing, tol, rng))

@@ -641,8 +641,10 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
     for _ in range(GROUP_ROUNDS):
         _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)
         _prune(pool, known, tent, Theta, tol)
-        if len(pool) == 0:  # the units left switch on few lines (3% of them at 100-64-64-10)
-            lines = min(2 * lines, DRY_LINES)
+        # While the pool is dry the units left switch on few lines (3% of them at
+        # 100-64-64-10): more lines a round; back down once kinks come (their entry lines
+        # find the rest).
+        lines = min(2 * lines, DRY_LINES) if len(pool) == 0 else max(GROUP_LINES, lines // 2)
         ntol = _null_tol(oracle) * NULL_GROWTH ** len(known)
         delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta)
         if delta is not None:
