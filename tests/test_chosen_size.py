@@ -206,3 +206,25 @@ def test_two_hidden_layers_exact_through_refits_and_cheap_normals():
     assert len(rows) == 2 and rows[0].startswith("layer 1: 32 of 32") and rows[1].startswith("layer 2: 32 of 32")
     P = sum(a * (b + 1) for a, b in zip([*widths, m], [d, *widths]))
     assert res.counts["queries"] < 100 * P
+
+
+def test_screened_lines_find_the_unknown_kink_between_known_ones():
+    # On a line with 40 known kinks (computed) and one unknown, three queries a piece and a
+    # short grid on the one piece that bends find it, in far fewer queries than a grid.
+    from relufast.chosen.lines import screened_kinks
+
+    rng = np.random.default_rng(3)
+    known = np.sort(rng.uniform(-3, 3, 40))
+    unknown = 0.5 * (known[17] + known[18])
+    slopes = rng.uniform(0.5, 2.0, 41)
+
+    def f(X):
+        t = X[:, 0]
+        y = sum(s * np.maximum(t - k, 0.0) for s, k in zip(slopes, [*known, unknown]))
+        return (y + 0.1 * X[:, 1])[:, None]
+
+    oracle = Oracle(f, 2)
+    breaks = [np.concatenate([[-3.0], known, [3.0]])]
+    kinks = screened_kinks(oracle, np.zeros((1, 2)), np.array([[1.0, 0.0]]), breaks)
+    assert len(kinks.t) == 1 and abs(kinks.x[0, 0] - unknown) < 1e-10
+    assert oracle.n_queries < 3 * 41 + 32 + 2

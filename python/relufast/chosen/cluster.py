@@ -33,11 +33,12 @@ __all__ = ["signed", "cluster_units", "to_phi"]
 #: Units of layer l+1 two kinks must both see active to be compared.
 MIN_OVERLAP = 2
 #: Kinks a component needs before its stacked equations are solved (or entry lines asked
-#: for): one. A unit active on 0.1% of Gaussian inputs (planted 100-64-64-10) leaves a
-#: kink on one random line in hundreds; waiting for three linked ones cost a million
-#: queries, while a wrong row from a lone kink is rejected by the verification of
-#: :func:`.deep.next_layer` (a predicted boundary the model must show on random lines).
-CLUSTER_MIN = 1
+#: for), float64 and low precision. In float64 one: a unit active on 0.1% of Gaussian
+#: inputs (planted 100-64-64-10) leaves a kink on one random line in hundreds; waiting for
+#: three linked ones cost a million queries, while a wrong row from a lone kink is rejected
+#: by the verification of :func:`.deep.next_layer`. In float32 a lone kink's row (normals
+#: ~1e-4 off) fails that verification round after round: three.
+CLUSTER_MIN, CLUSTER_MIN_LOW = 1, 3
 
 
 def signed(tent, flip):
@@ -169,7 +170,7 @@ def _null_row(E, tol):
     return Vt[-1]
 
 
-def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None):
+def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None, min_size=CLUSTER_MIN):
     """Rows (on ``[phi, 1]`` of the tentative layer, :func:`to_phi`) of the units whose kinks
     among (x, n) form a linked component covering every unit of the tentative layer.
 
@@ -186,14 +187,16 @@ def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None):
         Largest angle between two restrictions of one unit on their common coordinates.
     rng : numpy Generator
     max_asks : int or None
-        Most entry lines asked for (components nearest to complete first).
+        Most entry lines asked for (components in random order).
+    min_size : int
+        Kinks a component needs (CLUSTER_MIN, or CLUSTER_MIN_LOW at low precision).
 
     Returns (rows, asks): asks are (kink, normal, unit) triples of components some unit of
     the tentative layer was never active at (:func:`_nearest_kinks`).
     """
     true_tent = signed(tent, flip)
     kt = tent[0].shape[0]
-    if len(x) < CLUSTER_MIN:
+    if len(x) < min_size:
         return np.zeros((0, kt + tent[0].shape[1] + 1)), []
     E, S = _equations(known, true_tent, x, n)
     R = _restrictions(E, S, tol)
@@ -209,7 +212,7 @@ def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None):
     np.fill_diagonal(adj, False)
     rows, asks, pending = [], [], []
     for comp in _components(adj):
-        if len(comp) < CLUSTER_MIN:
+        if len(comp) < min_size:
             continue
         members = det[comp]
         missing = np.nonzero(~S[members].any(axis=0))[0]

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cluster import cluster_units
-from .first_layer import KinkPool, random_lines
+from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
+from .first_layer import KinkPool, grid_size
 from .hyperplanes import jump_normals
-from .lines import Kinks, find_kinks, window_kinks
+from .lines import Kinks, find_kinks, screened_kinks, window_kinks
 from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
 
 __all__ = ["next_layer", "downstream_basis"]
@@ -340,15 +340,17 @@ def _fresh(layers, x, tol, Theta=None):
     return np.nonzero(keep)[0]
 
 
-def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None, Theta=None, nearest=False):
+def _search(oracle, layers, base, dirs, rng, pool, width=None, Theta=None, nearest=False):
     """Kinks on the lines ``base + t dirs`` (|t| <= width) on no known boundary, with
     their normals, into the pool (``nearest``: only the kink nearest to the base of each
     line, where an entry line expects the boundary it was computed for)."""
-    width, points = width or ACROSS_WIDTH, points or ACROSS_POINTS
-    kinks = find_kinks(oracle, base, dirs * width, np.linspace(-1.0, 1.0, points))
+    width = width or ACROSS_WIDTH
+    T = np.zeros((0, 1)) if Theta is None else Theta
+    kinks = _line_kinks(oracle, layers, T, base, dirs * width, -1.0, 1.0, ENTRY_GRID)
     fresh = _fresh(layers, kinks.x, 0.5 * oracle.window(), Theta)
     if nearest and len(fresh):
-        order = fresh[np.lexsort((np.abs(kinks.t[fresh]), kinks.line[fresh]))]
+        dist = np.linalg.norm(kinks.x[fresh] - base[kinks.line[fresh]], axis=1)
+        order = fresh[np.lexsort((dist, kinks.line[fresh]))]
         fresh = order[np.r_[True, kinks.line[order][1:] != kinks.line[order][:-1]]]
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)
@@ -357,9 +359,9 @@ def _search(oracle, layers, base, dirs, rng, pool, width=None, points=None, Thet
 #: Entry lines a round for each unit still to find (:func:`.cluster.cluster_units`).
 ASKS_PER_UNIT = 4
 #: Half-width and points of the lines into the active side of a unit a cluster missed.
-ENTRY_WIDTH, ENTRY_POINTS = 0.5, 128
+ENTRY_WIDTH = 0.5
 #: Half-width and points of the lines drawn across a boundary a chain could not cross.
-ACROSS_WIDTH, ACROSS_POINTS = 1.0, 96
+ACROSS_WIDTH = 1.0
 
 
 def _complete(oracle, known, tent, partial, pool):
@@ -461,9 +463,66 @@ def _null_tol(oracle):
     return oracle.normal_tol() / 30
 
 
+def _known_breaks(layers, Theta, base, dirs, t0, t1):
+    """Sorted parameters t in [t0, t1] where a unit of the known layers or of the rows of
+    Theta switches on each line ``base + t dirs`` (computed, no query): sign changes on a
+    grid of about BREAK_STEP in x (64 to BREAK_GRID points), bisected to the rounding;
+    lines in blocks of BREAK_BYTES."""
+    known, tent = layers[:-1], layers[-1]
+    L, d = base.shape
+
+    def values(P):
+        V = np.hstack(pre_activations(layers, P)[0])
+        return np.hstack([V, _zeta(known, tent, P, Theta)]) if len(Theta) else V
+
+    length = (t1 - t0) * float(np.max(np.linalg.norm(dirs, axis=1))) if L else 0.0
+    G = int(np.clip(np.ceil(length / BREAK_STEP), 64, BREAK_GRID))
+    t = np.linspace(t0, t1, G)
+    out = []
+    block = max(1, int(BREAK_BYTES // (8 * G * d)))
+    for lo in range(0, L, block):
+        B, U = base[lo : lo + block], dirs[lo : lo + block]
+        V = values((B[:, None, :] + t[None, :, None] * U[:, None, :]).reshape(-1, d)).reshape(len(B), G, -1)
+        line, cell, col = np.nonzero(np.signbit(V[:, :-1]) != np.signbit(V[:, 1:]))
+        a, b = t[cell], t[cell + 1]
+        s0 = np.signbit(V[line, cell, col])
+        for _ in range(BISECT_BREAKS):
+            mid = 0.5 * (a + b)
+            same = np.signbit(values(B[line] + mid[:, None] * U[line])[np.arange(len(mid)), col]) == s0
+            a, b = np.where(same, mid, a), np.where(same, b, mid)
+        mid = 0.5 * (a + b)
+        out.extend(np.concatenate([[t0], np.sort(mid[line == i]), [t1]]) for i in range(len(B)))
+    return out
+
+
+#: Step (in x) of the computed grid on which the known kinks of a line are bracketed, its
+#: largest number of points, bisection steps, and the memory of a block of lines.
+BREAK_STEP, BREAK_GRID, BISECT_BREAKS, BREAK_BYTES = 0.01, 8192, 40, 64 * 2**20
+
+
+def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
+    """Kinks on the lines ``base + t dirs``, t in [t0, t1]: in float64 only the pieces
+    between computed known kinks that are not linear are searched
+    (:func:`.lines.screened_kinks`); at low precision (where three outputs of a long piece
+    do not tell a small bend from the rounding) on a grid of ``points``."""
+    if oracle.eps < SCREEN_EPS:
+        return screened_kinks(oracle, base, dirs, _known_breaks(layers, Theta, base, dirs, t0, t1))
+    return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points))
+
+
+#: Unit roundoff under which lines are screened; grid of an entry line otherwise.
+SCREEN_EPS, ENTRY_GRID = 1e-12, 128
+
+
 def _refill(oracle, layers, widths, rng, pool, tol, n_lines=1, Theta=None):
-    """More kinks for the pool from random lines (those no known unit explains)."""
-    kinks = random_lines(oracle, n_lines, widths, rng)
+    """More kinks for the pool from random lines (those no known unit explains): with the
+    known kinks of each line computed, only its pieces that are not linear are searched
+    (:func:`.lines.screened_kinks`)."""
+    d = oracle.d
+    base = 0.5 * rng.standard_normal((n_lines, d))
+    dirs = rng.standard_normal((n_lines, d))
+    T = np.zeros((0, 1)) if Theta is None else Theta
+    kinks = _line_kinks(oracle, layers, T, base, dirs, -3.0, 3.0, grid_size(widths))
     fresh = _fresh(layers, kinks.x, tol, Theta)
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)
@@ -636,6 +695,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
     D = tent[0].shape[0] + tent[0].shape[1]
     steps = 8 + 6 * (tent[0].shape[0] + (known[-1][0].shape[0] if known else 0))
     carry = {} if carry is None else carry
+    size = CLUSTER_MIN if oracle.eps < SCREEN_EPS else CLUSTER_MIN_LOW
     Theta = carry.get("Theta", np.zeros((0, D + 1)))
     lines = GROUP_LINES
     for _ in range(GROUP_ROUNDS):
@@ -650,11 +710,11 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
         if delta is not None:
             cap = ASKS_PER_UNIT * (k - len(Theta)) + 8
             found, asks = cluster_units(
-                known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng, max_asks=cap
+                known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng, max_asks=cap, min_size=size
             )
             if asks:
                 base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
-                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, ENTRY_POINTS, Theta, nearest=True)
+                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=size == 1)
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
