@@ -345,8 +345,7 @@ def _search(oracle, layers, base, dirs, rng, pool, width=None, Theta=None, neare
     their normals, into the pool (``nearest``: only the kink nearest to the base of each
     line, where an entry line expects the boundary it was computed for)."""
     width = width or ACROSS_WIDTH
-    T = np.zeros((0, 1)) if Theta is None else Theta
-    kinks = _line_kinks(oracle, layers, T, base, dirs * width, -1.0, 1.0, ENTRY_GRID)
+    kinks = find_kinks(oracle, base, dirs * width, np.linspace(-1.0, 1.0, ENTRY_GRID))
     fresh = _fresh(layers, kinks.x, 0.5 * oracle.window(), Theta)
     if nearest and len(fresh):
         dist = np.linalg.norm(kinks.x[fresh] - base[kinks.line[fresh]], axis=1)
@@ -466,8 +465,9 @@ def _null_tol(oracle):
 def _known_breaks(layers, Theta, base, dirs, t0, t1):
     """Sorted parameters t in [t0, t1] where a unit of the known layers or of the rows of
     Theta switches on each line ``base + t dirs`` (computed, no query): sign changes on a
-    grid of about BREAK_STEP in x (64 to BREAK_GRID points), bisected to the rounding;
-    lines in blocks of BREAK_BYTES."""
+    grid of about BREAK_STEP in x (64 to BREAK_GRID points), located by FALSI_STEPS steps of
+    regula falsi (exact at once where the unit is affine on the cell, which a first-layer
+    unit always is); lines in blocks of BREAK_BYTES."""
     known, tent = layers[:-1], layers[-1]
     L, d = base.shape
 
@@ -485,19 +485,22 @@ def _known_breaks(layers, Theta, base, dirs, t0, t1):
         V = values((B[:, None, :] + t[None, :, None] * U[:, None, :]).reshape(-1, d)).reshape(len(B), G, -1)
         line, cell, col = np.nonzero(np.signbit(V[:, :-1]) != np.signbit(V[:, 1:]))
         a, b = t[cell], t[cell + 1]
-        s0 = np.signbit(V[line, cell, col])
-        for _ in range(BISECT_BREAKS):
-            mid = 0.5 * (a + b)
-            same = np.signbit(values(B[line] + mid[:, None] * U[line])[np.arange(len(mid)), col]) == s0
-            a, b = np.where(same, mid, a), np.where(same, b, mid)
+        va, vb = V[line, cell, col], V[line, cell + 1, col]
+        s0 = np.signbit(va)
         mid = 0.5 * (a + b)
+        for _ in range(FALSI_STEPS):  # exact in one step where the unit is affine on the cell
+            mid = np.clip(a - va * (b - a) / np.where(vb != va, vb - va, 1.0), a, b)
+            vm = values(B[line] + mid[:, None] * U[line])[np.arange(len(mid)), col]
+            same = np.signbit(vm) == s0
+            a, va = np.where(same, mid, a), np.where(same, vm, va)
+            b, vb = np.where(same, b, mid), np.where(same, vb, vm)
         out.extend(np.concatenate([[t0], np.sort(mid[line == i]), [t1]]) for i in range(len(B)))
     return out
 
 
 #: Step (in x) of the computed grid on which the known kinks of a line are bracketed, its
-#: largest number of points, bisection steps, and the memory of a block of lines.
-BREAK_STEP, BREAK_GRID, BISECT_BREAKS, BREAK_BYTES = 0.01, 8192, 40, 64 * 2**20
+#: largest number of points, regula falsi steps, and the memory of a block of lines.
+BREAK_STEP, BREAK_GRID, FALSI_STEPS, BREAK_BYTES = 0.01, 8192, 3, 64 * 2**20
 
 
 def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):

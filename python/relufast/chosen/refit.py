@@ -50,18 +50,20 @@ REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE = 16, 3
 REFIT_INNER_DOUBLE, REFIT_INNER_LOW = 1 / 64, 1 / 8
 #: Memory of one batch of refit queries (bytes of float64 inputs).
 REFIT_BATCH_BYTES = 64 * 2**20
-#: Scales of the random points brought onto a boundary.
-BOUNDARY_SCALES = (1.0, 2.0, 4.0)
+#: Scales of the random points brought onto a boundary; and of more points for a deeper
+#: row whose kinks never saw some unit of the layer before active (10-15-15-3: one
+#: coordinate left at its 1e-8 estimate missed the model by 1e-13 at scale 100).
+BOUNDARY_SCALES, FAR_SCALES = (1.0, 2.0, 4.0), (8.0, 32.0, 128.0)
 #: Newton steps that bring a random point onto a unit's estimated boundary (computed).
 BOUNDARY_STEPS = 6
 
 
-def _boundary_points(known, layer, j, n, d, rng):
+def _boundary_points(known, layer, j, n, d, rng, scales=None):
     """``n`` points on the estimated boundary of unit j of ``layer`` (after ``known``) and
     the unit gradient of z_j there: Newton steps along the gradient (exact in one step
     within a linear region) from Gaussian points at scales 1, 2 and 4 (deeper units meet
     more activation patterns of the layers before), points that do not settle dropped."""
-    X = rng.standard_normal((n, d)) * rng.choice(BOUNDARY_SCALES, size=n)[:, None]
+    X = rng.standard_normal((n, d)) * rng.choice(scales or BOUNDARY_SCALES, size=n)[:, None]
     W, b = layer
     lj = (W[j : j + 1], b[j : j + 1])
     g = None
@@ -271,6 +273,17 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
             count("too few clean segments")
             continue
         _, H = pre_activations(known, pts[ok])
+        if known and not (np.abs(H).max(axis=0) > 0).all():
+            # Units of the layer before never active at these kinks: more kinks from boundary
+            # points far out, where other patterns of that layer are met.
+            X1, G1 = _boundary_points(known, layer, j, P, d, rng, FAR_SCALES)
+            far = [
+                _segment_kinks(oracle, known, layer, j, X1[i : i + batch], G1[i : i + batch], S)
+                for i in range(0, len(X1), batch)
+            ]
+            if far:
+                p1, ok1 = np.vstack([f[0] for f in far]), np.concatenate([f[1] for f in far])
+                H = np.vstack([H, pre_activations(known, p1[ok1])[1]])
         s = np.linalg.norm(W[j])
         fit = _plane_through(H, W[j] / s, oracle.eps)
         if fit is None:
