@@ -34,8 +34,8 @@ __all__ = ["signed", "cluster_units", "to_phi"]
 MIN_OVERLAP = 2
 #: Kinks a component needs before its stacked equations are solved (or entry lines asked
 #: for), float64 and low precision. In float64 one: a unit active on 0.1% of Gaussian
-#: inputs (planted 100-64-64-10) leaves a kink on one random line in hundreds; waiting for
-#: three linked ones cost a million queries, while a wrong row from a lone kink is rejected
+#: inputs (planted 100-64-64-10) leaves a kink on few random lines; waiting for three
+#: linked ones spent the 2 million queries of its budget, while a wrong row from a lone kink is rejected
 #: by the verification of :func:`.deep.next_layer`. In float32 a lone kink's row (normals
 #: ~1e-4 off) fails that verification round after round: three.
 CLUSTER_MIN, CLUSTER_MIN_LOW = 1, 3
@@ -80,7 +80,8 @@ def _equations(known, true_tent, x, n):
         Z, _ = pre_activations(layers, x[sl])
         act = Z[-1] > 0
         if known:
-            Q, R = np.linalg.qr(np.swapaxes(active_jacobian(layers, x[sl]), 1, 2))  # (c, d, r), (c, r, k)
+            A = act[:, :, None] * preact_jacobians(layers, x[sl])[-1]  # (c, k, d), d relu(z) / dx
+            Q, R = np.linalg.qr(np.swapaxes(A, 1, 2))  # (c, d, r), (c, r, k)
         else:
             Q, R = np.broadcast_to(Q0, (len(act), *Q0.shape)), R0[None] * act[:, None, :]
         m = np.einsum("cdk,cd->ck", Q, n[sl])
@@ -225,8 +226,8 @@ def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None, min_s
         if row is not None:
             rows.append(row / np.linalg.norm(row[:-1]))
     # Entry lines for components in random order, at most max_asks lines a round: early on
-    # most components miss most units (784-128-128-10 asked for 5,439 lines, 700,000
-    # queries, in its first round); a fixed order (fewest units missed first) asked for the
+    # most components miss most units (784-128-128-10 asked for 5,439 lines of 128 points
+    # in its first round); a fixed order (fewest units missed first) asked for the
     # same component round after round while another unit waited (10-15-15-1).
     for i in rng.permutation(len(pending)):
         _, _, members, missing = pending[i]

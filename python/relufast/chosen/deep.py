@@ -464,7 +464,7 @@ def _null_tol(oracle):
 
 def _known_breaks(layers, Theta, base, dirs, t0, t1):
     """Sorted parameters t in [t0, t1] where a unit of the known layers or of the rows of
-    Theta switches on each line ``base + t dirs`` (computed, no query): sign changes on a
+    Theta (None: none yet) switches on each line ``base + t dirs`` (computed, no query): sign changes on a
     grid of about BREAK_STEP in x (64 to BREAK_GRID points), located by FALSI_STEPS steps of
     regula falsi (exact at once where the unit is affine on the cell, which a first-layer
     unit always is); lines in blocks of BREAK_BYTES."""
@@ -473,7 +473,7 @@ def _known_breaks(layers, Theta, base, dirs, t0, t1):
 
     def values(P):
         V = np.hstack(pre_activations(layers, P)[0])
-        return np.hstack([V, _zeta(known, tent, P, Theta)]) if len(Theta) else V
+        return np.hstack([V, _zeta(known, tent, P, Theta)]) if Theta is not None and len(Theta) else V
 
     length = (t1 - t0) * float(np.max(np.linalg.norm(dirs, axis=1))) if L else 0.0
     G = int(np.clip(np.ceil(length / BREAK_STEP), 64, BREAK_GRID))
@@ -524,8 +524,7 @@ def _refill(oracle, layers, widths, rng, pool, tol, n_lines=1, Theta=None):
     d = oracle.d
     base = 0.5 * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
-    T = np.zeros((0, 1)) if Theta is None else Theta
-    kinks = _line_kinks(oracle, layers, T, base, dirs, -3.0, 3.0, grid_size(widths))
+    kinks = _line_kinks(oracle, layers, Theta, base, dirs, -3.0, 3.0, grid_size(widths))
     fresh = _fresh(layers, kinks.x, tol, Theta)
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)

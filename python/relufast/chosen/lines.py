@@ -129,7 +129,7 @@ def screened_kinks(oracle, base, dirs, breaks, sub=32, margin=1e-3):
     the line first and last. Each piece ``[a, b]`` is queried at ``a + delta``, its middle
     and ``b - delta`` (``delta = margin (b - a)``): three collinear outputs mean no unknown
     kink there (but within delta of a known one). Three queries a piece instead of a dense
-    grid: about 400 a line at 100-64-64-10, where the grid of :func:`find_kinks` takes 4,096.
+    grid (that of :func:`find_kinks` has 4,096 points a line at 100-64-64-10).
     Returns Kinks (``line`` indexes the lines given)."""
     base = np.asarray(base, dtype=np.float64)
     dirs = np.asarray(dirs, dtype=np.float64)

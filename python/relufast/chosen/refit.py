@@ -134,6 +134,16 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     return X0 + t0[:, None] * G, ok
 
 
+def _kinks_across(oracle, known, layer, j, X0, G, S, batch):
+    """:func:`_segment_kinks` on the segments through X0 along G, ``batch`` segments a model
+    call; returns (kinks, usable mask)."""
+    found = [
+        _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S)
+        for i in range(0, len(X0), batch)
+    ]
+    return np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
+
+
 def _plane_through(F, w, eps):
     """``(v, c)`` with ``v . f + c = 0`` on the rows f of F, near the unit row w: least
     squares on ``delta . f + c = -w . f`` with ``v = w + delta``, ``delta . w = 0``
@@ -243,8 +253,9 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
 
     Returns ``(W, b, refitted, reasons)``: the rows (each refitted, in part where a unit of the layer
     before is never active at its kinks, or left as it was) and the number refitted
-    whole, and the count of each reason a row was not refitted whole. ``tol``: the largest
-    change accepted (default REFIT_AGREE)."""
+    whole, and the count of each reason a row was not refitted whole (with the number of
+    kinks the plane fits dropped, "kinks dropped"). ``tol``: the largest change accepted
+    (default REFIT_AGREE)."""
     W, b = layer
     k, kin = W.shape
     d = oracle.d
@@ -264,11 +275,7 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
         if len(X0) <= kin:
             count("boundary not reached")
             continue
-        found = [
-            _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S)
-            for i in range(0, len(X0), batch)
-        ]
-        pts, ok = np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
+        pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch)
         if ok.sum() <= kin + 2:
             count("too few clean segments")
             continue
@@ -277,12 +284,8 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
             # Units of the layer before never active at these kinks: more kinks from boundary
             # points far out, where other patterns of that layer are met.
             X1, G1 = _boundary_points(known, layer, j, P, d, rng, FAR_SCALES)
-            far = [
-                _segment_kinks(oracle, known, layer, j, X1[i : i + batch], G1[i : i + batch], S)
-                for i in range(0, len(X1), batch)
-            ]
-            if far:
-                p1, ok1 = np.vstack([f[0] for f in far]), np.concatenate([f[1] for f in far])
+            if len(X1):
+                p1, ok1 = _kinks_across(oracle, known, layer, j, X1, G1, S, batch)
                 H = np.vstack([H, pre_activations(known, p1[ok1])[1]])
         s = np.linalg.norm(W[j])
         fit = _plane_through(H, W[j] / s, oracle.eps)
