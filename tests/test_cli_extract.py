@@ -90,13 +90,25 @@ def mlp():
 def test_pickled_sklearn_model_is_extracted_and_saved(mlp, tmp_path, capsys):
     path, out = tmp_path / "mlp.pkl", tmp_path / "net.npz"
     path.write_bytes(pickle.dumps(mlp))
-    assert main(["extract", str(path), "--out", str(out), "--quiet"]) == 0  # n_features read from the model
+    # n_features read from the model; random queries asked for (the default for a fitted MLP is chosen)
+    assert main(["extract", str(path), "--out", str(out), "--quiet", "--queries", "random"]) == 0
     text = capsys.readouterr().out
     assert "status:   exact" in text and "queries:  20000" in text and f"wrote {out}" in text
     got = np.load(out)
     assert str(got["status"]) == "exact" and int(got["queries"]) == 20000 and str(got["precision"]) == "float64"
     err = rf.metrics.parameter_error(rf.Network(got["U"], got["V"], got["b"], got["c"]), rf.from_sklearn(mlp))
     assert err.U < 1e-10 and err.V < 1e-10 and err.b < 1e-10
+
+
+def test_pickled_mlp_defaults_to_chosen_queries_and_a_time_limit_stops_it(mlp, tmp_path, capsys):
+    path = tmp_path / "mlp.pkl"
+    path.write_bytes(pickle.dumps(mlp))
+    assert main(["extract", str(path), "--quiet"]) == 0  # the mode relufast.extract picks for a fitted MLP
+    text = capsys.readouterr().out
+    assert "status:   exact" in text and "chosen queries" in text
+    assert main(["extract", str(path), "--quiet", "--time-limit", "1e-9"]) == 1
+    text = capsys.readouterr().out
+    assert "status:   failed" in text and "time_limit" in text
 
 
 def test_torch_file_is_extracted_at_float32(tmp_path, capsys):
@@ -199,7 +211,7 @@ def test_bad_widths_are_refused_when_parsing(folder, capsys, widths):
 
 def test_several_widths_with_random_queries_are_extract_s_error(mlp, folder, capsys):
     (folder / "mlp.pkl").write_bytes(pickle.dumps(mlp))
-    assert main(["extract", "mlp.pkl", "--n-hidden", "4,2"]) == 2
+    assert main(["extract", "mlp.pkl", "--n-hidden", "4,2", "--queries", "random"]) == 2
     _one_line_error(capsys, "queries='random' extracts one hidden layer", "Pass queries='chosen'")
 
 

@@ -29,6 +29,17 @@ def _positive_int(text):
     return value
 
 
+def _positive_float(text):
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0; got {text!r}") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0; got {text}")
+    return value
+
+
 def _n_estimate(text):
     """argparse type of --n-estimate: an integer >= 1 or 'all'."""
     if text == "all":
@@ -493,7 +504,10 @@ def _add_demo(sub, name, summary, listing=True):
     _add_method_option(p, listing)
     p.add_argument("--seed", type=int, default=0, help="seed of the planted network and samples (default 0)")
     p.add_argument(
-        "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
+        "--n-jobs",
+        type=_positive_int,
+        default=None,
+        help="threads for the C++ kernels of random queries (default: all cores; chosen queries refuse it)",
     )
     p.set_defaults(func=_demo)
 
@@ -536,7 +550,10 @@ def _add_recover(sub, name, summary, listing=True):
     p.add_argument("--quiet", action="store_true", help="no progress messages on stderr")
     p.add_argument("--seed", type=int, default=0, help="random seed of the method (default 0)")
     p.add_argument(
-        "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
+        "--n-jobs",
+        type=_positive_int,
+        default=None,
+        help="threads for the C++ kernels of random queries (default: all cores; chosen queries refuse it)",
     )
     p.set_defaults(func=_recover)
 
@@ -572,12 +589,13 @@ def _extract(args):
         raise _CommandError(f"give --n-features: {args.model} does not state its input dimension")
     import relufast as rf
 
-    options = {"queries": args.queries, "random_state": args.random_state}
-    for name in ("max_queries", "n_jobs"):
+    options = {"queries": args.queries, "random_state": args.random_state, "progress": False if args.quiet else None}
+    for name in ("max_queries", "n_jobs", "time_limit"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if not args.quiet:
-        print(f"relufast: extracting {args.model} (d = {n_features}) with {args.queries} queries ...", file=sys.stderr)
+        how = f"{args.queries} queries" if args.queries else "the query mode relufast.extract picks"
+        print(f"relufast: extracting {args.model} (d = {n_features}) with {how} ...", file=sys.stderr)
     t0 = time.perf_counter()
     with _Warnings() as caught:
         res = rf.extract(model, n_features, args.n_hidden, **options)
@@ -622,23 +640,30 @@ def _add_extract(sub, name, summary, listing=True):
         "--n-hidden",
         type=_widths,
         default=None,
-        help="hidden units k, or the widths of several hidden layers separated by commas (20,10; needs "
-        "--queries chosen); default with random queries: the units visible in the outputs",
+        help="hidden units k, or the widths of several hidden layers separated by commas (20,10); default: "
+        "the model's widths (torch, scikit-learn), else with random queries the units visible in the outputs",
     )
     p.add_argument(
         "--queries",
         choices=("random", "chosen"),
-        default="random",
-        help="random: Gaussian queries, one hidden layer; chosen: chosen queries, any depth (default random)",
+        default=None,
+        help="random: Gaussian queries, one hidden layer; chosen: chosen queries, any depth (default: as "
+        "relufast.extract, chosen for a torch or scikit-learn model and for several hidden layers, else random)",
     )
     p.add_argument("--max-queries", type=_positive_int, default=None, help="budget of queries (default: extract's)")
+    p.add_argument(
+        "--time-limit", type=_positive_float, default=None, help="seconds the extraction may take (default: no limit)"
+    )
     p.add_argument("--random-state", "--seed", type=int, default=0, help="random seed of the queries (default 0)")
     p.add_argument(
         "--out", help="write the network (U, V, b, c, or W1, b1, ... per layer), status and message to this .npz file"
     )
-    p.add_argument("--quiet", action="store_true", help="no progress message on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr (shown on a terminal otherwise)")
     p.add_argument(
-        "--n-jobs", type=_positive_int, default=None, help="threads for the C++ kernels (default: all cores)"
+        "--n-jobs",
+        type=_positive_int,
+        default=None,
+        help="threads for the C++ kernels of random queries (default: all cores; chosen queries refuse it)",
     )
     p.set_defaults(func=_extract)
 

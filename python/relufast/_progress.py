@@ -16,11 +16,11 @@ class Progress:
         self.enabled = enabled is True or (enabled is None and getattr(self.stream, "isatty", lambda: False)())
         self.total, self.label, self.last = total, label, 0.0
 
-    def update(self, done, extra=""):
+    def update(self, done, extra="", force=False):
         if not self.enabled:
             return
         now = time.monotonic()
-        if now - self.last < 0.2 and done < self.total:
+        if now - self.last < 0.2 and done < self.total and not force:
             return
         self.last = now
         frac = done / self.total if self.total else 1.0

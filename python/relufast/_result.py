@@ -232,16 +232,23 @@ class Run:
         self.counts = dict(counts)
         self.diag = {}
         self.precision = "float64"  # set by methods that certify at the outputs' precision
+        self.current: str | None = None  # the stage running now (progress reports)
+        self.raised_in: str | None = None
 
     @contextmanager
     def stage(self, name):
         """Times the stage ``name`` (``seconds[name]``); a ``time_limit`` that passed stops the
         method before the stage starts (:mod:`relufast._deadline`)."""
         check_deadline(f"before the stage {name!r}")
-        t = time.perf_counter()
+        t, outer = time.perf_counter(), self.current
+        self.current = name
         try:
             yield
+        except BaseException:
+            self.raised_in = self.raised_in or name  # the innermost stage an exception left
+            raise
         finally:
+            self.current = outer
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
 
     def result(

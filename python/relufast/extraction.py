@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _deadline
+from ._deadline import check_time_limit
 from ._progress import Progress
 from ._result import RecoveryResult, Status, warn
 from ._validation import check_positive_int, check_random_state
@@ -298,10 +300,11 @@ def _plan(model, d, n_hidden, queries):
     return mode, widths, widths_from, why
 
 
-def _chosen(model, d, widths, max_queries, precision, random_state):
+def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, progress, batch_size):
     """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen`."""
     from .chosen.driver import extract_chosen
 
+    batch_size = check_positive_int(batch_size, "batch_size")
     if max_queries is None:
         max_queries = chosen_budget(d, widths)
     max_queries = check_positive_int(max_queries, "max_queries")
@@ -318,7 +321,32 @@ def _chosen(model, d, widths, max_queries, precision, random_state):
         dtype_name=dtype_name,
         precision=precision,
         random_state=check_random_state(random_state),
+        time_limit=check_time_limit(time_limit),
+        progress=progress,
+        batch_size=batch_size,
     )
+
+
+def _refuse_random_options(why, n_queries, method, n_jobs):
+    """Options of random queries that chosen queries cannot honour: a ``ValueError`` naming each."""
+    refused = []
+    if n_queries is not None:
+        refused.append(
+            f"n_queries={n_queries!r} (the first sample of Gaussian queries; chosen queries take what each step "
+            "needs: bound them with max_queries)"
+        )
+    if method != "auto":
+        refused.append(f"method={method!r} (a passive method run on Gaussian queries)")
+    if n_jobs is not None:
+        refused.append(
+            f"n_jobs={n_jobs!r} (chosen queries run one model call at a time with NumPy's BLAS at one thread: "
+            "their solves are small)"
+        )
+    if refused:
+        raise ValueError(
+            f"chosen queries ({why}) do not take " + "; ".join(refused) + ". Leave them unset, or pass "
+            "queries='random' for one hidden layer"
+        )
 
 
 #: Default query budget of chosen queries: CHOSEN_BUDGET_PER_WEIGHT queries a hidden weight,
@@ -367,7 +395,7 @@ def extract(
     n_hidden: Any = None,
     *,
     queries: str | None = None,
-    n_queries: int = 20000,
+    n_queries: int | None = None,
     max_queries: int | None = None,
     precision: Any = None,
     batch_size: int = 16384,
@@ -375,6 +403,7 @@ def extract(
     progress: bool | None = None,
     random_state: Any = None,
     n_jobs: int | None = None,
+    time_limit: float | None = None,
 ) -> RecoveryResult:
     """Extract a ReLU network from a model you can query: ``y = U relu(V x + b) + c`` by
     Gaussian queries, or a network with one or more hidden layers by chosen queries.
@@ -420,9 +449,10 @@ def extract(
         unit's switching scale), beside every extracted boundary and in the wedges between
         nearly parallel ones (:mod:`relufast.chosen.probes`); the model must answer with the
         same number of outputs and dtype on every call (else ``ValueError``).
-    n_queries : int, default=20000
-        Queries of the first attempt; doubled (new queries added) until the certificate
-        holds or ``max_queries`` is reached.
+    n_queries : int or None
+        Random queries: queries of the first attempt (None: 20,000); doubled (new queries
+        added) until the certificate holds or ``max_queries`` is reached. Chosen queries
+        refuse it (``ValueError``): each step takes what it needs, bounded by ``max_queries``.
     max_queries : int or None
         Budget of queries (None: 2,000,000 for random queries; for chosen ones 100 a hidden weight,
         at least 2,000,000: :func:`chosen_budget`). A chosen-query run that spends it ends `failed`
@@ -431,16 +461,25 @@ def extract(
         Precision of the outputs (default: from the model's output dtype; torch float32
         modules are certified at float32).
     batch_size : int, default=16384
-        Queries per call of the model.
+        Most queries in one call of the model (both modes).
     method : {"auto", "bjw19-gaussian", "atv21"}
+        Random queries only (chosen queries refuse another value than "auto").
         "auto": atv21 when m < k or when the queries show hidden biases or an output offset
         (:func:`relufast.stages.diagnostics.bias_evidence`: the bias-free method cannot fit
         them, and trying it cost 25 of 45 s at d = 40, k = m = 20); otherwise
         bjw19-gaussian, then atv21 if that is not exact.
     progress : bool or None
-        Progress on stderr (None: on a terminal only).
+        Progress on stderr (None: on a terminal only): the queries spent as a share of
+        ``max_queries``; chosen queries add the stage and the seconds so far.
     random_state : None, int or numpy Generator
     n_jobs : int or None
+        Threads of the passive methods (random queries). Chosen queries refuse it
+        (``ValueError``): they run with NumPy's BLAS at one thread.
+    time_limit : float or None
+        Seconds the extraction may take (None: no limit). Chosen queries check it before
+        every call of the model and every stage, then certify what they completed in time;
+        random queries stop doubling and stop the method running at its next check. A run
+        it stops ends ``failed`` with ``diagnostics["stopped_by"] = "time_limit"``.
 
     Returns
     -------
@@ -454,9 +493,10 @@ def extract(
     d = check_positive_int(n_features, "n_features")
     mode, widths, widths_from, why = _plan(model, d, n_hidden, queries)
     if mode == "chosen":
-        return _with_plan(
-            _chosen(model, d, widths, max_queries, precision, random_state), widths, widths_from, mode, why
-        )
+        _refuse_random_options(why, n_queries, method, n_jobs)
+        res = _chosen(model, d, widths, max_queries, precision, random_state, time_limit, progress, batch_size)
+        return _with_plan(res, widths, widths_from, mode, why)
+    time_limit = check_time_limit(time_limit)
     if widths is not None and widths[0] > d:  # known before any query: Gaussian queries see at most d units
         return _with_plan(_unsupported_random(widths[0], d), widths, widths_from, mode, why)
     res = _random(
@@ -471,16 +511,30 @@ def extract(
         progress,
         random_state,
         n_jobs,
+        time_limit,
     )
     return _with_plan(res, widths, widths_from, mode, why)
 
 
-def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs):
-    """``extract`` by Gaussian queries (one hidden layer): doubling until the certificate holds."""
+def _random(
+    model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs, time_limit
+):
+    """``extract`` by Gaussian queries (one hidden layer): doubling until the certificate holds
+    or ``time_limit`` passes."""
+    with _deadline.limit(time_limit):
+        return _random_doubling(
+            model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs
+        )
+
+
+def _random_doubling(
+    model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs
+):
     from ._auto import query_plan
     from .methods import run_method
 
     max_queries = 2_000_000 if max_queries is None else max_queries
+    n_queries = 20_000 if n_queries is None else n_queries
     n0 = check_positive_int(n_queries, "n_queries", minimum=2 * (d + 1))
     max_queries = check_positive_int(max_queries, "max_queries", minimum=n0)
     batch = check_positive_int(batch_size, "batch_size")
@@ -502,6 +556,8 @@ def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, m
     def draw(n_more, bar):
         done = sum(len(x) for x in Xs)
         for s in range(0, n_more, batch):
+            if Xs and _deadline.passed():  # time_limit: fit what was drawn
+                return
             Xb = rng.standard_normal((min(batch, n_more - s), d))
             Yb = f(Xb)
             if out_dtype[0] is None:
@@ -531,16 +587,19 @@ def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, m
                 names = [method] if method != "auto" else query_plan(X, Y, k)
                 for name in names:
                     opts = dict(precision=prec, random_state=rng, n_jobs=n_jobs)
+                    left = _deadline.remaining()
+                    if left is not None:  # extract's time_limit: the method's own, so it ends 'failed', not raised
+                        opts["time_limit"] = max(left, 1e-6)
                     res = run_method(name, X, Y, k, opts, quiet=True)
                     if result is None or res.exact or (not result.exact and res.residual < result.residual):
                         result = res
-                    if res.exact:
+                    if res.exact or _deadline.passed():
                         break
-                if result is not None and result.exact:
+                if result is not None and (result.exact or _deadline.passed()):
                     break
             assert result is not None  # names is never empty
             history.append((len(X), result.status.value, float(result.residual)))
-            if result.exact or 2 * n_total > max_queries:
+            if result.exact or 2 * n_total > max_queries or _deadline.passed():
                 break
             n_total *= 2
     finally:
@@ -566,6 +625,9 @@ def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, m
             "n_hidden (random queries), or queries='chosen' with n_hidden (chosen queries see units that Gaussian "
             "queries rarely activate)"
         )
+    if not result.exact and _deadline.passed():
+        diag["stopped_by"] = "time_limit"
+        message += f". The time_limit passed after {len(X)} queries: give it more time (or none)"
     res = dataclasses.replace(result, counts=counts, diagnostics=diag, message=message)
     if centred and res.U is not None:  # the last output is minus the sum of the others
         res = dataclasses.replace(

@@ -28,7 +28,9 @@ import time
 
 import numpy as np
 
+from .. import _deadline
 from .._blas import single_threaded_blas
+from .._progress import Progress
 from .._result import RecoveryResult, Run, Status, warn
 from .._validation import check_random_state
 from .deep import next_layer
@@ -293,6 +295,8 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
             f": the model is not a ReLU network of widths {widths} (another activation, clipping, skip "
             f"connections, wrong widths), or the extraction took a wrong unit ({again})"
         )
+    if diag.get("stopped_by") == "time_limit":
+        return Status.FAILED, f"chosen queries: {note}; give it a larger time_limit (or none)"
     if oracle.precision is not None and oracle.precision.name in ("float16", "bfloat16") and "max_queries" not in note:
         return Status.FAILED, (
             f"chosen queries: {note}, from {oracle.precision.name} outputs: their rounding "
@@ -305,7 +309,50 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
     )
 
 
-def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, precision=None, random_state=None):
+def _run(oracle, widths, rng, clock, diag, time_limit):
+    """The stages under ``time_limit``, then the certificate of a completed network:
+    (hidden, out, certificate, note, queries of the extraction)."""
+    hidden = out = cert = None
+    note = ""
+    try:
+        # NumPy's BLAS at one thread: the linear algebra here is many small and middle-sized
+        # solves, which multithreaded OpenBLAS slows several times over when the cores are
+        # shared (its workers spin).
+        with single_threaded_blas(), _deadline.limit(time_limit):
+            hidden, out, _, note = _stages(oracle, widths, rng, clock, diag)
+    except BudgetSpent as exc:
+        note, hidden, out = f"{exc}: stopped before the network was complete", None, None
+        diag["stopped_by"] = "max_queries"
+    except _deadline.TimeLimitReached as exc:
+        stage = f" (stage {clock.raised_in.replace('_', ' ')})" if clock.raised_in else ""
+        note, hidden, out = f"{exc}{stage}: stopped before the network was complete", None, None
+        diag["stopped_by"] = "time_limit"
+    n_extract = oracle.n_queries
+    if hidden is not None:
+        few = _underdetermined_signs((oracle.d, *widths), oracle.n_outputs)
+        if few:
+            diag.update(signs_resolved=False, signs_underdetermined_layers=tuple(few))
+        try:
+            with clock.stage("certificate"), single_threaded_blas():
+                cert = certify(oracle, hidden, out, rng)
+        except BudgetSpent as exc:
+            note = f"{exc} by the certificate"
+    return hidden, out, cert, note, n_extract
+
+
+def extract_chosen(
+    f,
+    n_features,
+    widths,
+    *,
+    max_queries=None,
+    dtype_name=None,
+    precision=None,
+    random_state=None,
+    time_limit=None,
+    progress=None,
+    batch_size=None,
+):
     """Extract a ReLU network with ``len(widths)`` hidden layers from a query function.
 
     Parameters
@@ -322,6 +369,15 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     precision : None, str or float
         Precision of the outputs (default: their dtype).
     random_state : None, int or numpy Generator
+    time_limit : float or None
+        Seconds the extraction may take: checked before every call of the model and every
+        stage; once passed, the run stops with ``diagnostics["stopped_by"] = "time_limit"``.
+        The certificate of a network completed in time still runs (a few hundred queries).
+    progress : bool or None
+        A line on stderr with the stage, the queries and the seconds so far, and the share
+        of ``max_queries`` spent (None: on a terminal only).
+    batch_size : int or None
+        Most queries in one call of the model (None: as many as a step asks for).
 
     Returns
     -------
@@ -337,28 +393,20 @@ def extract_chosen(f, n_features, widths, *, max_queries=None, dtype_name=None, 
     """
     rng = check_random_state(random_state)
     clock = Run("chosen")  # its stage timings (the result is built here)
-    oracle = Oracle(f, n_features, max_queries, dtype_name, precision)
+    bar = Progress(max_queries, "relufast.extract (chosen)", progress)
+
+    def report(oracle, stage=None, force=False):
+        stage = stage or (clock.current or "").replace("_", " ")
+        spent = time.perf_counter() - clock.t_start
+        bar.update(oracle.n_queries, f"{stage}: {oracle.n_queries:,} queries, {spent:.0f} s   ", force)
+
+    oracle = Oracle(f, n_features, max_queries, dtype_name, precision, batch_size, report if bar.enabled else None)
     diag: dict = {}
-    hidden = out = cert = None
-    note = ""
     try:
-        # NumPy's BLAS at one thread: the linear algebra here is many small and middle-sized
-        # solves, which multithreaded OpenBLAS slows several times over when the cores are
-        # shared (its workers spin).
-        with single_threaded_blas():
-            hidden, out, ok, note = _stages(oracle, tuple(widths), rng, clock, diag)
-    except BudgetSpent as exc:
-        note, hidden, out = f"{exc}: stopped before the network was complete", None, None
-    n_extract = oracle.n_queries
-    if hidden is not None:
-        few = _underdetermined_signs((n_features, *widths), oracle.n_outputs)
-        if few:
-            diag.update(signs_resolved=False, signs_underdetermined_layers=tuple(few))
-        try:
-            with clock.stage("certificate"), single_threaded_blas():
-                cert = certify(oracle, hidden, out, rng)
-        except BudgetSpent as exc:
-            note = f"{exc} by the certificate"
+        hidden, out, cert, note, n_extract = _run(oracle, tuple(widths), rng, clock, diag, time_limit)
+        report(oracle, "done", force=True)
+    finally:
+        bar.close()
     clock.seconds["total"] = time.perf_counter() - clock.t_start
     prec = oracle.precision.name if oracle.precision is not None else "float64"
     tol = cert_tolerance(oracle.eps, (n_features, *widths))

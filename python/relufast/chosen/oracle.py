@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._deadline import check as check_deadline
 from ..stages.precision import Precision, resolve_precision
 
 __all__ = ["Oracle", "BudgetSpent"]
@@ -38,10 +39,23 @@ class Oracle:
         Output dtype when known in advance (torch modules); else read from the first answer.
     precision : None, str or float
         Overrides the precision read from the outputs.
+    batch_size : int or None
+        Most rows a single call of the model gets: a larger request is answered by several
+        calls (None: one call).
+    on_answer : callable or None
+        Called with the oracle after every answered request (progress reports).
+
+    A ``time_limit`` set around the extraction (:func:`relufast._deadline.limit`) is checked
+    before every request: once it has passed, the request raises
+    :class:`relufast._deadline.TimeLimitReached` without querying.
     """
 
-    def __init__(self, f, n_features, max_queries=None, dtype_name=None, precision=None):
+    def __init__(
+        self, f, n_features, max_queries=None, dtype_name=None, precision=None, batch_size=None, on_answer=None
+    ):
         self.f = f
+        self.batch_size = batch_size
+        self.on_answer = on_answer
         self.d = int(n_features)
         self.max_queries = max_queries
         self.n_queries = 0
@@ -67,6 +81,15 @@ class Oracle:
             return np.empty((0, self.n_outputs))
         if self.max_queries is not None and self.n_queries + len(X) > self.max_queries:
             raise BudgetSpent(f"max_queries={self.max_queries} spent ({self.n_queries} used, {len(X)} more asked)")
+        check_deadline(f"after {self.n_queries} queries")
+        step = len(X) if not self.batch_size or len(X) <= self.batch_size else self.batch_size
+        parts = [self._answer(X[s : s + step], finite) for s in range(0, max(len(X), 1), max(step, 1))]
+        if self.on_answer is not None:
+            self.on_answer(self)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _answer(self, X, finite):
+        """One call of the model."""
         self.n_queries += len(X)
         self.n_calls += 1
         Y = np.asarray(self.f(X))

@@ -1,0 +1,95 @@
+"""Options of ``extract`` in the chosen mode: honoured (time_limit, progress, batch_size) or
+refused with a message naming them (n_queries, method, n_jobs); time_limit in the random mode."""
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import relufast as rf
+from relufast.planted import deep_relu, relu_function
+
+
+@pytest.fixture(scope="module")
+def deep():
+    hidden, out = deep_relu(10, (6, 4), 3, random_state=8)
+    return relu_function(hidden, out)
+
+
+class Recorder:
+    """A model that remembers the size of every call."""
+
+    def __init__(self, f):
+        self.f, self.sizes = f, []
+
+    def __call__(self, X):
+        self.sizes.append(len(X))
+        return self.f(X)
+
+
+def test_time_limit_stops_a_chosen_run_with_its_reason(deep):
+    full = rf.extract(deep, 10, (6, 4), random_state=0)
+    assert full.status == "exact"
+    slow = lambda X: (time.sleep(0.01), deep(X))[1]  # noqa: E731 - 10 ms a call
+    with pytest.warns(UserWarning, match="time_limit"):
+        res = rf.extract(slow, 10, (6, 4), random_state=0, time_limit=0.2)
+    assert res.status == "failed" and res.diagnostics["stopped_by"] == "time_limit"
+    assert "time_limit of 0.2 s passed" in res.message and "larger time_limit" in res.message
+    assert 0 < res.counts["queries"] < full.counts["queries"]
+
+
+def test_budget_spent_is_named_in_the_diagnostics(deep):
+    with pytest.warns(UserWarning, match="max_queries=500 spent"):
+        res = rf.extract(deep, 10, (6, 4), random_state=0, max_queries=500)
+    assert res.status == "failed" and res.diagnostics["stopped_by"] == "max_queries"
+    assert res.counts["queries"] <= 500
+
+
+def test_progress_reports_stages_on_stderr(deep, capsys):
+    res = rf.extract(deep, 10, (6, 4), random_state=0, progress=True)
+    err = capsys.readouterr().err
+    assert res.status == "exact"
+    assert "relufast.extract (chosen)" in err and "first layer" in err
+    assert f"done: {res.counts['queries']:,} queries" in err and err.endswith("\n")
+    rf.extract(deep, 10, (6, 4), random_state=0, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("batch_size", [7, 1000])
+def test_batch_size_bounds_every_call(deep, batch_size):
+    model = Recorder(deep)
+    res = rf.extract(model, 10, (6, 4), random_state=0, batch_size=batch_size)
+    assert res.status == "exact" and max(model.sizes) <= batch_size
+    assert res.counts["calls"] == len(model.sizes) and res.counts["queries"] == sum(model.sizes)
+
+
+@pytest.mark.parametrize(
+    "option, named",
+    [
+        (dict(n_queries=5000), "n_queries=5000"),
+        (dict(method="atv21"), "method='atv21'"),
+        (dict(n_jobs=2), "n_jobs=2"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(time_limit=-1), "time_limit"),
+    ],
+)
+def test_options_chosen_queries_cannot_honour_are_refused(deep, option, named):
+    model = Recorder(deep)
+    with pytest.raises(ValueError, match=named.replace("(", r"\(")):
+        rf.extract(model, 10, (6, 4), **option)
+    assert model.sizes == []  # refused before any query
+
+
+def test_time_limit_stops_random_queries():
+    net = rf.planted.two_layer(10, 6, 4, bias=0.5, random_state=0)
+
+    def slow(X):
+        time.sleep(0.05)
+        return net.predict(X)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = rf.extract(slow, 10, 6, queries="random", n_queries=4000, batch_size=1000, time_limit=0.12)
+    assert res.status == "failed" and res.diagnostics["stopped_by"] == "time_limit"
+    assert "time_limit passed" in res.message and res.counts["queries"] < 4000
