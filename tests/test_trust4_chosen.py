@@ -150,7 +150,7 @@ def test_item4_number_of_outputs_changes_between_calls():
         Y = g(X)
         return Y if calls[0] < 3 else Y[:, :1]
 
-    with pytest.raises(ValueError, match=r"returned shape \(140, 1\) .*earlier calls returned 3"):
+    with pytest.raises(ValueError, match=r"returned shape \(\d+, 1\) .*earlier calls returned 3"):
         chosen(f, 9, 4)
 
 

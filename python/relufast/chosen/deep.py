@@ -40,9 +40,9 @@ import numpy as np
 
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
-from .hyperplanes import jump_normals
+from .hyperplanes import Spans, jump_normals
 from .lines import Kinks, find_kinks, screened_kinks, window_kinks
-from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
+from .net import activation_pattern, active_jacobian, feature_jacobians, features, pre_activations, preact_jacobians
 
 __all__ = ["next_layer", "downstream_basis"]
 
@@ -57,25 +57,37 @@ WINDOW_WIDTH = 12.0
 
 
 def downstream_basis(layers):
-    """Orthonormal bases of the span of the last layer's pre-activation gradients at kink
-    points (a function for :func:`.hyperplanes.jump_normals`), or None when that layer is
-    not narrower than the input. Every unit after that layer, and the model's outputs, are
-    functions of its pre-activations: their gradients lie in that span, so a kink of a
-    deeper unit needs derivatives along its k directions only, not d (at d = 784 and
-    k = 64, 130 queries a kink instead of 1,570)."""
+    """Per-kink orthonormal bases of the span of the gradients of the last layer's units
+    active at the kink (:class:`.hyperplanes.Spans` for :func:`.hyperplanes.jump_normals`),
+    or None when that layer is not narrower than the input. Every unit after that layer,
+    and the model's outputs, are functions of its active units near the kink (both sides of
+    a deeper kink share their pattern): their gradients lie in that span, so a kink of a
+    deeper unit needs derivatives along the active units' directions only, not d (at
+    d = 784 and k = 64, about 70 queries a kink instead of 1,570)."""
     k, d = layers[-1][0].shape[0], layers[0][0].shape[1]
     if k >= d:
         return None
 
-    if len(layers) == 1:  # the first layer: the same span everywhere
-        Q = np.linalg.qr(layers[0][0].T)[0]
-        return lambda x: np.broadcast_to(Q, (len(x), *Q.shape))
+    if len(layers) == 1:  # the first layer: the rows of its active units
+        W, b = layers[0]
 
-    def basis(x):
-        J = preact_jacobians(layers, x)[-1]  # (c, k, d)
-        return np.linalg.qr(np.swapaxes(J, 1, 2))[0]  # (c, d, k)
+        def order(x):  # active units first
+            return np.argsort(~(x @ W.T + b > 0), axis=1, kind="stable")
 
-    return basis
+        def basis(x, r):
+            return np.linalg.qr(np.swapaxes(W[order(x)[:, :r]], 1, 2))[0]  # (c, d, r)
+
+        return Spans(lambda x: (x @ W.T + b > 0).sum(axis=1), basis)
+
+    def svd(x):  # right singular vectors of the active Jacobian, and its rank
+        _, s, Vt = np.linalg.svd(active_jacobian(layers, x), full_matrices=False)
+        return Vt, (s > SPAN_RANK * np.maximum(s[:, :1], 1e-300)).sum(axis=1)
+
+    return Spans(lambda x: svd(x)[1], lambda x, r: np.swapaxes(svd(x)[0][:, :r], 1, 2))
+
+
+#: Relative singular value of the active Jacobian under which a direction is not in its span.
+SPAN_RANK = 1e-10
 
 
 def _subset(kinks, idx):
@@ -345,7 +357,7 @@ def _search(oracle, layers, base, dirs, rng, pool, width=None, Theta=None, neare
     their normals, into the pool (``nearest``: only the kink nearest to the base of each
     line, where an entry line expects the boundary it was computed for)."""
     width = width or ACROSS_WIDTH
-    kinks = find_kinks(oracle, base, dirs * width, np.linspace(-1.0, 1.0, ENTRY_GRID))
+    kinks = _line_kinks(oracle, layers, Theta, base, dirs * width, -1.0, 1.0, ENTRY_GRID)
     fresh = _fresh(layers, kinks.x, 0.5 * oracle.window(), Theta)
     if nearest and len(fresh):
         dist = np.linalg.norm(kinks.x[fresh] - base[kinks.line[fresh]], axis=1)
@@ -513,6 +525,13 @@ def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
     return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points))
 
 
+#: Half-length (in t, for standard normal directions) of the random lines of the pool:
+#: screened lines (float64) cost about one query per known boundary they cross, and the
+#: hyperplanes of a first layer are crossed at most once whatever the length, so long lines
+#: meet rarely switching units more often for little more (the rarest units of 64-32-32-10
+#: and 100-64-64-10 are crossed by twice as many lines at 12 as at 3); grid lines (low
+#: precision) keep their cells short.
+REFILL_T, REFILL_T_LOW = 12.0, 3.0
 #: Unit roundoff under which lines are screened; grid of an entry line otherwise.
 SCREEN_EPS, ENTRY_GRID = 1e-12, 128
 
@@ -524,7 +543,8 @@ def _refill(oracle, layers, widths, rng, pool, tol, n_lines=1, Theta=None):
     d = oracle.d
     base = 0.5 * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
-    kinks = _line_kinks(oracle, layers, Theta, base, dirs, -3.0, 3.0, grid_size(widths))
+    T = REFILL_T if oracle.eps < SCREEN_EPS else REFILL_T_LOW
+    kinks = _line_kinks(oracle, layers, Theta, base, dirs, -T, T, grid_size(widths))
     fresh = _fresh(layers, kinks.x, tol, Theta)
     nrm = jump_normals(oracle, _subset(kinks, fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)

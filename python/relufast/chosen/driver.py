@@ -63,21 +63,28 @@ def _normalise(hidden, out):
     return layers
 
 
-def _fit_points(known, tent, n, d, rng, need):
+def _fit_points(known, tent, n, d, rng):
     """Points for the output layer (and the polish): half at scale 1, half at scale 3 (deep
     networks: a quarter of them and n / 2 more at scale 10, where some combinations of
-    active units are only met), then more at scale 3 until every unit is active on at least
-    ``need(fan_in)`` points (a unit active on fewer is underdetermined)."""
+    active units are only met)."""
     X = np.vstack([rng.standard_normal((n - n // 2, d)), 3.0 * rng.standard_normal((n // 2, d))])
     if len(known):
         X[: n // 4] *= 10.0
         X = np.vstack([X, 10.0 * rng.standard_normal((n // 2, d))])
+    return X
+
+
+def _rare_points(known, tent, X, n, d, rng, need):
+    """More points at scale 3 (batches of n, FIT_ROUNDS at most) until every unit is active
+    on at least ``need(fan_in)`` of X and them (a unit active on fewer is underdetermined
+    in the polish)."""
+    more = np.zeros((0, d))
     for _ in range(FIT_ROUNDS):
-        Z, _ = pre_activations([*known, tent], X)
+        Z, _ = pre_activations([*known, tent], np.vstack([X, more]))
         if all((z > 0).sum(axis=0).min() >= need(W.shape[1]) for z, (W, _) in zip(Z, [*known, tent])):
             break
-        X = np.vstack([X, 3.0 * rng.standard_normal((n, d))])
-    return X
+        more = np.vstack([more, 3.0 * rng.standard_normal((n, d))])
+    return more
 
 
 #: Extra batches of fit points drawn for rarely active units.
@@ -90,7 +97,7 @@ POLISH_BYTES = 256 * 2**20
 FIT_BYTES = 64 * 2**20
 
 
-def _refit(oracle, known, tent, rng, clock, diag, name):
+def _refit(oracle, known, tent, rng, clock, diag, name, last):
     """The layer refitted through precise kinks (:mod:`.refit`) and oriented where the
     wiggles settle its signs (:mod:`.signs`); returns (layer, every row confirmed by its
     kinks (refitted whole, or in part where a unit before it is never active there),
@@ -99,7 +106,7 @@ def _refit(oracle, known, tent, rng, clock, diag, name):
     # layer see the same lines whatever the refit drew.
     sub = _spawn(rng)
     with clock.stage("refit"):
-        W, b, n, why = refit_layer(oracle, known, tent, sub)
+        W, b, n, why = refit_layer(oracle, known, tent, sub, last=last)
     note = (" (" + ", ".join(f"{v} {k}" for k, v in why.items()) + ")") if why else ""
     diag.setdefault("refitted_rows", []).append(f"{name}: {n} of {len(W)}{note}")
     with clock.stage("signs"):
@@ -130,7 +137,7 @@ def _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, tri
         W, b, Wn, bn = tent[0], tent[1], coef, const
     s = np.linalg.norm(Wn, axis=1)
     nxt, done, nxt_oriented = _refit(
-        oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}"
+        oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}", li + 1 == len(widths)
     )
     return (W, b), nxt, done, nxt_oriented, ok
 
@@ -149,7 +156,7 @@ def _stages(oracle, widths, rng, clock, diag):
     diag["line_rounds"] = rounds
     if len(W) < widths[0]:
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
-    tent, _, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1")
+    tent, _, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1", L == 1)
     known: list = []
     signs_ok = True
     for li in range(1, L):
@@ -172,15 +179,23 @@ def _stages(oracle, widths, rng, clock, diag):
     # while that stays small (the polish may use them), else FIT_BYTES of inputs.
     n_fit = int(max(4 * (widths[-1] + k_prev + 1), min(np.ceil(3 * n_par / m), FIT_BYTES // (8 * d)))) + 2 * d
     need = lambda fan_in: 2 * (fan_in + 1)  # noqa: E731
+    target = cert_tolerance(oracle.eps, (d, *widths)) / 16
     with clock.stage("output_layer"):
-        X = _fit_points(known, tent, n_fit, d, rng, need)
+        X = _fit_points(known, tent, n_fit, d, rng)
         Y = oracle(X)
         last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
+        hidden = known + [last]
+        res = float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
+        if res > 4 * target or not ok:
+            # Rarely active units: more points where they are (the fit, its signs and the
+            # polish need each unit active on twice its fan-in).
+            X2 = _rare_points(known, tent, X, n_fit, d, rng, need)
+            X, Y = np.vstack([X, X2]), np.vstack([Y, oracle(X2)])
+            last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
+            hidden = known + [last]
+            res = float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
     signs_ok &= ok
     diag["signs_resolved"] = signs_ok
-    hidden = known + [last]
-    target = cert_tolerance(oracle.eps, (d, *widths)) / 16
-    res = float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
     diag["fit_residual"] = res
     if res > 4 * target and len(X) * m * n_par * 8 <= POLISH_BYTES:
         with clock.stage("polish"):

@@ -5,8 +5,8 @@ J+ (m, d). A single unit switches at x*, so ``J+ - J- = a n^T`` has rank one ([C
 Sec. 4.3, [RK20] Sec. 3): n is the normal of the unit's boundary at x*, and the boundary is
 ``{x : n.(x - x*) = 0}`` in the linear region of x*. J+ and J- are read by forward
 differences from one point on each side, d + 1 queries a side for all m outputs at once
-(r + 1 behind a known layer of r < d units, whose gradients span every later gradient);
-all kinks of a batch go in one model call. In exact arithmetic a piecewise-linear function
+(r + 1 behind a known layer of r < d units, whose gradients span every later gradient;
+fewer at a kink where only some of them are active, :class:`Spans`); all kinks of a batch go in one model call. In exact arithmetic a piecewise-linear function
 has exact forward differences, so the step is as large as the region allows (set by the
 output precision, :meth:`Oracle.fd_fraction`), and the result is checked against the
 slope jump measured on the line.
@@ -20,11 +20,13 @@ References
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-__all__ = ["Normals", "jump_normals"]
+from .lines import Kinks
+
+__all__ = ["Normals", "Spans", "jump_normals"]
 
 
 class Normals(NamedTuple):
@@ -47,6 +49,44 @@ class Normals(NamedTuple):
     error: np.ndarray
 
 
+class Spans(NamedTuple):
+    """Subspaces that hold the model's gradient on both sides of each kink, of a dimension
+    that varies from kink to kink (behind a known layer: the gradients of its units active
+    there, :func:`.deep.downstream_basis`).
+
+    Attributes
+    ----------
+    dims : callable
+        Kink points (c, d) -> (c,) int, each kink's subspace dimension.
+    basis : callable
+        ``basis(x, r)`` -> (c, d, r) orthonormal columns whose first ``dims(x)`` span each
+        kink's subspace (r >= dims(x); the others any orthonormal completion).
+    """
+
+    dims: Callable
+    basis: Callable
+
+
+#: Subspace dimensions of kinks measured together are rounded up to a multiple of this (one
+#: model call per group; a few wasted queries a kink).
+SPAN_STEP = 8
+
+
+def _by_span(oracle, kinks, rng, spans):
+    """:func:`jump_normals` with kinks grouped by their subspace dimension (rounded up to
+    SPAN_STEP): r + 1 queries a side for a kink whose gradients span r dimensions."""
+    r_of = SPAN_STEP * np.ceil(np.maximum(spans.dims(kinks.x), 1) / SPAN_STEP).astype(int)
+    parts = []
+    for r in np.unique(r_of):
+        idx = np.nonzero(r_of == r)[0]
+        sub = Kinks(*(a[idx] for a in kinks[:4]), kinks.step, kinks.slope_jump[idx])
+        nrm = jump_normals(oracle, sub, rng, lambda x, r=int(r): spans.basis(x, r))
+        parts.append(nrm._replace(keep=idx[nrm.keep]))
+    keep = np.concatenate([p.keep for p in parts])
+    order = np.argsort(keep, kind="stable")
+    return Normals(keep[order], *(np.concatenate([getattr(p, f) for p in parts])[order] for f in ("x", "n", "error")))
+
+
 def jump_normals(oracle, kinks, rng, basis=None):
     """Normals of the kinks from one-sided Jacobians (one model call per batch of kinks).
 
@@ -58,12 +98,15 @@ def jump_normals(oracle, kinks, rng, basis=None):
     kink points (c, d) returning orthonormal bases (c, d, r) of a subspace that holds the
     model's gradient on both sides of each kink: behind a known layer of r < d units every
     gradient is a combination of those units' gradients (:func:`.deep.downstream_basis`),
-    and r + 1 queries a side suffice instead of d + 1.
+    and r + 1 queries a side suffice instead of d + 1; or :class:`Spans` (a dimension per
+    kink, kinks measured in groups of equal dimension).
     """
     K = len(kinks.t)
     d = kinks.x.shape[1] if K else oracle.d
     if K == 0:
         return Normals(np.zeros(0, int), np.zeros((0, d)), np.zeros((0, d)), np.zeros(0))
+    if isinstance(basis, Spans):
+        return _by_span(oracle, kinks, rng, basis)
     if basis is None:
         Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
         basis = lambda x: np.broadcast_to(Q, (len(x), d, d))  # noqa: E731

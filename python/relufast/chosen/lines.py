@@ -75,7 +75,8 @@ def find_kinks(oracle, base, dirs, t_grid):
     n_lines, d = base.shape
     G = len(t_grid)
     X = base[:, None, :] + t_grid[None, :, None] * dirs[:, None, :]
-    Y = oracle(X.reshape(-1, d)).reshape(n_lines, G, -1)
+    Y = oracle(X.reshape(-1, d))
+    Y = Y.reshape(n_lines, G, Y.shape[1])
     # Rounding noise at the scale of the line's largest output, for every output: an output
     # near zero is computed from terms as large as the others (a threshold from its own
     # size flags its rounding as kinks and rejects true kinks located on it).
@@ -149,14 +150,69 @@ def screened_kinks(oracle, base, dirs, breaks, sub=32, margin=1e-3):
     w = (T[:, 1] - T[:, 0]) / (T[:, 2] - T[:, 0])
     off = np.abs(Y[:, 1] - ((1 - w)[:, None] * Y[:, 0] + w[:, None] * Y[:, 2])).max(axis=1)
     bent = np.nonzero(off > thr)[0]
-    empty = np.zeros(0, dtype=int)
     if len(bent) == 0:
-        return Kinks(empty, np.zeros(0), np.zeros((0, d)), np.zeros((0, d)), 0.0, np.zeros((0, Y.shape[2])))
+        empty = np.zeros((0, d))
+        return Kinks(np.zeros(0, dtype=int), np.zeros(0), empty, empty, 0.0, np.zeros((0, Y.shape[2])))
     lo, hi = T[bent, 0], T[bent, 2]
     sub_base = base[owner[bent]] + lo[:, None] * dirs[owner[bent]]
     sub_dirs = (hi - lo)[:, None] * dirs[owner[bent]]
-    k = find_kinks(oracle, sub_base, sub_dirs, np.linspace(0.0, 1.0, sub))
-    return k._replace(line=owner[bent][k.line])
+    one, found = _single_kinks(oracle, sub_base, sub_dirs, Y[bent], thr[bent])
+    rest = np.nonzero(~found)[0]
+    grid = find_kinks(oracle, sub_base[rest], sub_dirs[rest], np.linspace(0.0, 1.0, sub))
+    grid = grid._replace(line=rest[grid.line])
+    # One step for both (linear for that fraction of the piece on both sides of each kink).
+    step = min(SINGLE_STEP, grid.step)
+    both = [np.concatenate([a, b]) for a, b in zip(one[:4], grid[:4])]
+    return Kinks(owner[bent][both[0]], *both[1:], step, np.vstack([one.slope_jump, grid.slope_jump]))
+
+
+#: Inner points of a bent piece (fractions of it from each end) through which its two outer
+#: pieces are drawn, and the step (fraction of the piece) that stays linear beside a kink
+#: located by them.
+SINGLE_INNER = 1 / 16
+SINGLE_STEP = SINGLE_INNER / 2
+#: Offset (fraction of the piece) of the two checks beside a located kink; also its least
+#: distance from an inner point.
+SINGLE_CHECK = SINGLE_INNER / 8
+
+
+def _single_kinks(oracle, base, dirs, Y3, thr):
+    """Kinks of pieces ``base + s dirs`` (s in [0, 1]) that hold a single one, located with
+    four queries a piece: the outer pieces are drawn through the ends and points
+    SINGLE_INNER inside them; their intersection s* is the kink when it lies between the
+    inner points, the model follows the left piece just before s* and the right one just
+    after (two queries), and the middle output ``Y3[:, 1]`` lies on the piece it should (a
+    second kink in the piece fails one of these). Returns (Kinks with ``line`` indexing the pieces, found mask); the pieces
+    not found are left to a grid."""
+    n, d = base.shape
+    m = Y3.shape[2]
+    ends = np.array([0.0, 1.0])
+    inner = np.array([SINGLE_INNER, 1.0 - SINGLE_INNER])
+    Yi = oracle((base[:, None, :] + inner[None, :, None] * dirs[:, None, :]).reshape(-1, d)).reshape(n, 2, m)
+    sL = (Yi[:, 0] - Y3[:, 0]) / SINGLE_INNER  # slopes per unit s
+    sR = (Y3[:, 2] - Yi[:, 1]) / SINGLE_INNER
+    ds = sR - sL
+    o = np.argmax(np.abs(ds), axis=1)
+    r = np.arange(n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # Y0 + sL s = Y1 + sR (s - 1)  =>  s = (Y1 - sR - Y0) / (sL - sR)
+        s = (Y3[r, 2, o] - sR[r, o] - Y3[r, 0, o]) / (sL[r, o] - sR[r, o])
+    # A kink between an end and its inner point makes that side a chord through the inner
+    # point, which the other piece meets there: s* at an inner point is no kink.
+    ok = np.isfinite(s) & (s > inner[0] + SINGLE_CHECK) & (s < inner[1] - SINGLE_CHECK)
+    s = np.where(ok, s, 0.5)
+    # The model on the left piece just before s* and on the right one just after (two kinks
+    # in the piece, one of them making a side a chord, fail one of the two).
+    at = oracle(np.concatenate([base + (s - SINGLE_CHECK)[:, None] * dirs, base + (s + SINGLE_CHECK)[:, None] * dirs]))
+    left = Y3[:, 0] + sL * (s - SINGLE_CHECK)[:, None]
+    right = Y3[:, 2] + sR * (s + SINGLE_CHECK - ends[1])[:, None]
+    tol = 4.0 * thr[:, None]
+    pred_mid = np.where((0.5 <= s)[:, None], Y3[:, 0] + sL * 0.5, Y3[:, 2] + sR * (0.5 - 1.0))
+    ok &= (np.abs(at[:n] - left) <= tol).all(axis=1) & (np.abs(at[n:] - right) <= tol).all(axis=1)
+    ok &= (np.abs(Y3[:, 1] - pred_mid) <= tol).all(axis=1)
+    idx = np.nonzero(ok)[0]
+    kinks = Kinks(idx, s[idx], base[idx] + s[idx, None] * dirs[idx], dirs[idx], SINGLE_STEP, ds[idx])
+    return kinks, ok
 
 
 __all__ += ["screened_kinks"]

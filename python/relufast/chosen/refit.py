@@ -42,10 +42,12 @@ __all__ = ["refit_layer"]
 #: largest rms residual of a side's affine fit in units of eps * max |output| (averaged
 #: over REFIT_SAMPLES_LOW samples at low precision; three samples in float64, whose
 #: forward passes round at up to ~10 eps * max |output| where units cancel, while a
-#: boundary crossed inside a side gives hundreds); samples per side.
+#: boundary crossed inside a side gives hundreds); samples per side (low precision,
+#: float64, float64 in the last hidden layer: no unknown boundary of a later layer can
+#: cross its segments, whose known boundaries the patterns check, so two samples make a side).
 REFIT_EXTRA, REFIT_HALF = 32, 0.02
 REFIT_RESIDUAL_LOW, REFIT_RESIDUAL_DOUBLE = 4.0, 64.0
-REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE = 16, 3
+REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE, REFIT_SAMPLES_LAST = 16, 3, 2
 #: Innermost sample of a side, as a fraction of REFIT_HALF (float64; low precision).
 REFIT_INNER_DOUBLE, REFIT_INNER_LOW = 1 / 64, 1 / 8
 #: Memory of one batch of refit queries (bytes of float64 inputs).
@@ -100,9 +102,11 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
     # plane fit); closer in, fewer do. Low precision keeps 1/8 (estimates are ~1e-3 off).
-    inner = REFIT_INNER_DOUBLE if S == REFIT_SAMPLES_DOUBLE else REFIT_INNER_LOW
+    inner = REFIT_INNER_LOW if S == REFIT_SAMPLES_LOW else REFIT_INNER_DOUBLE
     side = np.linspace(half / 8, half, S)
-    if inner < 1 / 8:
+    if S == REFIT_SAMPLES_LAST:  # a line through two points: the innermost and the farthest
+        side = np.array([half * inner, half])
+    elif inner < 1 / 8:
         side = np.concatenate([[half * inner], np.linspace(half / 8, half, S - 1)])
     t = np.concatenate([-side[::-1], side])
     X = X0[:, None, :] + t[None, :, None] * G[:, None, :]
@@ -129,7 +133,7 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     ds = hi[:, 1] + lo[:, 1]  # slope_hi - slope_lo in t (lo's slope is in -t)
     jump = np.linalg.norm(ds, axis=1)
     t0 = -np.einsum("pm,pm->p", da, ds) / np.maximum(jump**2, 1e-300)
-    noise = (REFIT_RESIDUAL_DOUBLE if S == REFIT_SAMPLES_DOUBLE else REFIT_RESIDUAL_LOW) * oracle.eps * scale
+    noise = (REFIT_RESIDUAL_LOW if S == REFIT_SAMPLES_LOW else REFIT_RESIDUAL_DOUBLE) * oracle.eps * scale
     ok = clear & (rms_lo <= noise) & (rms_hi <= noise) & (jump * half > 1e3 * noise) & (np.abs(t0) < half * inner)
     return X0 + t0[:, None] * G, ok
 
@@ -247,7 +251,7 @@ ROUNDING = 16.0
 REFIT_AGREE, REFIT_FIT = 0.05, 1e4
 
 
-def refit_layer(oracle, known, layer, rng, *, tol=None):
+def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
     """Hyperplanes of ``layer`` (unit rows in ``h_l``-space, signs open) refitted through
     precisely located kinks, with ``known`` the final layers before it.
 
@@ -255,13 +259,14 @@ def refit_layer(oracle, known, layer, rng, *, tol=None):
     before is never active at its kinks, or left as it was) and the number refitted
     whole, and the count of each reason a row was not refitted whole (with the number of
     kinks the plane fits dropped, "kinks dropped"). ``tol``: the largest change accepted
-    (default REFIT_AGREE)."""
+    (default REFIT_AGREE). ``last``: no hidden layer follows (every boundary a segment may
+    cross is known, so in float64 two samples a side suffice: REFIT_SAMPLES_LAST)."""
     W, b = layer
     k, kin = W.shape
     d = oracle.d
     tol = REFIT_AGREE if tol is None else tol
     P = (5 * kin) // 4 + REFIT_EXTRA
-    S = REFIT_SAMPLES_DOUBLE if oracle.eps < 1e-12 else REFIT_SAMPLES_LOW
+    S = (REFIT_SAMPLES_LAST if last else REFIT_SAMPLES_DOUBLE) if oracle.eps < 1e-12 else REFIT_SAMPLES_LOW
     batch = max(1, int(REFIT_BATCH_BYTES // (2 * S * d * 8)))  # segments per model call
     W2, b2 = W.copy(), b.copy()
     refitted = 0
