@@ -38,14 +38,18 @@ def plot(info, out):
     exact = [r for r in info if r.get("status") == "exact"]
     fits = {}
     for ax, key, label in ((axes[0], "queries", "queries"), (axes[1], "seconds", "seconds (2 cores)")):
-        for r in info:
-            if key not in r:
-                continue
+        for i, r in enumerate(sorted((r for r in info if key in r), key=lambda r: r["parameters"])):
             deep = r["network"].count("-") > 2
             marker = "s" if deep else "o"
             face = ("C1" if deep else "C0") if r.get("status") == "exact" else "none"
             ax.loglog(r["parameters"], r[key], marker, mfc=face, mec="C1" if deep else "C0")
-            ax.annotate(r["network"], (r["parameters"], r[key]), fontsize=6, xytext=(3, -8), textcoords="offset points")
+            ax.annotate(
+                r["network"],
+                (r["parameters"], r[key]),
+                fontsize=6,
+                xytext=(4, -9 if i % 2 else 4),
+                textcoords="offset points",
+            )
         P = np.array([r["parameters"] for r in exact], dtype=float)
         y = np.array([r[key] for r in exact], dtype=float)
         p, c = exponent(P, y)
