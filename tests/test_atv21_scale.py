@@ -134,3 +134,21 @@ def test_general_through_ranks_memmap_and_dask(tmp_path):
             assert res.status == ref.status and res.V.shape == ref.V.shape
             for name in ("U", "V", "b", "c"):
                 np.testing.assert_allclose(getattr(res, name), getattr(ref, name), atol=SAME_TOL, rtol=0)
+
+
+def test_tensor_memory_beyond_what_is_available_is_a_status_not_bad_alloc(monkeypatch):
+    # 100-100-1 asked for 9.6 GB in the Hermite kernel and ended in std::bad_alloc. The need
+    # (k^4 entries a tensor, several batches) is now compared with the memory available
+    # before any allocation; here the machine is made to have 1 MB.
+    from relufast.algorithms.atv21 import pipeline
+
+    monkeypatch.setattr(pipeline, "available_bytes", lambda: 1e6)
+    net = bounded_network(12, 10, 1, seed=0)
+    X = np.random.default_rng(0).standard_normal((4000, 12))
+    with pytest.warns(rf.RelufastWarning, match=r"more than 80% of the 0.001 GB of memory available"):
+        res = rf.recover(X, net.predict(X), n_hidden=10, method="atv21")
+    assert res.status == "unsupported" and res.U is None
+    assert res.diagnostics["tensor_memory_bytes"] > 0.8 * 1e6
+    assert "k = 10 units need about" in res.message and "queries='chosen'" in res.message
+    # the estimate at that size: 16 k^4 bytes an accumulator, about 28 of them at 2 threads
+    assert pipeline.tensor_memory(100, 2) > 40e9 and pipeline.tensor_memory(10, 2) < 10e6

@@ -601,6 +601,8 @@ def _random_doubling(
             history.append((len(X), result.status.value, float(result.residual)))
             if result.exact or 2 * n_total > max_queries or _deadline.passed():
                 break
+            if result.status == Status.UNSUPPORTED:  # more queries change nothing (e.g. the memory it needs)
+                break
             n_total *= 2
     finally:
         bar.close()

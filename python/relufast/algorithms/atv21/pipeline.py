@@ -8,6 +8,7 @@ import numpy as np
 
 from ..._blas import single_threaded_blas
 from ..._deadline import check as check_deadline
+from ..._memory import available_bytes, gigabytes
 from ..._native import BACKEND
 from ..._protocol import recovery_method
 from ..._result import Run, Status, warn
@@ -29,7 +30,7 @@ from . import at_size
 from .deflate import deflate
 from .lift import LIFT_FIT_ROWS, LIFT_WAIT_K, _certify_all, _lift_refine, _lifted_fit, _lm_refine
 from .sample_tensors import _hermite_tensors
-from .tensors import _algorithm6, _output_pencil
+from .tensors import NOISE_BATCHES, _algorithm6, _output_pencil
 
 REGION_ROWS = 1 << 16
 
@@ -523,6 +524,20 @@ def _estimate_and_refine(run, data, s, refine):
     return best, attempts
 
 
+#: Share of the available memory the tensor step may use.
+MEMORY_SHARE = 0.8
+
+
+def tensor_memory(k, n_jobs):
+    """Peak bytes of :func:`.sample_tensors._hermite_tensors` at k units: its second pass
+    keeps NOISE_BATCHES accumulators of order-4 raw sums for 2 outputs (16 k^4 bytes each,
+    the lower orders add k^3 terms), their exchanged copies and their tensors (three
+    sets), plus one accumulator a thread, the total and temporaries (measured: 0.82 GB
+    above the process's start at k = 36, d = 40, 2 threads; this gives 0.83 GB)."""
+    per = 16.0 * (k**4 + k**3 + k**2 + k + 1)
+    return per * (3 * NOISE_BATCHES + max(int(n_jobs or 1), 1) + 4)
+
+
 def _atv21(X, Y, n_hidden, *, refine, comm, prec, **options):
     """The pipeline of :func:`atv21` (steps 1-7 of its Notes), one named step per call."""
     run = Run("atv21")
@@ -541,6 +556,17 @@ def _atv21(X, Y, n_hidden, *, refine, comm, prec, **options):
             return _outcome(run, data, s, rr, [rr.residual], "", refine, prec)
         diag["at_size"] = "no certified network; ATV21's pipeline follows"
         run.counts.update(doublings=0)
+    need, avail = tensor_memory(s.k, data.n_jobs), available_bytes()
+    diag.update(tensor_memory_bytes=need, memory_available_bytes=avail)
+    if need > MEMORY_SHARE * avail:
+        return run.result(
+            Status.UNSUPPORTED,
+            f"atv21's Hermite tensors up to order 4 in the span of k = {s.k} units need about {gigabytes(need)} "
+            f"({NOISE_BATCHES} batches of k^4 = {s.k**4:.3g} entries for 2 outputs, with their copies), more "
+            f"than {MEMORY_SHARE:.0%} of the {gigabytes(avail)} of memory available: none was allocated. With "
+            "m >= k outputs the at-size path computes no tensor above order 2 (bjw19-gaussian too, bias-free); "
+            "a model you can query extracts with queries='chosen'",
+        )
     best, attempts = _estimate_and_refine(run, data, s, refine)
     if best is None and diag["span_eigenvalue_ratio"] < 1e-12:
         return run.result(
