@@ -42,6 +42,12 @@ def machine():
 
 def pytest_addoption(parser):
     parser.addoption(
+        "--threads-large",
+        action="store_true",
+        default=False,
+        help="bench/test_bench_threads.py: add (784, 128, 128) at n = 2e5",
+    )
+    parser.addoption(
         "--adaptive-large",
         action="store_true",
         default=False,
