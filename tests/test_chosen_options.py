@@ -4,7 +4,6 @@ refused with a message naming them (n_queries, method, n_jobs); time_limit in th
 import time
 import warnings
 
-import numpy as np
 import pytest
 
 import relufast as rf

@@ -275,7 +275,7 @@ def test_deeper_normals_measured_in_the_span_of_the_active_units():
     nrm = jump_normals(oracle, sub, rng, downstream_basis(hidden[:1]))
     assert len(nrm.keep) >= 0.8 * len(sub.t) > 0
     assert oracle.n_queries - before < 0.8 * 2 * (widths[0] + 1) * len(sub.t)  # k + 1 a side: 2 (k + 1)
-    J = np.concatenate(preact_jacobians(hidden, nrm.x), axis=1)[:, widths[0]:]  # second-layer gradients
+    J = np.concatenate(preact_jacobians(hidden, nrm.x), axis=1)[:, widths[0] :]  # second-layer gradients
     unit = np.abs(Z[1][deep][nrm.keep]).argmin(axis=1)
     g = J[np.arange(len(unit)), unit]
     g /= np.linalg.norm(g, axis=1, keepdims=True)

@@ -49,8 +49,7 @@ def _forward(layers, X):
 
 
 # (A classifier is queried through predict_proba, whose logits are lost where the
-# probabilities round to 0 or 1: the certificate's far probes reach that region, so
-# classifiers are covered by the bridge's own tests, not as exact extractions.)
+# probabilities round to 0 or 1: classifiers have tests of their own below.)
 @pytest.mark.parametrize("name,widths", [("diabetes", (16, 8)), ("diabetes", (8,)), ("diabetes", (6,))])
 def test_sklearn_mlp_widths_read_from_the_model(name, widths):
     """extract(mlp, d) without n_hidden: the widths come from the architecture, chosen
@@ -208,13 +207,34 @@ def test_logit_function_from_predict_proba_only(name):
     assert np.max(np.abs(got - want)) <= bound
 
 
-def test_binary_classifier_saturating_where_chosen_queries_certify_is_named():
-    """breast_cancer (binary, 30-8-1): chosen queries certify at 10 times the inputs' scale,
-    where this classifier's probability rounds to 1 (logit above 37): the error says so
-    (before: logits clipped at 1e-300 and the network called outside the class)."""
+def test_binary_classifier_is_not_exact_and_says_why():
+    """breast_cancer (binary, 30-8-1): a logistic logit is read from p to about eps (1 + e^z),
+    so away from the decision boundary it is not known to float64; the certificate keeps to
+    the scales where p does not round to 1 and the message names the cause (before: a
+    ValueError at the certificate's far probes, where the logit is lost)."""
     clf, X = _fitted("breast_cancer", (8,))
-    with pytest.raises(ValueError, match=r"non-finite outputs \(inf\).*predict_proba, whose probabilities round"):
-        rf.extract(clf, X.shape[1], random_state=0)
+    with pytest.warns(rf.RelufastWarning, match="binary classifier"):
+        res = rf.extract(clf, X.shape[1], random_state=0)
+    assert not res.exact and res.status in ("approximate", "failed")
+    assert "1 - p loses its digits" in res.message
+
+
+@pytest.mark.parametrize("widths", [(16,), (16, 8)])
+def test_trained_multiclass_classifier_certified_where_its_logits_can_be_read(widths):
+    """digits trained to convergence (64-16-10, 64-16-8-10): the softmax's probabilities
+    underflow beyond logit differences of about 745, which the certificate's probes at
+    scale 1e4 reached (before: a ValueError naming predict_proba). The probes now stop at the
+    largest scale where the extracted network's logit differences stay under 600."""
+    clf, X = _fitted("digits", widths, max_iter=500)
+    res = rf.extract(clf, X.shape[1], random_state=0)
+    assert res.exact, res.message
+    top = res.diagnostics["certificate_scales"]
+    assert 10 <= max(top) < 1e4  # bounded, beyond the data's scale
+    assert "the largest scale at which the model's outputs can be read" in res.message
+    logits = bridges.logit_function(clf)
+    got = res.predict(X)
+    got -= got.mean(axis=1, keepdims=True)
+    assert np.abs(got - logits(X)).max() <= 1e-12 * np.abs(logits(X)).max()
 
 
 def test_saturated_classifier_is_a_clear_error():

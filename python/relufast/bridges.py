@@ -363,8 +363,11 @@ def logit_function(clf: Any) -> Callable[[np.ndarray], np.ndarray]:
     ``eps (1 + exp(|z|))`` for a logistic output (``1 - p`` loses its digits as p nears 1) and
     to about ``eps |z|`` for a softmax until a probability underflows (logit differences
     beyond about 708; subnormal probabilities lose digits first). Where a probability rounds
-    to 0 or 1 the logit is lost: the function returns inf or NaN there, and
-    :func:`relufast.extract` stops with an error naming the inputs' scale.
+    to 0 or 1 the logit is lost: the function returns inf or NaN there. Its attribute
+    ``readable`` (logits (n, m) -> bool (n,)) tells where they are not lost; the chosen-query
+    certificate of :func:`relufast.extract` keeps its probes at the scales where the extracted
+    network's logits are readable (and says so), and other non-finite answers stop the
+    extraction with an error naming the inputs' scale.
     """
     if not hasattr(clf, "predict_proba"):
         raise TypeError(f"logit_function expects a fitted classifier with predict_proba; got {type(clf).__name__}")
@@ -388,4 +391,23 @@ def logit_function(clf: Any) -> Callable[[np.ndarray], np.ndarray]:
             return L - L.mean(axis=1, keepdims=True)
 
     logits.__doc__ = f"Logits of {type(clf).__name__} ({'binary logistic' if binary else out}) from predict_proba."
+    logits.readable = _readable_softmax if out == "softmax" else _readable_logistic  # type: ignore[attr-defined]
     return logits
+
+
+#: Largest logit difference at which no softmax probability underflows (exp(-708) is the
+#: smallest normal float64; the margin keeps subnormal probabilities, which lose digits, out).
+SOFTMAX_READABLE_GAP = 600.0
+#: Largest logistic logit whose probability stays below 1 with digits to spare in float64
+#: (p rounds to 1 above about 36.7; ``1 - p`` keeps about ``16 - z / 2.3`` digits).
+LOGISTIC_READABLE_LOGIT = 30.0
+
+
+def _readable_softmax(Z):
+    """Rows of (centred) logits Z whose probabilities are all read from predict_proba."""
+    return (Z.max(axis=1) - Z.min(axis=1)) <= SOFTMAX_READABLE_GAP
+
+
+def _readable_logistic(Z):
+    """Rows of logistic logits Z whose probabilities do not round to 1."""
+    return Z.max(axis=1) <= LOGISTIC_READABLE_LOGIT

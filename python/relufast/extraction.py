@@ -324,6 +324,7 @@ def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, 
         time_limit=check_time_limit(time_limit),
         progress=progress,
         batch_size=batch_size,
+        readable=getattr(f, "readable", None),
     )
 
 
@@ -517,7 +518,18 @@ def extract(
 
 
 def _random(
-    model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs, time_limit
+    model,
+    d,
+    n_hidden,
+    n_queries,
+    max_queries,
+    precision,
+    batch_size,
+    method,
+    progress,
+    random_state,
+    n_jobs,
+    time_limit,
 ):
     """``extract`` by Gaussian queries (one hidden layer): doubling until the certificate holds
     or ``time_limit`` passes."""

@@ -220,6 +220,11 @@ def _probed(cert):
     """Where the certificate looked, in words."""
     n = cert["counts"]
     where = f"{cert['queries']} fresh queries at scales 1 to {cert['top_scale']:.3g}"
+    if cert["top_scale"] >= cert["readable_scale"]:
+        where += (
+            " (the largest scale at which the model's outputs can be read: beyond it a classifier's "
+            "probabilities round to 0 or 1 and its logits are lost)"
+        )
     if n.get("boundaries"):
         where += f", {n['boundaries']} beside the first-layer boundaries"
     if n.get("deep boundaries"):
@@ -270,6 +275,12 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
         where, ok = _miss(cert, tol)
         head = f"chosen queries: the extracted network {shape} misses the model by {residual:.2g} {where} "
         head += f"(tolerance {tol:.2g} at {prec}" + (f"; it agrees at scales 1 to {ok:.3g})" if ok else ")")
+        if diag.get("outputs_read_from") == "logistic probabilities":
+            return status, head + (
+                ": the logit of a binary classifier is read from its probability p, to about eps (1 + e^z) (1 - p "
+                "loses its digits as p nears 1): away from its decision boundary it is not known to the rounding "
+                "of float64, so the certificate cannot reach it (relufast.bridges.logit_function)"
+            )
         if cert["inconsistent"] > tol:
             return status, head + (
                 f": the model answered the same queries differently in different calls (by "
@@ -324,7 +335,7 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
     )
 
 
-def _run(oracle, widths, rng, clock, diag, time_limit):
+def _run(oracle, widths, rng, clock, diag, time_limit, readable):
     """The stages under ``time_limit``, then the certificate of a completed network:
     (hidden, out, certificate, note, queries of the extraction)."""
     hidden = out = cert = None
@@ -349,7 +360,7 @@ def _run(oracle, widths, rng, clock, diag, time_limit):
             diag.update(signs_resolved=False, signs_underdetermined_layers=tuple(few))
         try:
             with clock.stage("certificate"), single_threaded_blas():
-                cert = certify(oracle, hidden, out, rng)
+                cert = certify(oracle, hidden, out, rng, readable=readable)
         except BudgetSpent as exc:
             note = f"{exc} by the certificate"
     return hidden, out, cert, note, n_extract
@@ -367,6 +378,7 @@ def extract_chosen(
     time_limit=None,
     progress=None,
     batch_size=None,
+    readable=None,
 ):
     """Extract a ReLU network with ``len(widths)`` hidden layers from a query function.
 
@@ -393,6 +405,9 @@ def extract_chosen(
         of ``max_queries`` spent (None: on a terminal only).
     batch_size : int or None
         Most queries in one call of the model (None: as many as a step asks for).
+    readable : callable or None
+        Outputs (n, m) -> bool (n,): where the model's outputs can be read (the ``readable``
+        of :func:`relufast.bridges.logit_function`); the certificate stays at those scales.
 
     Returns
     -------
@@ -417,8 +432,10 @@ def extract_chosen(
 
     oracle = Oracle(f, n_features, max_queries, dtype_name, precision, batch_size, report if bar.enabled else None)
     diag: dict = {}
+    if getattr(readable, "__name__", "") == "_readable_logistic":
+        diag["outputs_read_from"] = "logistic probabilities"
     try:
-        hidden, out, cert, note, n_extract = _run(oracle, tuple(widths), rng, clock, diag, time_limit)
+        hidden, out, cert, note, n_extract = _run(oracle, tuple(widths), rng, clock, diag, time_limit, readable)
         report(oracle, "done", force=True)
     finally:
         bar.close()

@@ -176,7 +176,7 @@ def cert_tolerance(eps, widths):
 CERT_FACTOR = 16.0
 
 
-def certify(oracle, hidden, out, rng, *, top=None):
+def certify(oracle, hidden, out, rng, *, top=None, readable=None):
     """Compare the extracted network with the model on the probes of :mod:`.probes`: fresh
     Gaussian points at scales from 1 to ``max(1e4, 10 R)`` (R the largest scale at which an
     extracted unit switches), both sides of every extracted boundary and the wedges between
@@ -191,6 +191,11 @@ def certify(oracle, hidden, out, rng, *, top=None):
     top : float or None
         Largest scale (default from :func:`.probes.certificate_probes`); lowered for models
         whose output dtype would overflow there.
+    readable : callable or None
+        Outputs (n, m) -> bool (n,): where the model's outputs can be read (a classifier's
+        logits from its probabilities, :func:`relufast.bridges.logit_function`). The largest
+        scale is lowered to where the extracted network's outputs are readable on Gaussian
+        points (``"readable_scale"`` in the result).
 
     Returns
     -------
@@ -205,7 +210,8 @@ def certify(oracle, hidden, out, rng, *, top=None):
     cap = _overflow_scale(oracle, hidden, out, rng, d)
     if top is None:
         top = min(MAX_TOP_SCALE, max(MIN_TOP_SCALE, REACH_FACTOR * reach(hidden, rng)))
-    X, group, family, scales = certificate_probes(hidden, rng, top=min(top, cap))
+    legible = np.inf if readable is None else _readable_scale(hidden, out, rng, d, readable)
+    X, group, family, scales = certificate_probes(hidden, rng, top=min(top, cap, legible))
     Y, Xr, R = send(oracle, X, rng)
     calls, reps = R.shape[:2]
     X, Y = np.vstack([X, np.tile(Xr, (calls, 1))]), np.vstack([Y, R.reshape(calls * reps, -1)])
@@ -224,8 +230,25 @@ def certify(oracle, hidden, out, rng, *, top=None):
         counts={str(f): int((family == f).sum()) for f in dict.fromkeys(family)},
         top_scale=float(scales[-1]),
         inconsistent=float(changed),
+        readable_scale=float(legible),
     )
     return errs
+
+
+def _readable_scale(hidden, out, rng, d, readable):
+    """Largest scale (1 to MAX_TOP_SCALE, steps of 2^(1/4)) at which the extracted network's
+    outputs on READABLE_POINTS Gaussian points are all ``readable`` (at least 1)."""
+    X = rng.standard_normal((READABLE_POINTS, d))
+    best = 1.0
+    for s in np.geomspace(1.0, MAX_TOP_SCALE, int(4 * np.log2(MAX_TOP_SCALE)) + 1):
+        if not np.all(readable(forward(hidden, out, s * X))):
+            break
+        best = float(s)
+    return best
+
+
+#: Gaussian points on which the readable scale is judged.
+READABLE_POINTS = 256
 
 
 def _overflow_scale(oracle, hidden, out, rng, d):

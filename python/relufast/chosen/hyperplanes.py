@@ -6,7 +6,8 @@ Sec. 4.3, [RK20] Sec. 3): n is the normal of the unit's boundary at x*, and the 
 ``{x : n.(x - x*) = 0}`` in the linear region of x*. J+ and J- are read by forward
 differences from one point on each side, d + 1 queries a side for all m outputs at once
 (r + 1 behind a known layer of r < d units, whose gradients span every later gradient;
-fewer at a kink where only some of them are active, :class:`Spans`); all kinks of a batch go in one model call. In exact arithmetic a piecewise-linear function
+fewer at a kink where only some of them are active, :class:`Spans`); all kinks of a batch
+go in one model call. In exact arithmetic a piecewise-linear function
 has exact forward differences, so the step is as large as the region allows (set by the
 output precision, :meth:`Oracle.fd_fraction`), and the result is checked against the
 slope jump measured on the line.
@@ -23,8 +24,6 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import numpy as np
-
-from .lines import Kinks
 
 __all__ = ["Normals", "Spans", "jump_normals"]
 
@@ -79,7 +78,8 @@ def _by_span(oracle, kinks, rng, spans):
     parts = []
     for r in np.unique(r_of):
         idx = np.nonzero(r_of == r)[0]
-        sub = Kinks(*(a[idx] for a in kinks[:4]), kinks.step, kinks.slope_jump[idx])
+        sub = kinks._replace(line=kinks.line[idx], t=kinks.t[idx], x=kinks.x[idx], u=kinks.u[idx])
+        sub = sub._replace(slope_jump=kinks.slope_jump[idx])
         nrm = jump_normals(oracle, sub, rng, lambda x, r=int(r): spans.basis(x, r))
         parts.append(nrm._replace(keep=idx[nrm.keep]))
     keep = np.concatenate([p.keep for p in parts])

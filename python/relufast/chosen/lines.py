@@ -163,7 +163,7 @@ def screened_kinks(oracle, base, dirs, breaks, sub=32, margin=1e-3):
     # One step for both (linear for that fraction of the piece on both sides of each kink).
     step = min(SINGLE_STEP, grid.step)
     both = [np.concatenate([a, b]) for a, b in zip(one[:4], grid[:4])]
-    return Kinks(owner[bent][both[0]], *both[1:], step, np.vstack([one.slope_jump, grid.slope_jump]))
+    return Kinks(owner[bent][both[0]], both[1], both[2], both[3], step, np.vstack([one.slope_jump, grid.slope_jump]))
 
 
 #: Inner points of a bent piece (fractions of it from each end) through which its two outer
@@ -182,8 +182,8 @@ def _single_kinks(oracle, base, dirs, Y3, thr):
     SINGLE_INNER inside them; their intersection s* is the kink when it lies between the
     inner points, the model follows the left piece just before s* and the right one just
     after (two queries), and the middle output ``Y3[:, 1]`` lies on the piece it should (a
-    second kink in the piece fails one of these). Returns (Kinks with ``line`` indexing the pieces, found mask); the pieces
-    not found are left to a grid."""
+    second kink in the piece fails one of these). Returns (Kinks with ``line`` indexing the
+    pieces, found mask); the pieces not found are left to a grid."""
     n, d = base.shape
     m = Y3.shape[2]
     ends = np.array([0.0, 1.0])
