@@ -20,17 +20,12 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_size import exponent  # noqa: E402  (the least-squares slope on log-log axes; run from bench/)
 
 
 def rows(path):
     with open(path) as fh:
         return [b["extra_info"] for b in json.load(fh)["benchmarks"] if "parameters" in b["extra_info"]]
-
-
-def exponent(P, y):
-    """Slope and intercept of log y against log P (least squares)."""
-    p, c = np.polyfit(np.log(P), np.log(y), 1)
-    return float(p), float(c)
 
 
 def plot(info, out):

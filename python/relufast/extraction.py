@@ -500,48 +500,17 @@ def extract(
     time_limit = check_time_limit(time_limit)
     if widths is not None and widths[0] > d:  # known before any query: Gaussian queries see at most d units
         return _with_plan(_unsupported_random(widths[0], d), widths, widths_from, mode, why)
-    res = _random(
-        model,
-        d,
-        None if widths is None else widths[0],
-        n_queries,
-        max_queries,
-        precision,
-        batch_size,
-        method,
-        progress,
-        random_state,
-        n_jobs,
-        time_limit,
-    )
+    with _deadline.limit(time_limit):  # stops the doubling and the method running at its next check
+        k = None if widths is None else widths[0]
+        res = _random(
+            model, d, k, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs
+        )
     return _with_plan(res, widths, widths_from, mode, why)
 
 
-def _random(
-    model,
-    d,
-    n_hidden,
-    n_queries,
-    max_queries,
-    precision,
-    batch_size,
-    method,
-    progress,
-    random_state,
-    n_jobs,
-    time_limit,
-):
-    """``extract`` by Gaussian queries (one hidden layer): doubling until the certificate holds
-    or ``time_limit`` passes."""
-    with _deadline.limit(time_limit):
-        return _random_doubling(
-            model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs
-        )
-
-
-def _random_doubling(
-    model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs
-):
+def _random(model, d, n_hidden, n_queries, max_queries, precision, batch_size, method, progress, random_state, n_jobs):
+    """``extract`` by Gaussian queries (one hidden layer): doubling until the certificate
+    holds, ``max_queries`` is reached or the ``time_limit`` set around it passes."""
     from ._auto import query_plan
     from .methods import run_method
 
