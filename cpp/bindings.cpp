@@ -96,6 +96,25 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool compiled_with_avx512() {
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool compiled_with_avx2() {
 #if defined(__AVX2__) && defined(__FMA__)
   return true;
@@ -233,6 +252,8 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
   m.def("hardware_threads", &hardware_threads, "Threads the kernels use at most (hardware threads).");
   m.def("cpu_has_avx2_fma", &cpu_has_avx2_fma, "Whether this CPU supports AVX2 and FMA.");
   m.def("compiled_with_avx2", &compiled_with_avx2, "Whether this module was compiled for AVX2/FMA.");
+  m.def("cpu_has_avx512", &cpu_has_avx512, "Whether this CPU supports AVX-512 F, DQ, VL and BW (and AVX2/FMA).");
+  m.def("compiled_with_avx512", &compiled_with_avx512, "Whether this module was compiled for AVX-512.");
   m.def(
       "_fault_pipeline",
       [](long long n, long long block, int n_jobs, const std::string& stage, long long at, long long sleep_us,

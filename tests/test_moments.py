@@ -116,7 +116,39 @@ def test_kernel_refuses_silent_copies():
 
 
 def test_backend_name():
-    assert rf.BACKEND in ("baseline", "avx2")
+    assert rf.BACKEND in ("baseline", "avx2", "avx512")
+
+
+def _variants():
+    """The compiled variants this CPU can run (the baseline always)."""
+    import importlib
+
+    from relufast import _core
+
+    found = [("baseline", _core)]
+    for name, ok in (("avx2", _core.cpu_has_avx2_fma()), ("avx512", _core.cpu_has_avx512())):
+        try:
+            mod = importlib.import_module(f"relufast._core_{name}")
+        except ImportError:
+            continue
+        if ok:
+            found.append((name, mod))
+    return found
+
+
+@pytest.mark.parametrize("name,mod", _variants(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_compiled_variant_computes_the_same_moment(name, mod):
+    # The AVX-512 and AVX2 builds are the baseline's code for wider registers: the same
+    # tensor as the reference to rounding, and each says what it was compiled for.
+    rng = np.random.default_rng(7)
+    X, Y = rng.standard_normal((700, 19)), rng.standard_normal((700, 3))
+    acc = mod.SecondMoment(19, 3)
+    acc.update(X, Y, 2, 64)
+    T = acc.tensor().reshape(3, 19, 19)
+    R = hermite_moment_reference(X, Y)
+    np.testing.assert_allclose(T, R, rtol=KERNEL_RTOL, atol=KERNEL_RTOL * np.abs(R).max())
+    assert mod.compiled_with_avx512() == (name == "avx512")
+    assert mod.compiled_with_avx2() == (name != "baseline")
 
 
 @pytest.mark.parametrize("d", [6, 45])

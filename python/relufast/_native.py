@@ -1,6 +1,9 @@
-"""Loads the compiled kernels: the AVX2/FMA build where the CPU has it, else the baseline.
+"""Loads the compiled kernels: the AVX-512 build where the CPU has it, else the AVX2/FMA
+build, else the baseline.
 
-Set the environment variable ``RELUFAST_BACKEND=baseline`` to force the portable build.
+Set the environment variable ``RELUFAST_BACKEND`` to ``baseline``, ``avx2`` or ``avx512`` to
+choose a build (one the CPU lacks falls back to the next one down); ``auto`` (the default)
+takes the widest the CPU supports.
 """
 
 import os
@@ -9,14 +12,28 @@ from . import _core as _baseline
 
 core = _baseline
 BACKEND = "baseline"
-if os.environ.get("RELUFAST_BACKEND", "auto") != "baseline" and _baseline.cpu_has_avx2_fma():
+_WANT = os.environ.get("RELUFAST_BACKEND", "auto")
+if _WANT not in ("auto", "baseline", "avx2", "avx512"):
+    raise ImportError(f"RELUFAST_BACKEND must be auto, baseline, avx2 or avx512; got {_WANT!r}")
+
+
+def _load(name):
+    """The compiled variant ``name`` or None (built without dispatch: non-x86 or
+    RELUFAST_DISPATCH=OFF)."""
     try:
-        from . import _core_avx2 as _avx2
-    except ImportError:  # built without dispatch (non-x86 or RELUFAST_DISPATCH=OFF)
-        pass
-    else:
-        # The AVX2 build is the same API (its stub re-exports _core's); mypy sees two modules.
-        core = _avx2  # type: ignore[misc]
-        BACKEND = "avx2"
+        return __import__(f"{__name__.rsplit('.', 1)[0]}.{name}", fromlist=["_"])
+    except ImportError:
+        return None
+
+
+if _WANT in ("auto", "avx512") and _baseline.cpu_has_avx512():
+    _mod = _load("_core_avx512")
+    if _mod is not None:
+        # The variants are the same API (their stubs re-export _core's); mypy sees several modules.
+        core, BACKEND = _mod, "avx512"
+if BACKEND == "baseline" and _WANT != "baseline" and _baseline.cpu_has_avx2_fma():
+    _mod = _load("_core_avx2")
+    if _mod is not None:
+        core, BACKEND = _mod, "avx2"
 
 __all__ = ["core", "BACKEND"]
