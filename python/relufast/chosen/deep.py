@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._deadline import check as check_deadline
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
 from .hyperplanes import Spans, jump_normals
@@ -608,6 +609,7 @@ def _group(oracle, known, tent, pool, tol, delta=None):
     for seed in range(n):
         if used[seed]:
             continue
+        check_deadline("while grouping kinks")  # up to n^2 SVDs without a query
         g, agree, extra = [seed], None, 0
         for q in range(n):
             if q != seed and not used[q]:

@@ -56,6 +56,9 @@ REFIT_BATCH_BYTES = 64 * 2**20
 #: row whose kinks never saw some unit of the layer before active (10-15-15-3: one
 #: coordinate left at its 1e-8 estimate missed the model by 1e-13 at scale 100).
 BOUNDARY_SCALES, FAR_SCALES = (1.0, 2.0, 4.0), (8.0, 32.0, 128.0)
+#: A unit with too few clean segments but at least SPARSE_MIN of them clean gets SPARSE_MORE
+#: times the segments again at SPARSE_SCALES (a unit with none is not visible at all there).
+SPARSE_MIN, SPARSE_MORE, SPARSE_SCALES = 0.05, 3.0, (1.0, 2.0, 4.0, 8.0, 16.0)
 #: Newton steps that bring a random point onto a unit's estimated boundary (computed).
 BOUNDARY_STEPS = 6
 
@@ -94,11 +97,10 @@ def _unit_gradient(known, w, Z):
     return np.ascontiguousarray(g)
 
 
-def _segment_kinks(oracle, known, layer, j, X0, G, S):
+def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF):
     """Kinks of the model on the segments ``X0 + t G`` (|t| <= REFIT_HALF); returns the
     kinks (P, d) and a mask of the usable ones."""
     P, d = X0.shape
-    half = REFIT_HALF
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
     # plane fit); closer in, fewer do. Low precision keeps 1/8 (estimates are ~1e-3 off).
@@ -138,11 +140,11 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S):
     return X0 + t0[:, None] * G, ok
 
 
-def _kinks_across(oracle, known, layer, j, X0, G, S, batch):
+def _kinks_across(oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF):
     """:func:`_segment_kinks` on the segments through X0 along G, ``batch`` segments a model
     call; returns (kinks, usable mask)."""
     found = [
-        _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S)
+        _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S, half)
         for i in range(0, len(X0), batch)
     ]
     return np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
@@ -251,6 +253,53 @@ ROUNDING = 16.0
 REFIT_AGREE, REFIT_FIT = 0.05, 1e4
 
 
+def _near(fit, w, b, tol):
+    v, c = fit[0], fit[1]
+    return np.linalg.norm(v - w) <= tol and abs(c - b) <= tol * max(1.0, abs(b))
+
+
+def _accept(fit, w, b, tol, eps):
+    """Whether a plane fit (:func:`_plane_through`) replaces the unit row (w, b): near it,
+    and through its kinks to the rounding."""
+    return bool(_near(fit, w, b, tol) and fit[2] <= REFIT_FIT * eps)
+
+
+def _row_fit(oracle, known, layer, j, P, S, rng, half):
+    """The plane through kinks of unit j on segments of half-length ``half`` across its
+    boundary at P boundary points (more where few are clean or where units before it are
+    never active): (fit of :func:`_plane_through` or None, the reason when None)."""
+    d, kin = oracle.d, layer[0].shape[1]
+    batch = max(1, int(REFIT_BATCH_BYTES // (2 * S * d * 8)))  # segments per model call
+    X0, G = _boundary_points(known, layer, j, P, d, rng)
+    if len(X0) <= kin:
+        return None, "boundary not reached"
+    pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch, half)
+    if ok.sum() <= kin + 2 and ok.sum() >= SPARSE_MIN * len(ok):
+        # A unit whose kink is visible at few points of its boundary (no active path after
+        # it elsewhere, as in trained networks): more points, farther out.
+        X1, G1 = _boundary_points(known, layer, j, int(np.ceil(SPARSE_MORE * P)), d, rng, SPARSE_SCALES)
+        if len(X1):
+            p1, ok1 = _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half)
+            pts, ok = np.vstack([pts, p1]), np.concatenate([ok, ok1])
+    if ok.sum() <= kin + 2:
+        return None, "too few clean segments"
+    _, H = pre_activations(known, pts[ok])
+    if known and not (np.abs(H).max(axis=0) > 0).all():
+        # Units of the layer before never active at these kinks: more kinks from boundary
+        # points far out, where other patterns of that layer are met.
+        X1, G1 = _boundary_points(known, layer, j, P, d, rng, FAR_SCALES)
+        if len(X1):
+            p1, ok1 = _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half)
+            H = np.vstack([H, pre_activations(known, p1[ok1])[1]])
+    s = np.linalg.norm(layer[0][j])
+    fit = _plane_through(H, layer[0][j] / s, oracle.eps)
+    return fit, "singular"
+
+
+#: Segments of the second try at a unit whose kinks are off its plane are this many times shorter.
+SHORT_FACTOR = 8.0
+
+
 def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
     """Hyperplanes of ``layer`` (unit rows in ``h_l``-space, signs open) refitted through
     precisely located kinks, with ``known`` the final layers before it.
@@ -263,11 +312,9 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
     cross is known, so in float64 two samples a side suffice: REFIT_SAMPLES_LAST)."""
     W, b = layer
     k, kin = W.shape
-    d = oracle.d
     tol = REFIT_AGREE if tol is None else tol
     P = (5 * kin) // 4 + REFIT_EXTRA
     S = (REFIT_SAMPLES_LAST if last else REFIT_SAMPLES_DOUBLE) if oracle.eps < 1e-12 else REFIT_SAMPLES_LOW
-    batch = max(1, int(REFIT_BATCH_BYTES // (2 * S * d * 8)))  # segments per model call
     W2, b2 = W.copy(), b.copy()
     refitted = 0
     why: dict = {}
@@ -276,36 +323,24 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
         why[reason] = why.get(reason, 0) + 1
 
     for j in range(k):
-        X0, G = _boundary_points(known, layer, j, P, d, rng)
-        if len(X0) <= kin:
-            count("boundary not reached")
-            continue
-        pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch)
-        if ok.sum() <= kin + 2:
-            count("too few clean segments")
-            continue
-        _, H = pre_activations(known, pts[ok])
-        if known and not (np.abs(H).max(axis=0) > 0).all():
-            # Units of the layer before never active at these kinks: more kinks from boundary
-            # points far out, where other patterns of that layer are met.
-            X1, G1 = _boundary_points(known, layer, j, P, d, rng, FAR_SCALES)
-            if len(X1):
-                p1, ok1 = _kinks_across(oracle, known, layer, j, X1, G1, S, batch)
-                H = np.vstack([H, pre_activations(known, p1[ok1])[1]])
         s = np.linalg.norm(W[j])
-        fit = _plane_through(H, W[j] / s, oracle.eps)
+        fit, reason = _row_fit(oracle, known, layer, j, P, S, rng, REFIT_HALF)
+        if fit is not None and not _accept(fit, W[j] / s, b[j] / s, tol, oracle.eps):
+            # Kinks off the plane, as where boundaries of a later layer are dense (trained
+            # networks): twice the segments, each SHORT_FACTOR times shorter.
+            retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng, REFIT_HALF / SHORT_FACTOR)
+            fit = retry if retry is not None and _accept(retry, W[j] / s, b[j] / s, tol, oracle.eps) else fit
         if fit is None:
-            count("singular")
+            count(reason)
             continue
         v, c, rel, whole, dropped = fit
         if dropped:
             why["kinks dropped"] = why.get("kinks dropped", 0) + dropped
-        near = np.linalg.norm(v - W[j] / s) <= tol and abs(c - b[j] / s) <= tol * max(1.0, abs(b[j] / s))
-        if near and rel <= REFIT_FIT * oracle.eps:
+        if _accept(fit, W[j] / s, b[j] / s, tol, oracle.eps):
             W2[j], b2[j] = v * s, c * s
             refitted += whole
             if not whole:
                 count("in part")
         else:
-            count("kinks off a hyperplane" if near else "far from the estimate")
+            count("kinks off a hyperplane" if _near(fit, W[j] / s, b[j] / s, tol) else "far from the estimate")
     return W2, b2, refitted, why

@@ -83,16 +83,21 @@ def wiggle_signs(oracle, known, layer, rng):
     k = W.shape[0]
     flip = np.zeros(k, dtype=bool)
     resolved = np.zeros(k, dtype=bool)
-    for _ in range(WIGGLE_ROUNDS):
+    # Rounds at the usual points while they settle new units, then the retries for the
+    # units left undecided (more points, farther out).
+    schedule = [(WIGGLE_POINTS, None)] * WIGGLE_ROUNDS + [(WIGGLE_POINTS * RETRY_FACTOR, sc) for sc in RETRY_SCALES]
+    i = 0
+    while i < len(schedule):
         todo = np.nonzero(~resolved)[0]
         if len(todo) == 0:
             break
+        n_points, scales = schedule[i]
         s = np.where(flip, -1.0, 1.0)
-        f2, r2 = _round(oracle, known, (W * s[:, None], b * s), todo, resolved, rng)
-        if not r2.any():
-            break
+        layer_now = (W * s[:, None], b * s)
+        f2, r2 = _round(oracle, known, layer_now, todo, resolved, rng, n_points=n_points, scales=scales)
         flip[r2] = f2[r2] ^ flip[r2]
         resolved |= r2
+        i = WIGGLE_ROUNDS if (i < WIGGLE_ROUNDS and not r2.any()) else i + 1
     return flip, resolved
 
 
@@ -101,13 +106,19 @@ def wiggle_signs(oracle, known, layer, rng):
 WIGGLE_ROUNDS = 3
 
 
-def _round(oracle, known, layer, todo, settled, rng):
+#: Rounds for the units left undecided (where no path after the unit is active at the
+#: points tried, as happens in trained networks): RETRY_FACTOR times the points, at the
+#: scales of each round.
+RETRY_FACTOR, RETRY_SCALES = 8, ((1.0, 2.0, 4.0), (4.0, 8.0, 16.0))
+
+
+def _round(oracle, known, layer, todo, settled, rng, n_points=WIGGLE_POINTS, scales=None):
     W, b = layer
     k = W.shape[0]
     d = oracle.d
     pts, owners, orient = [], [], []
     for j in todo:
-        X0, _ = _boundary_points(known, layer, j, WIGGLE_POINTS, d, rng)
+        X0, _ = _boundary_points(known, layer, j, n_points, d, rng, scales)
         for x in X0:
             w = _wiggle(known, layer, j, x, settled)
             if w is None:
