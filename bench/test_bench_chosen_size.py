@@ -63,12 +63,15 @@ def n_params(d, widths, m):
     return sum(dims[i + 1] * (dims[i] + 1) for i in range(len(dims) - 1))
 
 
-def _run(d, widths, m, f32, budget):
+def run_child(code, argument, budget):
+    """Run ``code`` in a child Python with ``argument`` (JSON) as ``sys.argv[1]``; its last
+    line of output parsed as JSON, or the status of a child that ran past ``budget`` seconds
+    or failed (also used by bench/test_bench_trained.py)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t = time.perf_counter()
     try:
         r = subprocess.run(
-            [sys.executable, "-c", CHILD, json.dumps([d, list(widths), m, f32])],
+            [sys.executable, "-c", code, json.dumps(argument)],
             capture_output=True,
             text=True,
             timeout=budget,
@@ -79,6 +82,10 @@ def _run(d, widths, m, f32, budget):
     if r.returncode != 0:
         return {"status": "error", "error": r.stderr[-500:]}
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _run(d, widths, m, f32, budget):
+    return run_child(CHILD, [d, list(widths), m, f32], budget)
 
 
 @pytest.mark.parametrize("d,widths,m,f32,budget", NETWORKS, ids=lambda v: str(v))

@@ -15,11 +15,10 @@ Run: python -m pytest bench/test_bench_trained.py --benchmark-only -s (needs tor
 """
 
 import json
-import subprocess
-import sys
-import time
 
 import pytest
+
+from .test_bench_chosen_size import n_params, run_child
 
 pytest.importorskip("torch")
 
@@ -65,27 +64,14 @@ print(json.dumps(dict(
 
 
 def _run(widths, dtype, budget):
-    t = time.perf_counter()
-    try:
-        r = subprocess.run(
-            [sys.executable, "-c", CHILD, json.dumps([list(widths), dtype])],
-            capture_output=True,
-            text=True,
-            timeout=budget,
-        )
-    except subprocess.TimeoutExpired:
-        return {"status": f"not done in {budget} s", "seconds": time.perf_counter() - t}
-    if r.returncode != 0:
-        return {"status": "error", "error": r.stderr[-500:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(CHILD, [list(widths), dtype], budget)
 
 
 @pytest.mark.parametrize("widths,dtype,budget", CASES, ids=lambda v: str(v))
 def test_trained_classifier(benchmark, machine, widths, dtype, budget):
     out = benchmark.pedantic(_run, args=(widths, dtype, budget), rounds=1)
-    dims = [784, *widths, 10]
-    P = sum(dims[i + 1] * (dims[i] + 1) for i in range(len(dims) - 1))
-    info = dict(machine, network="-".join(map(str, dims)), dtype=dtype, parameters=P, **out)
+    P = n_params(784, widths, 10)
+    info = dict(machine, network="-".join(map(str, (784, *widths, 10))), dtype=dtype, parameters=P, **out)
     if "queries" in out:
         info["queries_per_parameter"] = out["queries"] / P
     benchmark.extra_info.update(info)
