@@ -348,3 +348,39 @@ def test_estimate_angle_fewer_outputs(benchmark, machine, n, k):
             "true_rows_missed": missed,
         }
     )
+
+
+MEMORY_CHILD = r"""
+import json, resource, sys, warnings
+import numpy as np, relufast as rf
+from relufast.algorithms.atv21 import pipeline
+d, k, n = json.loads(sys.argv[1])
+r = np.random.default_rng(0)
+V = r.standard_normal((k, d)); V /= np.linalg.norm(V, axis=1, keepdims=True)
+net = rf.planted.PlantedNetwork(U=r.uniform(0.5, 1.5, (1, k)), V=V, b=r.uniform(-1, 1, k), c=np.zeros(1))
+X = r.standard_normal((n, d)); Y = net.predict(X)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    res = rf.recover(X, Y, n_hidden=k, method="atv21", time_limit=120, n_jobs=2)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024.0
+print(json.dumps(dict(status=res.status.value, measured=peak - base, estimate=pipeline.tensor_memory(k, 2))))
+"""
+
+
+@pytest.mark.parametrize("d,k,n", [(40, 36, 30_000)])
+def test_tensor_memory_estimate(benchmark, machine, d, k, n):
+    """atv21's stated memory of its order-4 tensors (:func:`pipeline.tensor_memory`, the
+    figure it refuses on) against the peak resident memory a run adds, in a child process."""
+    import json
+    import subprocess
+    import sys
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", MEMORY_CHILD, json.dumps([d, k, n])], capture_output=True, text=True)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    out = benchmark.pedantic(run, rounds=1)
+    benchmark.extra_info.update(dict(machine, d=d, k=k, n=n, **out, ratio=out["estimate"] / out["measured"]))
+    print(out)
+    assert out["estimate"] >= 0.8 * out["measured"]

@@ -411,3 +411,8 @@ def _readable_softmax(Z):
 def _readable_logistic(Z):
     """Rows of logistic logits Z whose probabilities do not round to 1."""
     return Z.max(axis=1) <= LOGISTIC_READABLE_LOGIT
+
+
+# What the logits are read from (the chosen mode's messages name it).
+_readable_softmax.reads = "softmax probabilities"  # type: ignore[attr-defined]
+_readable_logistic.reads = "logistic probabilities"  # type: ignore[attr-defined]

@@ -74,6 +74,14 @@ def _fit_points(known, tent, n, d, rng):
     return X
 
 
+def _output_fit(known, tent, X, Y, oriented):
+    """(hidden layers with the last one's signs settled, output layer, signs ok, relative
+    residual on X) from :func:`.fit.output_layer`."""
+    last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
+    hidden = known + [last]
+    return hidden, out, ok, float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
+
+
 def _rare_points(known, tent, X, n, d, rng, need):
     """More points at scale 3 (batches of n, FIT_ROUNDS at most) until every unit is active
     on at least ``need(fan_in)`` of X and them (a unit active on fewer is underdetermined
@@ -183,17 +191,13 @@ def _stages(oracle, widths, rng, clock, diag):
     with clock.stage("output_layer"):
         X = _fit_points(known, tent, n_fit, d, rng)
         Y = oracle(X)
-        last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
-        hidden = known + [last]
-        res = float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
+        hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
         if res > 4 * target or not ok:
             # Rarely active units: more points where they are (the fit, its signs and the
             # polish need each unit active on twice its fan-in).
             X2 = _rare_points(known, tent, X, n_fit, d, rng, need)
             X, Y = np.vstack([X, X2]), np.vstack([Y, oracle(X2)])
-            last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
-            hidden = known + [last]
-            res = float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
+            hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
     signs_ok &= ok
     diag["signs_resolved"] = signs_ok
     diag["fit_residual"] = res
@@ -432,8 +436,8 @@ def extract_chosen(
 
     oracle = Oracle(f, n_features, max_queries, dtype_name, precision, batch_size, report if bar.enabled else None)
     diag: dict = {}
-    if getattr(readable, "__name__", "") == "_readable_logistic":
-        diag["outputs_read_from"] = "logistic probabilities"
+    if getattr(readable, "reads", None):
+        diag["outputs_read_from"] = readable.reads
     try:
         hidden, out, cert, note, n_extract = _run(oracle, tuple(widths), rng, clock, diag, time_limit, readable)
         report(oracle, "done", force=True)

@@ -67,10 +67,6 @@ def random_lines(oracle, n_lines, widths, rng):
     return find_kinks(oracle, base, dirs, np.linspace(-3.0, 3.0, grid_size(widths)))
 
 
-def _subset(kinks, mask):
-    return type(kinks)(*(a[mask] for a in kinks[:4]), kinks.step, kinks.slope_jump[mask])
-
-
 def _dedupe(H, tol):
     """Indices of the first of each group of rows of H (unit rows) equal up to sign."""
     keep: list = []
@@ -111,12 +107,12 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         else:
             kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng)
             if rounds == 1:
-                later = _subset(kinks, kinks.line == 1)
-                kinks = _subset(kinks, kinks.line == 0)
+                later = kinks.subset(kinks.line == 1)
+                kinks = kinks.subset(kinks.line == 0)
         tol_dup = 8.0 * oracle.eps ** (1.0 / 3.0)  # the precision is known after the first answer
         if len(W):
             z = np.abs(kinks.x @ W.T + b)
-            kinks = _subset(kinks, z.min(axis=1) > 0.5 * oracle.window())
+            kinks = kinks.subset(z.min(axis=1) > 0.5 * oracle.window())
         if len(kinks.t) == 0:
             continue
         nrm = jump_normals(oracle, kinks, rng)

@@ -78,9 +78,7 @@ def _by_span(oracle, kinks, rng, spans):
     parts = []
     for r in np.unique(r_of):
         idx = np.nonzero(r_of == r)[0]
-        sub = kinks._replace(line=kinks.line[idx], t=kinks.t[idx], x=kinks.x[idx], u=kinks.u[idx])
-        sub = sub._replace(slope_jump=kinks.slope_jump[idx])
-        nrm = jump_normals(oracle, sub, rng, lambda x, r=int(r): spans.basis(x, r))
+        nrm = jump_normals(oracle, kinks.subset(idx), rng, lambda x, r=int(r): spans.basis(x, r))
         parts.append(nrm._replace(keep=idx[nrm.keep]))
     keep = np.concatenate([p.keep for p in parts])
     order = np.argsort(keep, kind="stable")

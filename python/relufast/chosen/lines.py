@@ -50,6 +50,12 @@ class Kinks(NamedTuple):
     step: float
     slope_jump: np.ndarray
 
+    def subset(self, idx):
+        """The kinks ``idx`` (indices or a boolean mask), same step."""
+        return self._replace(
+            line=self.line[idx], t=self.t[idx], x=self.x[idx], u=self.u[idx], slope_jump=self.slope_jump[idx]
+        )
+
 
 def find_kinks(oracle, base, dirs, t_grid):
     """Isolated kinks of the model on the lines ``base[i] + t dirs[i]``, t in ``t_grid``.

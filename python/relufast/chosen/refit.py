@@ -273,24 +273,27 @@ def _row_fit(oracle, known, layer, j, P, S, rng, half):
     X0, G = _boundary_points(known, layer, j, P, d, rng)
     if len(X0) <= kin:
         return None, "boundary not reached"
+
+    def more(n, scales):  # kinks on segments from n more boundary points at these scales
+        X1, G1 = _boundary_points(known, layer, j, n, d, rng, scales)
+        if len(X1) == 0:
+            return np.zeros((0, d)), np.zeros(0, dtype=bool)
+        return _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half)
+
     pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch, half)
     if ok.sum() <= kin + 2 and ok.sum() >= SPARSE_MIN * len(ok):
         # A unit whose kink is visible at few points of its boundary (no active path after
         # it elsewhere, as in trained networks): more points, farther out.
-        X1, G1 = _boundary_points(known, layer, j, int(np.ceil(SPARSE_MORE * P)), d, rng, SPARSE_SCALES)
-        if len(X1):
-            p1, ok1 = _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half)
-            pts, ok = np.vstack([pts, p1]), np.concatenate([ok, ok1])
+        p1, ok1 = more(int(np.ceil(SPARSE_MORE * P)), SPARSE_SCALES)
+        pts, ok = np.vstack([pts, p1]), np.concatenate([ok, ok1])
     if ok.sum() <= kin + 2:
         return None, "too few clean segments"
     _, H = pre_activations(known, pts[ok])
     if known and not (np.abs(H).max(axis=0) > 0).all():
         # Units of the layer before never active at these kinks: more kinks from boundary
         # points far out, where other patterns of that layer are met.
-        X1, G1 = _boundary_points(known, layer, j, P, d, rng, FAR_SCALES)
-        if len(X1):
-            p1, ok1 = _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half)
-            H = np.vstack([H, pre_activations(known, p1[ok1])[1]])
+        p1, ok1 = more(P, FAR_SCALES)
+        H = np.vstack([H, pre_activations(known, p1[ok1])[1]])
     s = np.linalg.norm(layer[0][j])
     fit = _plane_through(H, layer[0][j] / s, oracle.eps)
     return fit, "singular"
@@ -324,23 +327,24 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
 
     for j in range(k):
         s = np.linalg.norm(W[j])
+        w, c0 = W[j] / s, b[j] / s
         fit, reason = _row_fit(oracle, known, layer, j, P, S, rng, REFIT_HALF)
-        if fit is not None and not _accept(fit, W[j] / s, b[j] / s, tol, oracle.eps):
+        if fit is not None and not _accept(fit, w, c0, tol, oracle.eps):
             # Kinks off the plane, as where boundaries of a later layer are dense (trained
             # networks): twice the segments, each SHORT_FACTOR times shorter.
             retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng, REFIT_HALF / SHORT_FACTOR)
-            fit = retry if retry is not None and _accept(retry, W[j] / s, b[j] / s, tol, oracle.eps) else fit
+            fit = retry if retry is not None and _accept(retry, w, c0, tol, oracle.eps) else fit
         if fit is None:
             count(reason)
             continue
         v, c, rel, whole, dropped = fit
         if dropped:
             why["kinks dropped"] = why.get("kinks dropped", 0) + dropped
-        if _accept(fit, W[j] / s, b[j] / s, tol, oracle.eps):
+        if _accept(fit, w, c0, tol, oracle.eps):
             W2[j], b2[j] = v * s, c * s
             refitted += whole
             if not whole:
                 count("in part")
         else:
-            count("kinks off a hyperplane" if _near(fit, W[j] / s, b[j] / s, tol) else "far from the estimate")
+            count("kinks off a hyperplane" if _near(fit, w, c0, tol) else "far from the estimate")
     return W2, b2, refitted, why

@@ -532,8 +532,9 @@ def tensor_memory(k, n_jobs):
     """Peak bytes of :func:`.sample_tensors._hermite_tensors` at k units: its second pass
     keeps NOISE_BATCHES accumulators of order-4 raw sums for 2 outputs (16 k^4 bytes each,
     the lower orders add k^3 terms), their exchanged copies and their tensors (three
-    sets), plus one accumulator a thread, the total and temporaries (measured: 0.82 GB
-    above the process's start at k = 36, d = 40, 2 threads; this gives 0.83 GB)."""
+    sets), plus one accumulator a thread, the total and temporaries (at k = 36, d = 40, 2
+    threads this gives 0.83 GB; ``bench/test_bench_atv21.py::test_tensor_memory_estimate``
+    measured a run adding 0.65 GB of peak memory)."""
     per = 16.0 * (k**4 + k**3 + k**2 + k + 1)
     return per * (3 * NOISE_BATCHES + max(int(n_jobs or 1), 1) + 4)
 
