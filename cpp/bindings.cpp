@@ -16,6 +16,7 @@
 #include "kernels/contracted4.hpp"
 #include "kernels/detector.hpp"
 #include "kernels/hermite.hpp"
+#include "kernels/lattice.hpp"
 #include "kernels/moments.hpp"
 #include "kernels/parallel.hpp"
 #include "kernels/refine.hpp"
@@ -559,4 +560,18 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("V"), py::arg("b"), py::arg("U"),
       py::arg("c"), py::arg("margin"), py::arg("dC"), py::arg("dc"), py::arg("n_jobs") = 0,
       py::arg("block") = 4096, "Per-sample residual after the linearised region update (NaN: uncertain).");
+
+  m.def(
+      "lll_reduce",
+      [](const ConstRowRef& B, double delta, long long max_swaps) {
+        LllResult res = interruptible([&] { return lll_reduce(B, delta, max_swaps); });
+        py::dict out;
+        out["basis"] = res.basis;
+        out["swaps"] = res.swaps;
+        out["complete"] = res.complete;
+        return out;
+      },
+      py::arg("B").noconvert(), py::arg("delta") = 0.99, py::arg("max_swaps") = 10000000LL,
+      "LLL reduction (Schnorr-Euchner floating-point form) of the rows of B, integers held in doubles "
+      "below 2^52: dict of basis (reduced rows), swaps and complete (False: stopped at max_swaps).");
 }

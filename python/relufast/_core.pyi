@@ -276,3 +276,12 @@ def region_residuals(
     n_jobs: int = 0,
     block: int = 4096,
 ) -> NDArray[np.float64]: ...
+
+# ---- Lattice reduction (the signs of layers wider than their equations) ----
+
+class _LllResult(TypedDict):
+    basis: NDArray[np.float64]
+    swaps: int
+    complete: bool
+
+def lll_reduce(B: NDArray[np.float64], delta: float = 0.99, max_swaps: int = 10000000) -> _LllResult: ...

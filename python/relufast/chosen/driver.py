@@ -34,7 +34,7 @@ from .._progress import Progress
 from .._result import RecoveryResult, Run, Status, warn
 from .._validation import check_random_state
 from .deep import next_layer
-from .first_layer import KinkPool, first_layer
+from .first_layer import LINE_SCALES, KinkPool, first_layer
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
 from .net import forward, pre_activations
 from .oracle import BudgetSpent, Oracle
@@ -92,7 +92,22 @@ def _rare_points(known, tent, X, n, d, rng, need):
         if all((z > 0).sum(axis=0).min() >= need(W.shape[1]) for z, (W, _) in zip(Z, [*known, tent])):
             break
         more = np.vstack([more, 3.0 * rng.standard_normal((n, d))])
-    return more
+    # A first-layer hyperplane far from the origin (trained networks have them) leaves its
+    # unit on one side at every point above: points on both sides of it, near it.
+    (W1, b1) = [*known, tent][0]
+    z1 = np.vstack([X, more]) @ W1.T + b1
+    few = np.nonzero(np.minimum((z1 > 0).sum(axis=0), (z1 < 0).sum(axis=0)) < need(d))[0]
+    return np.vstack([more, *(_beside(W1[j], b1[j], 2 * need(d), rng) for j in few)])
+
+
+def _beside(w, b, n, rng):
+    """``n`` points at scale-1 distances from the hyperplane ``w.x + b = 0`` (half on each
+    side), around Gaussian points projected on it."""
+    u = w / np.linalg.norm(w)
+    g = rng.standard_normal((n, len(w)))
+    g -= ((g @ w + b) / np.linalg.norm(w))[:, None] * u[None, :]
+    side = np.where(np.arange(n) % 2 == 0, 1.0, -1.0) * rng.uniform(0.1, 1.0, n)
+    return g + side[:, None] * u[None, :]
 
 
 #: Extra batches of fit points drawn for rarely active units.
@@ -160,10 +175,13 @@ def _stages(oracle, widths, rng, clock, diag):
     d, L = oracle.d, len(widths)
     pool = KinkPool(d)
     with clock.stage("first_layer"):
-        W, b, rounds = first_layer(oracle, widths[0], widths, rng, pool)
+        W, b, rounds, saturated = first_layer(oracle, widths[0], widths, rng, pool)
     diag["line_rounds"] = rounds
-    if len(W) < widths[0]:
+    if len(W) < widths[0] and not (saturated and len(W)):
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
+    if len(W) < widths[0]:  # no line shows the others: extract the function, report them
+        diag["undetermined_units"] = widths[0] - len(W)
+        widths = (len(W), *widths[1:])
     tent, _, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1", L == 1)
     known: list = []
     signs_ok = True
@@ -205,7 +223,20 @@ def _stages(oracle, widths, rng, clock, diag):
         with clock.stage("polish"):
             hidden, out, res, used = polish(hidden, out, X, Y, margin=oracle.eps**0.25 / 2, target=target)
         diag["polish_residual"], diag["polish_points"] = res, used
+    if diag.get("undetermined_units"):
+        hidden, out = _pad_first_layer(hidden, out, diag["undetermined_units"])
     return hidden, out, True, ""
+
+
+def _pad_first_layer(hidden, out, n):
+    """``n`` first-layer units that are never active (zero row, bias -1) and read by nothing
+    (zero columns in the next layer): the network keeps the requested widths."""
+    layers = [*hidden, out]
+    W, b = layers[0]
+    layers[0] = (np.vstack([W, np.zeros((n, W.shape[1]))]), np.append(b, -np.ones(n)))
+    Wn, bn = layers[1]
+    layers[1] = (np.hstack([Wn, np.zeros((Wn.shape[0], n))]), bn)
+    return layers[:-1], layers[-1]
 
 
 #: Relative error under which a network that is not exact is "close": wrong only by the
@@ -265,10 +296,18 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
     widths = tuple(dims[1:])
     shape = "-".join(map(str, (*dims, oracle.n_outputs)))
     if exact:
+        n_un = diag.get("undetermined_units", 0)
         return Status.EXACT, (
             f"chosen queries: network {shape} reproduces the model to {cert['error']:.2g} (tolerance {tol:.2g} "
             f"at {prec}) on {_probed(cert)} (exact holds on these probes: a difference confined to a region "
             "none of them visits cannot be seen)"
+        ) + (
+            f"; {n_un} of the {widths[0]} first-layer units showed on no search line at lengths up to "
+            f"{3 * LINE_SCALES[-1]:g}: the function needs only the other {widths[0] - n_un}, and the {n_un} "
+            "(dead, or with output weights below the rounding) are returned never active and listed in "
+            "undetermined_units: exact means the function, not those units' weights"
+            if n_un
+            else ""
         )
     again = "another random_state may certify it"
     if have and cert is None:
@@ -289,6 +328,15 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
             return status, head + (
                 f": the model answered the same queries differently in different calls (by "
                 f"{cert['inconsistent']:.2g}): it is not a fixed function (a state, dropout or noise drawn per call)"
+            )
+        n_un = diag.get("undetermined_units")
+        if n_un:
+            return status, head + (
+                f": {n_un} of the {widths[0]} first-layer units showed on no search line (lengths up to "
+                f"{3 * LINE_SCALES[-1]:g}) and the network without them misses the model: units too weak for "
+                "the precision of the queries (a kink below the rounding of the outputs where it is measured: "
+                "trained units whose output weights decayed towards 0), units that switch farther out, or "
+                "fewer units in the model than these widths and a part no ReLU network has"
             )
         few = diag.get("signs_underdetermined_layers")
         if few:
@@ -360,7 +408,7 @@ def _run(oracle, widths, rng, clock, diag, time_limit, readable):
     n_extract = oracle.n_queries
     if hidden is not None:
         few = _underdetermined_signs((oracle.d, *widths), oracle.n_outputs)
-        if few:
+        if few and not diag.get("signs_resolved"):  # the subset sum found no 0/1 solution
             diag.update(signs_resolved=False, signs_underdetermined_layers=tuple(few))
         try:
             with clock.stage("certificate"), single_threaded_blas():
@@ -470,11 +518,13 @@ def extract_chosen(
         diagnostics=diag,
         precision=prec,
     )
+    n_un = diag.get("undetermined_units", 0) if layers is not None else 0
+    padded = tuple(range(widths[0] - n_un, widths[0]))  # _pad_first_layer put them last
     if len(widths) > 1:
-        res = DeepResult(layers=layers, **common)
+        res = DeepResult(layers=layers, undetermined_units=tuple((1, i) for i in padded), **common)
     else:
         (V, b), (U, c) = layers if layers is not None else ((None, None), (None, None))
-        res = RecoveryResult(U=U, V=V, b=b, c=c, method="chosen", **common)
+        res = RecoveryResult(U=U, V=V, b=b, c=c, method="chosen", undetermined_units=padded, **common)
     if not exact:
         warn(message)
     return res

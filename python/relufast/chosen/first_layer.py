@@ -58,13 +58,22 @@ def grid_size(widths):
     return int(min(4096, 2 ** np.ceil(np.log2(max(256, 24 * sum(widths))))))
 
 
-def random_lines(oracle, n_lines, widths, rng):
-    """Kinks on ``n_lines`` random lines ``0.5 z + t u``, z, u standard normal, t in [-3, 3]:
-    Gaussian-scale inputs, one model call."""
+def random_lines(oracle, n_lines, widths, rng, scale=1.0):
+    """Kinks on ``n_lines`` random lines ``0.5 z + t u``, z, u standard normal, t in
+    [-3 scale, 3 scale]: Gaussian-scale inputs at scale 1, one model call."""
     d = oracle.d
     base = 0.5 * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
-    return find_kinks(oracle, base, dirs, np.linspace(-3.0, 3.0, grid_size(widths)))
+    return find_kinks(oracle, base, dirs, np.linspace(-3.0 * scale, 3.0 * scale, grid_size(widths)))
+
+
+#: Lengths of the search lines (times the first round's) and the rounds without a new unit
+#: after which the next length is tried: a unit whose hyperplane lies far from the origin
+#: (trained networks have them: sklearn's MLPRegressor on diabetes puts a quarter of its
+#: 100 hyperplanes beyond 15, where the inputs are of size 0.1) is crossed only by long
+#: lines. When every length has gone STALL_ROUNDS rounds without a new unit, the search is
+#: saturated: the units left are ones no line shows (functional equivalence, in the driver).
+LINE_SCALES, STALL_ROUNDS = (1.0, 8.0, 64.0, 512.0), 3
 
 
 def _dedupe(H, tol):
@@ -93,19 +102,28 @@ def _verify(oracle, n, c, x, rng):
 def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     """Hyperplanes ``(W (k, d) unit rows, b (k,))`` of the first layer, signs open.
 
-    Returns (W, b, rounds); fewer than k rows when ``max_rounds`` rounds of lines ran out.
-    The kinks that are not first-layer ones go to ``pool``.
+    Returns (W, b, rounds, saturated); fewer than k rows when ``max_rounds`` rounds of lines
+    ran out or the search saturated (``saturated``: every line length of LINE_SCALES went
+    STALL_ROUNDS rounds without a new unit). The kinks that are not first-layer ones go to
+    ``pool``.
     """
     d = oracle.d
     W, b = np.zeros((0, d)), np.zeros(0)
-    rounds = 0
+    rounds = stalled = level = before = 0
     later = None  # the first round's second line: its kinks of units found on the first need no normals
     while len(W) < k and rounds < max_rounds:
+        if rounds and later is None:  # the previous round (the first one has two lines)
+            stalled = 0 if len(W) > before else stalled + 1
+            if stalled >= STALL_ROUNDS * len(LINE_SCALES):
+                break
+            if stalled and stalled % STALL_ROUNDS == 0:
+                level = (level + 1) % len(LINE_SCALES)
+        before = len(W)
         rounds += 1
         if later is not None:
             kinks, later = later, None
         else:
-            kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng)
+            kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, LINE_SCALES[level])
             if rounds == 1:
                 later = kinks.subset(kinks.line == 1)
                 kinks = kinks.subset(kinks.line == 0)
@@ -136,4 +154,4 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
             W, b = np.vstack([W, nrm.n[i]]), np.append(b, c[i])
     if len(W) and len(pool):
         pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
-    return W, b, rounds
+    return W, b, rounds, stalled >= STALL_ROUNDS * len(LINE_SCALES)

@@ -7,7 +7,10 @@ relu(z) - z``: the layer after it is then affine in ``phi = [relu(z~), h]`` with
 by least squares, a hidden layer from its boundaries, :mod:`.deep`) and solving
 ``beta = -sum_j delta_j v_j w~_j`` for delta in {0, 1} gives the units to flip
 (:func:`resolve_signs`). For one hidden layer this is the least-squares trick of the
-chosen-query note: the fitted linear term is minus the sum of the flipped units.
+chosen-query note: the fitted linear term is minus the sum of the flipped units. When the
+layer has more units than that term has equations (one hidden layer: k > d m), least
+squares cannot find the 0/1 solution; it is then a low-density subset-sum problem, solved
+by lattice reduction (:func:`relufast._knapsack.binary_combination`).
 
 Polish (beyond the papers, as the activation-region refinement of two-layer relufast
 methods): with every layer estimated, points far from every boundary have a known
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._knapsack import binary_combination
 from .net import features, forward, pre_activations
 from .probes import (
     MAX_TOP_SCALE,
@@ -44,6 +48,9 @@ __all__ = ["resolve_signs", "output_layer", "polish", "certify", "cert_tolerance
 
 #: delta of a unit must lie within this distance of 0 or 1 for its sign to count as resolved.
 DELTA_TOL = 0.2
+#: Largest ||B delta - beta|| of a 0/1 delta found by lattice reduction, relative to
+#: ||B||_F + ||beta|| (the fitted terms carry about 1e-12 of error; the certificate judges).
+KNAPSACK_TOL = 1e-8
 
 
 def resolve_signs(Wt, bt, coef, beta, const):
@@ -71,6 +78,16 @@ def resolve_signs(Wt, bt, coef, beta, const):
     ok = bool(np.all(np.minimum(np.abs(delta), np.abs(delta - 1)) <= DELTA_TOL))
     rest = float(np.linalg.norm(beta.reshape(-1) - B @ flip.astype(float)))
     ok = ok and rest <= DELTA_TOL * float(np.linalg.norm(B, 2)) * 1e-2 + DELTA_TOL * float(np.linalg.norm(beta))
+    tol = KNAPSACK_TOL * (float(np.linalg.norm(B)) + float(np.linalg.norm(beta)))
+    if rest > tol and np.linalg.matrix_rank(B) < k:
+        # More signs than equations: least squares lands on a 0/1 point only by chance (and
+        # one near 0/1 may leave a residual the loose test above passes); a subset sum.
+        found = binary_combination(B, beta.reshape(-1), tol=tol)
+        if found is not None:
+            flip, ok = found[0], True
+        else:
+            seen = np.linalg.norm(B, axis=0) > 0  # units the next layer reads
+            ok = ok and np.linalg.matrix_rank(B[:, seen]) == int(seen.sum())
     s = np.where(flip, -1.0, 1.0)
     next_b = const + coef[:, flip] @ bt[flip]
     return Wt * s[:, None], bt * s, coef.copy(), next_b, ok

@@ -42,6 +42,10 @@ class DeepResult:
         by scale, ``["certificate_queries"]`` against ``["extraction_queries"]``).
     precision : str
         Precision at which the certificate holds (``"float32"`` for float32 models).
+    undetermined_units : tuple of (layer, unit)
+        Units no query showed (1-based hidden layer, 0-based unit), returned never active
+        and read by nothing: the function is certified without them
+        (``diagnostics["undetermined_units"]`` counts them).
     """
 
     layers: Any
@@ -54,6 +58,7 @@ class DeepResult:
     counts: Mapping[str, int] = field(default_factory=dict)
     diagnostics: Mapping[str, Any] = field(default_factory=dict)
     precision: str = "float64"
+    undetermined_units: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "status", Status(self.status))

@@ -1,0 +1,83 @@
+"""Functional equivalence in chosen mode (issue 30): units no query shows are reported, not
+a failed run; hyperplanes far from the origin are reached by longer lines."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import relufast
+import relufast.planted as P
+
+
+def _extract(f, d, widths, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return relufast.extract(f, n_features=d, n_hidden=widths, queries="chosen", random_state=0, **kw)
+
+
+def _fresh_error(res, f, d, scale, seed=1):
+    X = scale * np.random.default_rng(seed).standard_normal((2000, d))
+    Y = f(X).reshape(len(X), -1)
+    return float(np.abs(res.predict(X) - Y).max() / np.abs(Y).max())
+
+
+@pytest.mark.parametrize("dead", [(3,), (0, 5)])
+def test_units_no_output_reads_are_undetermined_and_the_function_exact(dead):
+    hidden, (U, c) = P.deep_relu(10, (8,), 2, random_state=4)
+    U = U.copy()
+    U[:, list(dead)] = 0.0  # these units change nothing: no query can see them
+    f = P.relu_function(hidden, (U, c))
+    res = _extract(f, 10, 8)
+    assert res.exact and res.status == "exact"
+    assert len(res.undetermined_units) == len(dead) and res.diagnostics["undetermined_units"] == len(dead)
+    assert res.V.shape == (8, 10) and res.U.shape == (2, 8)  # the requested widths
+    idx = list(res.undetermined_units)
+    assert np.all(res.U[:, idx] == 0) and np.all(res.V[idx] == 0) and np.all(res.b[idx] < 0)
+    assert f"{len(dead)} of the 8 first-layer units showed on no search line" in res.message
+    for s in (1.0, 100.0):
+        assert _fresh_error(res, f, 10, s) < 1e-12
+
+
+def test_deep_first_layer_unit_read_by_nothing_is_undetermined():
+    hidden, out = P.deep_relu(10, (8, 6), 1, random_state=2)
+    (W1, b1), (W2, b2) = hidden
+    W2 = W2.copy()
+    W2[:, 6] = 0.0
+    f = P.relu_function([(W1, b1), (W2, b2)], out)
+    res = _extract(f, 10, (8, 6))
+    assert res.exact, res.message
+    assert len(res.undetermined_units) == 1 and res.undetermined_units[0][0] == 1
+    assert res.n_hidden == (8, 6)
+    assert _fresh_error(res, f, 10, 10.0) < 1e-12
+
+
+def test_far_hyperplanes_are_reached_by_longer_lines():
+    """Units switching at distance 20-60 from the origin (as in trained networks): the lines
+    of scale 1 reach about 9; the longer ones find them, and the network is exact."""
+    hidden, out = P.deep_relu(6, (6,), 1, random_state=3)
+    W, b = hidden[0]
+    b = b.copy()
+    b[:3] = np.array([-20.0, 35.0, -60.0])  # unit rows: distance |b|
+    f = P.relu_function([(W, b)], out)
+    res = _extract(f, 6, 6)
+    assert res.exact and not res.undetermined_units
+    assert _fresh_error(res, f, 6, 100.0) < 1e-12
+
+
+def test_missing_units_that_matter_are_not_exact_and_named():
+    """Units that do change the function but that the search cannot measure: the network
+    without them is not exact, and the message says which units were missing."""
+    hidden, (U, c) = P.deep_relu(8, (6,), 1, random_state=5)
+    W, b = hidden[0]
+    b = b.copy()
+    b[0] = -3000.0  # beyond every search line (about 1,500), inside the certificate's probes (1e4)
+    f = P.relu_function([(W, b)], (U, c))
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.extract(f, n_features=8, n_hidden=6, queries="chosen", random_state=0)
+    assert not res.exact
+    assert res.diagnostics["undetermined_units"] == 1
+    assert "1 of the 6 first-layer units showed on no search line" in res.message
+    assert "not a ReLU network" not in res.message
