@@ -178,3 +178,24 @@ def test_weak_unit_is_not_called_dead(plain, method):
     with pytest.warns(relufast.RelufastWarning):
         res = relufast.recover(X, Y, n_hidden=3, method=method, random_state=0)
     assert "never active" not in res.message, res.message
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_atv21_general_residual_is_that_of_a_fitted_network(seed):
+    """Item 12: without fit, atv21-general divided T_2 by phi(b_i) and kept arbitrary signs: a
+    unit with b = 5 gave |U| up to 1.7e8 and residuals up to 3.8e7 (``failed``, "no better
+    than the mean"). The signs now follow the least-squares linear term and U, c are fitted:
+    a residual below 1 that is the result's own, status ``approximate``."""
+    rng = np.random.default_rng(seed)
+    V = rng.standard_normal((3, 6))
+    V /= np.linalg.norm(V, axis=1, keepdims=True)
+    net = PlantedNetwork(U=rng.standard_normal((2, 3)), V=V, b=np.array([0.3, -0.5, 5.0]), c=rng.standard_normal(2))
+    X = rng.standard_normal((40_000, 6))
+    Y = net.predict(X)
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.recover(X, Y, n_hidden=3, method="atv21-general", random_state=0)
+    assert res.status == "approximate", res.message
+    assert 0 < res.residual < 1
+    assert res.residual == pytest.approx(np.linalg.norm(res.predict(X) - Y) / np.linalg.norm(Y), rel=1e-6)
+    assert f"relative residual {res.residual:.2e}" in res.message
+    assert np.abs(res.U).max() < 100

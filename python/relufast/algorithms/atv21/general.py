@@ -16,9 +16,9 @@ from ..._validation import (
 )
 from ...activations import RELU
 from ...stages.diagnostics import GAUSS_ROWS, gaussianity
-from ...stages.fit import certify, relative_residual
-from ...stages.hermite import SQRT_2PI, gaussian_pdf
-from ...stages.moments import HermiteAccumulator, SecondMomentAccumulator
+from ...stages.fit import relative_residual
+from ...stages.hermite import SQRT_2PI
+from ...stages.moments import HermiteAccumulator
 from ...stages.reduce import Samples
 from ...stages.tensor import cp_als, jennrich, merge_symmetric_factors
 from .sample_tensors import _batch_tensors, _rows
@@ -187,8 +187,11 @@ def atv21_general(X, Y, n_hidden, *, fit=False, tol=1e-10, n_jobs=None, random_s
     -------
     RecoveryResult
         Without ``fit``: the recovered units with ``diagnostics["sign_ambiguous"]`` (each
-        (v_i, b_i) is known only up to one common sign, Theorem 3.2; ``a`` has no ambiguity),
-        U from T_2 of every output (sign-free), status ``approximate``. Units with
+        (v_i, b_i) is known only up to one common sign, Theorem 3.2), oriented by the
+        linear term of a least-squares fit (``diagnostics["units_flipped"]``,
+        ``["signs_resolved"]``) and U, c fitted by least squares over all samples (relufast's
+        departure: the paper's U from T_2 / phi(b_i) blows up for large |b_i|), status
+        ``approximate`` with that network's residual. Units with
         ``|b_i| > sqrt(2 log n)`` (too large to recover at this n) are listed in
         ``diagnostics["units_large_bias"]`` and named in the message, never dropped.
 
@@ -236,8 +239,8 @@ def _validate_general(X, Y, n_hidden, tol, block_size, n_jobs, comm):
 
 
 def _general_moments(run, data, half, rng, n_jobs, block_size):
-    """T_0..T_6 of ``y = Y g`` (random unit g) in the input space and T_2 of every output,
-    over the global rows ``0 .. half - 1``, in NOISE_BATCHES batches for the noise."""
+    """T_0..T_6 of ``y = Y g`` (random unit g) in the input space, over the global rows
+    ``0 .. half - 1``, in NOISE_BATCHES batches for the noise."""
     d, m = data.d, data.m
     g = rng.standard_normal(m)
     g /= np.linalg.norm(g)
@@ -251,9 +254,7 @@ def _general_moments(run, data, half, rng, n_jobs, block_size):
     T, parts = [t[0] for t in T], [[t[0] for t in p] for p in parts]
     noise = [float(np.sqrt(np.mean([np.sum((p[r] - T[r]) ** 2) for p in parts]) / len(parts))) for r in range(7)]
     run.diag["tensor_noise"] = np.array(noise)
-    acc2 = _rows(data, 0, half).accumulate(SecondMomentAccumulator(d, m, n_jobs=n_jobs, block_size=block_size))
-    acc2.set_state(data.reduce(acc2.state()))
-    return T, noise, acc2.tensor()
+    return T, noise
 
 
 def _general_algorithm5(run, data, half, Wt, bt, k, tol, note):
@@ -276,24 +277,60 @@ def _general_algorithm5(run, data, half, Wt, bt, k, tol, note):
     )
 
 
-def _general_units(run, data, T2all, Wt, bt, k, note):
-    """Without ``fit``: U from T_2 of every output (sign-free: ``zeta_2 = U_oi phi(b_i)``),
-    c as the mean residual over all samples (a reduction), signs stated ambiguous."""
-    U = np.array([_sympow_ls(T2all[o], Wt.T, 2) for o in range(data.m)]) / gaussian_pdf(bt)[None, :]
-    st = certify(data, Wt, None, b=bt, c=np.zeros(data.m))
-    c = (st["cross"][k] - st["gram"][k, :k] @ U.T) / data.n
-    residual = relative_residual(data, None, Wt, U, data.n_jobs, RELU, b=bt, c=c)
-    run.diag["residual_is_sign_dependent"] = True
+def _general_units(run, data, Wt, bt, k, note):
+    """Without ``fit``: the recovered units with the signs their linear term asks for, and U,
+    c by least squares over all samples (a reduction of the normal equations).
+
+    Theorem 3.2 leaves the sign of each (v_i, b_i) open. A unit taken with the wrong sign
+    fits as ``relu(-z) = relu(z) - z``: least squares on ``[relu(z~), x, 1]`` puts minus the
+    flipped units' ``u_i v_i^T`` in its linear term, and the 0/1 flips solve that linear
+    system (:func:`relufast.chosen.fit.resolve_signs`, by lattice reduction when k > d m).
+    U is then refitted on ``[relu(z), 1]``. With T_2 / phi(b_i) instead (the paper's
+    formula), a unit with a large |b_i| gave U entries of 1e12 and residuals up to 1e19."""
+    from ...chosen.fit import resolve_signs
+
+    d = data.d
+
+    def one_block(Xb, Yb):
+        Xb = np.asarray(Xb, dtype=np.float64)
+        F = np.hstack([np.maximum(Xb @ Wt.T + bt, 0.0), Xb, np.ones((len(Xb), 1))])
+        return {"gram": F.T @ F, "cross": F.T @ np.asarray(Yb, dtype=np.float64)}
+
+    st = data.reduce(_rows(data, 0, data.n).map_reduce(one_block))
+    scale = np.sqrt(np.maximum(np.diag(st["gram"]), 1e-300))
+    C = np.linalg.lstsq(st["gram"] / np.outer(scale, scale), st["cross"] / scale[:, None], rcond=1e-12)[0]
+    C /= scale[:, None]
+    W, b, _, _, ok = resolve_signs(Wt, bt, C[:k].T, C[k : k + d].T, C[-1])
+    flipped = np.nonzero(np.sign(W[:, 0]) != np.sign(Wt[:, 0]))[0] if k else np.zeros(0, dtype=int)
+    # U and c for the oriented units: [relu(z), 1] is the first block of the same normal
+    # equations with z's sign changed for the flipped units (relu(-z) = relu(z) - z).
+    T = np.zeros((k + d + 1, k + 1))
+    T[:k, :k] = np.eye(k)
+    T[k + d, k] = 1.0
+    for i in flipped:  # relu(-z_i) = relu(z_i) - v_i.x - b_i
+        T[k : k + d, i] = -Wt[i]
+        T[k + d, i] = -bt[i]
+    G2, H2 = T.T @ st["gram"] @ T, T.T @ st["cross"]
+    s2 = np.sqrt(np.maximum(np.diag(G2), 1e-300))
+    C2 = np.linalg.lstsq(G2 / np.outer(s2, s2), H2 / s2[:, None], rcond=1e-12)[0] / s2[:, None]
+    U, c = C2[:k].T, C2[k]
+    residual = relative_residual(data, None, W, U, data.n_jobs, RELU, b=b, c=c)
+    run.diag.update(signs_resolved=bool(ok), units_flipped=tuple(int(i) for i in flipped))
+    signs = (
+        "signs chosen by the linear term of a least-squares fit"
+        if ok
+        else "signs rounded from the linear term of a least-squares fit (which is not the one of flipped "
+        "units: the estimate is too rough, or the data are not this model)"
+    )
     return run.result(
         Status.APPROXIMATE,
         f"ATV21 Theorem 3.2 (Algorithm 4 with l = 2): {k} units, each (v_i, b_i) known only up "
-        "to one common sign flip (not identifiable when the units are linearly dependent); "
-        "U from T_2 is sign-free, the offset c and the residual "
-        f"({residual:.2e}) depend on the signs. Use fit=True (Algorithm 5) for a network "
-        "with small L2 error" + note,
+        f"to one common sign flip (not identifiable when the units are linearly dependent); {signs}, "
+        f"U and c by least squares over all {data.n} samples: relative residual {residual:.2e}. "
+        "fit=True (Algorithm 5) gives a network with small L2 error without choosing signs" + note,
         U=U,
-        V=Wt,
-        b=bt,
+        V=W,
+        b=b,
         c=c,
         residual=residual,
     )
@@ -310,7 +347,7 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
     diag.update(gaussianity(data.take(np.arange(min(n, GAUSS_ROWS)))[0]))
     half = n // 2 if fit else n
     with run.stage("moments"):
-        T, noise, T2all = _general_moments(run, data, half, rng, n_jobs, block_size)
+        T, noise = _general_moments(run, data, half, rng, n_jobs, block_size)
     with run.stage("tensor"):
         Wt, a, bt, d4 = _algorithm4_l2(T, k, rng, noise5=noise[5], noise6=noise[6])
         diag.update(d4)
@@ -325,4 +362,4 @@ def _atv21_general(X, Y, n_hidden, *, fit, tol, n_jobs, random_state, block_size
     )
     if fit:
         return _general_algorithm5(run, data, half, Wt, bt, k, tol, note)
-    return _general_units(run, data, T2all, Wt, bt, k, note)
+    return _general_units(run, data, Wt, bt, k, note)
