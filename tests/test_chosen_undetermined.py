@@ -81,3 +81,21 @@ def test_missing_units_that_matter_are_not_exact_and_named():
     assert res.diagnostics["undetermined_units"] == 1
     assert "1 of the 6 first-layer units showed on no search line" in res.message
     assert "not a ReLU network" not in res.message
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_unit_switching_at_800_is_found(seed):
+    """A hyperplane at distance 800: the long lines cross it, and the window test at its
+    points (where the model's internal terms are 800 times its outputs and round above the
+    outputs' threshold beside the kink) accepts it: found, and the network right to ~1e-13
+    at scale 1000 (the kinks' positions round at |x| eps there: `approximate` or `exact`)."""
+    hidden, out = P.deep_relu(6, (6,), 1, random_state=seed)
+    W, b = hidden[0]
+    b = b.copy()
+    b[0] = -800.0
+    f = P.relu_function([(W, b)], out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", relufast.RelufastWarning)
+        res = relufast.extract(f, n_features=6, n_hidden=6, queries="chosen", random_state=0)
+    assert not res.undetermined_units and res.residual < 1e-12, res.message
+    assert _fresh_error(res, f, 6, 1000.0) < 1e-12

@@ -92,12 +92,18 @@ def _rare_points(known, tent, X, n, d, rng, need):
         if all((z > 0).sum(axis=0).min() >= need(W.shape[1]) for z, (W, _) in zip(Z, [*known, tent])):
             break
         more = np.vstack([more, 3.0 * rng.standard_normal((n, d))])
-    # A first-layer hyperplane far from the origin (trained networks have them) leaves its
-    # unit on one side at every point above: points on both sides of it, near it.
-    (W1, b1) = [*known, tent][0]
-    z1 = np.vstack([X, more]) @ W1.T + b1
+    return more
+
+
+def _both_sides(first, X, d, rng, need):
+    """Points on both sides of the first-layer hyperplanes that ``X`` leaves on one side
+    (``need(d)`` points a side at least): one far from the origin (trained networks have
+    them) leaves its unit on one side at every point of :func:`_fit_points`, and the output
+    fit cannot see it."""
+    W1, b1 = first
+    z1 = X @ W1.T + b1
     few = np.nonzero(np.minimum((z1 > 0).sum(axis=0), (z1 < 0).sum(axis=0)) < need(d))[0]
-    return np.vstack([more, *(_beside(W1[j], b1[j], 2 * need(d), rng) for j in few)])
+    return np.vstack([np.zeros((0, d)), *(_beside(W1[j], b1[j], 2 * need(d), rng) for j in few)])
 
 
 def _beside(w, b, n, rng):
@@ -208,6 +214,7 @@ def _stages(oracle, widths, rng, clock, diag):
     target = cert_tolerance(oracle.eps, (d, *widths)) / 16
     with clock.stage("output_layer"):
         X = _fit_points(known, tent, n_fit, d, rng)
+        X = np.vstack([X, _both_sides([*known, tent][0], X, d, rng, need)])
         Y = oracle(X)
         hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
         if res > 4 * target or not ok:

@@ -57,6 +57,10 @@ class Kinks(NamedTuple):
         )
 
 
+#: Second differences beside a kink's cell below this fraction of the kink's count as flat.
+ISOLATION = 1e-6
+
+
 def find_kinks(oracle, base, dirs, t_grid):
     """Isolated kinks of the model on the lines ``base[i] + t dirs[i]``, t in ``t_grid``.
 
@@ -88,9 +92,16 @@ def find_kinks(oracle, base, dirs, t_grid):
     # size flags its rounding as kinks and rejects true kinks located on it).
     thr = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2))[:, None, None] + 1e-300  # (L, 1, 1)
     D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:]) / thr  # (L, G - 2, m), > 1: not collinear
-    nz = (D2 > 1).any(axis=2)
+    level = D2.max(axis=2)
     i = np.arange(2, G - 3)
-    ok = nz[:, i - 1] & nz[:, i] & ~nz[:, i - 2] & ~nz[:, i + 1]
+    # A kink in cell i bends the two second differences beside it, and not the next ones out.
+    # Those are "flat" up to ISOLATION times the kink's own: far from the origin a model's
+    # internal terms (pre-activations of size |W| |x|) round above the threshold set by its
+    # outputs (a 5e-3 window at |x| = 800: the linear side's second differences at 1.5-4.5
+    # times it, the kink's at 6.5e9).
+    kink = np.minimum(level[:, i - 1], level[:, i])
+    flat = np.maximum(1.0, ISOLATION * kink)
+    ok = (kink > 1) & (level[:, i - 2] <= flat) & (level[:, i + 1] <= flat)
     li, ci = np.nonzero(ok)
     cell = i[ci]
     o = np.argmax(D2[li, cell - 1] + D2[li, cell], axis=1)
