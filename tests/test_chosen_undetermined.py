@@ -99,3 +99,26 @@ def test_unit_switching_at_800_is_found(seed):
         res = relufast.extract(f, n_features=6, n_hidden=6, queries="chosen", random_state=0)
     assert not res.undetermined_units and res.residual < 1e-12, res.message
     assert _fresh_error(res, f, 6, 1000.0) < 1e-12
+
+
+def test_long_lines_stop_where_the_model_stops_answering():
+    """Lines grow longer only while the model answers: a model that returns inf beyond norm
+    40 (as a classifier's logits do once its probabilities round) and has a unit no line
+    shows ends the first-layer search saturated with the units it found, instead of raising."""
+    from relufast.chosen.first_layer import KinkPool, first_layer
+    from relufast.chosen.oracle import Oracle
+    from relufast.extraction import checked_query_function
+
+    hidden, (U, c) = P.deep_relu(6, (5,), 1, random_state=1)
+    U = U.copy()
+    U[:, 2] = 0.0
+    g = P.relu_function(hidden, (U, c))
+
+    def f(X):
+        Y = g(X)
+        Y[np.linalg.norm(X, axis=1) > 40] = np.inf
+        return Y
+
+    oracle = Oracle(checked_query_function(f, 6), 6)
+    W, b, rounds, saturated = first_layer(oracle, 5, (5,), np.random.default_rng(0), KinkPool(6))
+    assert saturated and len(W) == 4

@@ -219,6 +219,18 @@ def test_binary_classifier_is_not_exact_and_says_why():
     assert "1 - p loses its digits" in res.message
 
 
+def test_binary_classifier_with_two_layers_ends_approximate_not_with_an_error():
+    """breast_cancer 30-16-8-1 (50 iterations): the deeper layer's search lines (norms up to
+    60) and the output layer's fit points (scale 10) reached saturated probabilities and
+    stopped extract with a ValueError; lines are now halved, and fit points drawn in, where
+    the model does not answer, and the result is the bridge's `approximate`."""
+    clf, X = _fitted("breast_cancer", (16, 8), max_iter=50)
+    with pytest.warns(rf.RelufastWarning, match="binary classifier"):
+        res = rf.extract(clf, X.shape[1], random_state=0)
+    assert res.status == "approximate" and res.residual < 1e-6, res.message
+    assert res.n_hidden == (16, 8)
+
+
 @pytest.mark.parametrize("widths", [(16,), (16, 8)])
 def test_trained_multiclass_classifier_certified_where_its_logits_can_be_read(widths):
     """digits trained to convergence (64-16-10, 64-16-8-10): the softmax's probabilities

@@ -36,7 +36,14 @@ from ._validation import check_positive_int, check_random_state
 from .stages.precision import resolve_precision
 from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
 
-__all__ = ["extract", "as_query_function", "check_outputs", "checked_query_function", "cryptanalytic_queries"]
+__all__ = [
+    "extract",
+    "as_query_function",
+    "check_outputs",
+    "checked_query_function",
+    "cryptanalytic_queries",
+    "NonFiniteOutputs",
+]
 
 
 def cryptanalytic_queries(n_features: int, n_hidden: int) -> int:
@@ -87,6 +94,10 @@ def _sklearn_function(mlp):
     if out in ("logistic", "softmax"):
         return logit_function(mlp), "float64"
     raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
+
+
+class NonFiniteOutputs(ValueError):
+    """The model answered some queries with NaN or inf (:func:`check_outputs`)."""
 
 
 def check_outputs(out: Any, X: np.ndarray, n_outputs: int | None = None, *, hint: str = "") -> np.ndarray:
@@ -141,7 +152,7 @@ def check_outputs(out: Any, X: np.ndarray, n_outputs: int | None = None, *, hint
         norms = np.linalg.norm(X, axis=1)
         fine = norms[~bad]
         kinds = " and ".join(k for k, t in (("NaN", np.isnan(Y).any()), ("inf", np.isinf(Y).any())) if t)
-        raise ValueError(
+        raise NonFiniteOutputs(
             f"the model returned non-finite outputs ({kinds}) for {int(bad.sum())} of {n} queries, at input norms "
             f"{norms[bad].min():.3g} to {norms[bad].max():.3g}"
             + (f" (finite answers up to norm {fine.max():.3g})" if fine.size else "")

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._deadline import check as check_deadline
+from ..extraction import NonFiniteOutputs
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
 from .hyperplanes import Spans, jump_normals
@@ -530,6 +531,8 @@ def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
 #: and 100-64-64-10 are crossed by twice as many lines at 12 as at 3); grid lines (low
 #: precision) keep their cells short.
 REFILL_T, REFILL_T_LOW = 12.0, 3.0
+#: Shortest half-length the pool's lines are cut to where the model stops answering.
+MIN_REACH = 0.75
 #: Unit roundoff under which lines are screened; grid of an entry line otherwise.
 SCREEN_EPS, ENTRY_GRID = 1e-12, 128
 
@@ -541,8 +544,17 @@ def _refill(oracle, layers, widths, rng, pool, tol, n_lines=1, Theta=None):
     d = oracle.d
     base = 0.5 * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
-    T = REFILL_T if oracle.eps < SCREEN_EPS else REFILL_T_LOW
-    kinks = _line_kinks(oracle, layers, Theta, base, dirs, -T, T, grid_size(widths))
+    T = min(REFILL_T if oracle.eps < SCREEN_EPS else REFILL_T_LOW, oracle.line_reach)
+    while True:
+        try:
+            kinks = _line_kinks(oracle, layers, Theta, base, dirs, -T, T, grid_size(widths))
+            break
+        except NonFiniteOutputs:
+            # Far out the model does not answer (a classifier's logits read from saturated
+            # probabilities): this and later lines stop at half the length.
+            if T <= MIN_REACH:
+                raise
+            T = oracle.line_reach = T / 2
     fresh = _fresh(layers, kinks.x, tol, Theta)
     nrm = jump_normals(oracle, kinks.subset(fresh), rng, downstream_basis(layers))
     pool.add(nrm.x, nrm.n, nrm.error)

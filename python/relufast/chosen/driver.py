@@ -33,6 +33,7 @@ from .._blas import single_threaded_blas
 from .._progress import Progress
 from .._result import RecoveryResult, Run, Status, warn
 from .._validation import check_random_state
+from ..extraction import NonFiniteOutputs
 from .deep import next_layer
 from .first_layer import LINE_SCALES, KinkPool, first_layer
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
@@ -93,6 +94,19 @@ def _rare_points(known, tent, X, n, d, rng, need):
             break
         more = np.vstack([more, 3.0 * rng.standard_normal((n, d))])
     return more
+
+
+def _answered(oracle, X, tries=4):
+    """(X, the model's outputs there); where the model does not answer far out (a
+    classifier's logits read from saturated probabilities), the points beyond half the
+    largest norm are drawn in by half, up to ``tries`` times."""
+    for _ in range(tries):
+        try:
+            return X, oracle(X)
+        except NonFiniteOutputs:
+            r = np.linalg.norm(X, axis=1)
+            X = np.where((r > 0.5 * r.max())[:, None], 0.5 * X, X)
+    return X, oracle(X)
 
 
 def _both_sides(first, X, d, rng, need):
@@ -215,13 +229,13 @@ def _stages(oracle, widths, rng, clock, diag):
     with clock.stage("output_layer"):
         X = _fit_points(known, tent, n_fit, d, rng)
         X = np.vstack([X, _both_sides([*known, tent][0], X, d, rng, need)])
-        Y = oracle(X)
+        X, Y = _answered(oracle, X)
         hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
         if res > 4 * target or not ok:
             # Rarely active units: more points where they are (the fit, its signs and the
             # polish need each unit active on twice its fan-in).
-            X2 = _rare_points(known, tent, X, n_fit, d, rng, need)
-            X, Y = np.vstack([X, X2]), np.vstack([Y, oracle(X2)])
+            X2, Y2 = _answered(oracle, _rare_points(known, tent, X, n_fit, d, rng, need))
+            X, Y = np.vstack([X, X2]), np.vstack([Y, Y2])
             hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
     signs_ok &= ok
     diag["signs_resolved"] = signs_ok

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..extraction import NonFiniteOutputs
 from .hyperplanes import jump_normals
 from .lines import find_kinks, window_kinks
 
@@ -110,20 +111,29 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     d = oracle.d
     W, b = np.zeros((0, d)), np.zeros(0)
     rounds = stalled = level = before = 0
+    top = len(LINE_SCALES)  # lengths in use (fewer once a longer line met non-finite outputs)
     later = None  # the first round's second line: its kinks of units found on the first need no normals
     while len(W) < k and rounds < max_rounds:
         if rounds and later is None:  # the previous round (the first one has two lines)
             stalled = 0 if len(W) > before else stalled + 1
-            if stalled >= STALL_ROUNDS * len(LINE_SCALES):
+            if stalled >= STALL_ROUNDS * top:
                 break
             if stalled and stalled % STALL_ROUNDS == 0:
-                level = (level + 1) % len(LINE_SCALES)
+                level = (level + 1) % top
         before = len(W)
         rounds += 1
         if later is not None:
             kinks, later = later, None
         else:
-            kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, LINE_SCALES[level])
+            try:
+                kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, LINE_SCALES[level])
+            except NonFiniteOutputs:
+                if level == 0:
+                    raise
+                # A classifier's logits read from its probabilities overflow far out: the
+                # lengths from this one on are not used.
+                top, level, stalled = level, 0, STALL_ROUNDS * level
+                continue
             if rounds == 1:
                 later = kinks.subset(kinks.line == 1)
                 kinks = kinks.subset(kinks.line == 0)
@@ -154,4 +164,4 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
             W, b = np.vstack([W, nrm.n[i]]), np.append(b, c[i])
     if len(W) and len(pool):
         pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
-    return W, b, rounds, stalled >= STALL_ROUNDS * len(LINE_SCALES)
+    return W, b, rounds, stalled >= STALL_ROUNDS * top

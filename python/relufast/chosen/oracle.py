@@ -65,6 +65,9 @@ class Oracle:
         self.precision: Precision | None = None
         self.n_outputs: int | None = None
         self.answer_dtype: str | None = None
+        #: Half-length (t, standard normal directions) of the deeper layers' search lines
+        #: (:func:`.deep._refill` halves it where the model stops answering far out).
+        self.line_reach = np.inf
 
     def __call__(self, X, *, finite=True):
         """The model's outputs on the rows of X, as float64 of shape (n, m).
