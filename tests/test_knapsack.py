@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relufast._knapsack import binary_combination
+from relufast._knapsack import binary_combination, sign_flips
 from relufast._native import core
 
 
@@ -98,3 +98,20 @@ def test_binary_combination_says_none_when_no_subset_fits():
     A = rng.standard_normal((5, 20))
     t = A @ (rng.random(20) < 0.5) + 0.3  # off every 0/1 combination
     assert binary_combination(A, t, tol=1e-9) is None
+
+
+@pytest.mark.parametrize("q, k, k_prev", [(6, 5, 10), (1, 60, 10), (2, 40, 4)])
+def test_sign_flips_from_the_next_linear_term(q, k, k_prev):
+    """beta = -sum_j delta_j v_j w~_j: least squares when the equations outnumber the signs,
+    the subset sum when they do not (1 x 10 equations for 60 signs)."""
+    rng = np.random.default_rng(k)
+    W = rng.standard_normal((k, k_prev))
+    coef = rng.standard_normal((q, k))
+    delta = rng.random(k) < 0.5
+    beta = -(coef[:, delta] @ W[delta])
+    flip, ok = sign_flips(W, coef, beta)
+    assert ok and np.array_equal(flip, delta)
+    if q * k_prev < k:  # no 0/1 combination leaves a residual of 0.1 (the loose least-squares test
+        # above, kept for deeper layers' rougher terms, applies only with more equations than signs)
+        flip, ok = sign_flips(W, coef, beta + 0.1 * rng.standard_normal(beta.shape))
+        assert not ok

@@ -29,7 +29,7 @@ import numpy as np
 
 from ._native import core
 
-__all__ = ["binary_combination"]
+__all__ = ["binary_combination", "sign_flips"]
 
 #: Bits added to N at each reduction step, and the largest (entries stay below 2^52).
 STEP_BITS, MAX_BITS = 8, 46
@@ -118,3 +118,52 @@ def binary_combination(A, t, *, tol, rng=None, tries=4):
                 return delta, found[1]
             T = _coordinates(Bred, kk)
     return None
+
+
+#: delta of a unit must lie within this distance of 0 or 1 for its sign to count as resolved.
+DELTA_TOL = 0.2
+#: Largest ||B delta - beta|| of a 0/1 delta found by lattice reduction, relative to
+#: ||B||_F + ||beta|| (fitted terms carry about 1e-12 of error; the callers' certificates judge).
+KNAPSACK_TOL = 1e-8
+
+
+def sign_flips(W, coef, beta):
+    """The units of a layer taken with the wrong sign, from the linear term of the next fit.
+
+    A unit fitted as ``relu(z~)`` whose true form is ``relu(-z~) = relu(z~) - z~`` leaves
+    ``-v_j w~_j`` in the next layer's linear term: ``beta = -sum_j delta_j v_j w~_j``.
+
+    Parameters
+    ----------
+    W : ndarray of shape (k, k_prev)
+        The layer's rows as found (signs open).
+    coef : ndarray of shape (q, k)
+        The next layer's coefficients on ``relu(z~)``.
+    beta : ndarray of shape (q, k_prev)
+        Its coefficients on the layer's inputs (the linear term).
+
+    Returns
+    -------
+    (flip, ok)
+        Bool per unit, and whether a 0/1 solution explains the linear term: least squares
+        when its solution lies near 0/1 and leaves little, else (more units than
+        equations, or a least-squares point off the 0/1 ones) :func:`binary_combination`.
+    """
+    q, k = coef.shape
+    B = -(coef[:, None, :] * W.T[None, :, :]).reshape(q * W.shape[1], k)
+    beta = beta.reshape(-1)
+    delta, *_ = np.linalg.lstsq(B, beta, rcond=None)
+    flip = delta > 0.5
+    ok = bool(np.all(np.minimum(np.abs(delta), np.abs(delta - 1)) <= DELTA_TOL))
+    rest = float(np.linalg.norm(beta - B @ flip.astype(float)))
+    ok = ok and rest <= DELTA_TOL * float(np.linalg.norm(B, 2)) * 1e-2 + DELTA_TOL * float(np.linalg.norm(beta))
+    tol = KNAPSACK_TOL * (float(np.linalg.norm(B)) + float(np.linalg.norm(beta)))
+    if rest > tol and np.linalg.matrix_rank(B) < k:
+        # More signs than equations: least squares lands on a 0/1 point only by chance (and
+        # one near 0/1 may leave a residual the loose test above passes); a subset sum.
+        found = binary_combination(B, beta, tol=tol)
+        if found is not None:
+            return found[0], True
+        seen = np.linalg.norm(B, axis=0) > 0  # units the next layer reads
+        ok = ok and np.linalg.matrix_rank(B[:, seen]) == int(seen.sum())
+    return flip, ok

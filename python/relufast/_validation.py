@@ -16,7 +16,12 @@ __all__ = [
     "resolve_n_jobs",
     "check_positive_int",
     "check_scalar",
+    "NonFiniteOutputs",
 ]
+
+
+class NonFiniteOutputs(ValueError):
+    """A model answered some queries with NaN or inf (:func:`relufast.extraction.check_outputs`)."""
 
 
 #: Rows per block of the finiteness check (bounded temporaries: no n x d mask).

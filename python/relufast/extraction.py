@@ -32,7 +32,7 @@ from . import _deadline
 from ._deadline import check_time_limit
 from ._progress import Progress
 from ._result import RecoveryResult, Status, warn
-from ._validation import check_positive_int, check_random_state
+from ._validation import NonFiniteOutputs, check_positive_int, check_random_state
 from .stages.precision import resolve_precision
 from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
 
@@ -94,10 +94,6 @@ def _sklearn_function(mlp):
     if out in ("logistic", "softmax"):
         return logit_function(mlp), "float64"
     raise ValueError(f"unsupported output activation of the sklearn model: {out!r}")
-
-
-class NonFiniteOutputs(ValueError):
-    """The model answered some queries with NaN or inf (:func:`check_outputs`)."""
 
 
 def check_outputs(out: Any, X: np.ndarray, n_outputs: int | None = None, *, hint: str = "") -> np.ndarray:

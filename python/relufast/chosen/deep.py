@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._deadline import check as check_deadline
-from ..extraction import NonFiniteOutputs
+from .._validation import NonFiniteOutputs
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
 from .hyperplanes import Spans, jump_normals

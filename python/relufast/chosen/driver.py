@@ -32,8 +32,7 @@ from .. import _deadline
 from .._blas import single_threaded_blas
 from .._progress import Progress
 from .._result import RecoveryResult, Run, Status, warn
-from .._validation import check_random_state
-from ..extraction import NonFiniteOutputs
+from .._validation import NonFiniteOutputs, check_random_state
 from .deep import next_layer
 from .first_layer import LINE_SCALES, KinkPool, first_layer
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..extraction import NonFiniteOutputs
+from .._validation import NonFiniteOutputs
 from .hyperplanes import jump_normals
 from .lines import find_kinks, window_kinks
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._knapsack import binary_combination
+from .._knapsack import sign_flips
 from .net import features, forward, pre_activations
 from .probes import (
     MAX_TOP_SCALE,
@@ -45,12 +45,6 @@ from .probes import (
 )
 
 __all__ = ["resolve_signs", "output_layer", "polish", "certify", "cert_tolerance"]
-
-#: delta of a unit must lie within this distance of 0 or 1 for its sign to count as resolved.
-DELTA_TOL = 0.2
-#: Largest ||B delta - beta|| of a 0/1 delta found by lattice reduction, relative to
-#: ||B||_F + ||beta|| (the fitted terms carry about 1e-12 of error; the certificate judges).
-KNAPSACK_TOL = 1e-8
 
 
 def resolve_signs(Wt, bt, coef, beta, const):
@@ -71,23 +65,7 @@ def resolve_signs(Wt, bt, coef, beta, const):
         The layer with signs fixed, the next layer on relu(z) alone, and whether every
         delta was near 0 or 1 and the linear term vanished after the flip.
     """
-    q, k = coef.shape
-    B = -(coef[:, None, :] * Wt.T[None, :, :]).reshape(q * Wt.shape[1], k)
-    delta, *_ = np.linalg.lstsq(B, beta.reshape(-1), rcond=None)
-    flip = delta > 0.5
-    ok = bool(np.all(np.minimum(np.abs(delta), np.abs(delta - 1)) <= DELTA_TOL))
-    rest = float(np.linalg.norm(beta.reshape(-1) - B @ flip.astype(float)))
-    ok = ok and rest <= DELTA_TOL * float(np.linalg.norm(B, 2)) * 1e-2 + DELTA_TOL * float(np.linalg.norm(beta))
-    tol = KNAPSACK_TOL * (float(np.linalg.norm(B)) + float(np.linalg.norm(beta)))
-    if rest > tol and np.linalg.matrix_rank(B) < k:
-        # More signs than equations: least squares lands on a 0/1 point only by chance (and
-        # one near 0/1 may leave a residual the loose test above passes); a subset sum.
-        found = binary_combination(B, beta.reshape(-1), tol=tol)
-        if found is not None:
-            flip, ok = found[0], True
-        else:
-            seen = np.linalg.norm(B, axis=0) > 0  # units the next layer reads
-            ok = ok and np.linalg.matrix_rank(B[:, seen]) == int(seen.sum())
+    flip, ok = sign_flips(Wt, coef, beta)
     s = np.where(flip, -1.0, 1.0)
     next_b = const + coef[:, flip] @ bt[flip]
     return Wt * s[:, None], bt * s, coef.copy(), next_b, ok

@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from ..._blas import single_threaded_blas
+from ..._knapsack import sign_flips
 from ..._native import BACKEND
 from ..._protocol import recovery_method
 from ..._result import Run, Status
@@ -284,11 +285,9 @@ def _general_units(run, data, Wt, bt, k, note):
     Theorem 3.2 leaves the sign of each (v_i, b_i) open. A unit taken with the wrong sign
     fits as ``relu(-z) = relu(z) - z``: least squares on ``[relu(z~), x, 1]`` puts minus the
     flipped units' ``u_i v_i^T`` in its linear term, and the 0/1 flips solve that linear
-    system (:func:`relufast.chosen.fit.resolve_signs`, by lattice reduction when k > d m).
+    system (:func:`relufast._knapsack.sign_flips`, by lattice reduction when k > d m).
     U is then refitted on ``[relu(z), 1]``. With T_2 / phi(b_i) instead (the paper's
     formula), a unit with a large |b_i| gave U entries of 1e12 and residuals up to 1e19."""
-    from ...chosen.fit import resolve_signs
-
     d = data.d
 
     def one_block(Xb, Yb):
@@ -300,8 +299,9 @@ def _general_units(run, data, Wt, bt, k, note):
     scale = np.sqrt(np.maximum(np.diag(st["gram"]), 1e-300))
     C = np.linalg.lstsq(st["gram"] / np.outer(scale, scale), st["cross"] / scale[:, None], rcond=1e-12)[0]
     C /= scale[:, None]
-    W, b, _, _, ok = resolve_signs(Wt, bt, C[:k].T, C[k : k + d].T, C[-1])
-    flipped = np.nonzero(np.sign(W[:, 0]) != np.sign(Wt[:, 0]))[0] if k else np.zeros(0, dtype=int)
+    flip, ok = sign_flips(Wt, C[:k].T, C[k : k + d].T)
+    s = np.where(flip, -1.0, 1.0)
+    W, b, flipped = Wt * s[:, None], bt * s, np.nonzero(flip)[0]
     # U and c for the oriented units: [relu(z), 1] is the first block of the same normal
     # equations with z's sign changed for the flipped units (relu(-z) = relu(z) - z).
     T = np.zeros((k + d + 1, k + 1))
