@@ -59,6 +59,8 @@ BOUNDARY_SCALES, FAR_SCALES = (1.0, 2.0, 4.0), (8.0, 32.0, 128.0)
 #: A unit with too few clean segments but at least SPARSE_MIN of them clean gets SPARSE_MORE
 #: times the segments again at SPARSE_SCALES (a unit with none is not visible at all there).
 SPARSE_MIN, SPARSE_MORE, SPARSE_SCALES = 0.05, 3.0, (1.0, 2.0, 4.0, 8.0, 16.0)
+#: Segments asked per clean kink still wanted (over the clean fraction last seen).
+SPARSE_SLACK = 1.25
 #: Newton steps that bring a random point onto a unit's estimated boundary (computed).
 BOUNDARY_STEPS = 6
 
@@ -283,9 +285,17 @@ def _row_fit(oracle, known, layer, j, P, S, rng, half):
     pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch, half)
     if ok.sum() <= kin + 2 and ok.sum() >= SPARSE_MIN * len(ok):
         # A unit whose kink is visible at few points of its boundary (no active path after
-        # it elsewhere, as in trained networks): more points, farther out.
-        p1, ok1 = more(int(np.ceil(SPARSE_MORE * P)), SPARSE_SCALES)
-        pts, ok = np.vstack([pts, p1]), np.concatenate([ok, ok1])
+        # it elsewhere, as in trained networks): more points, farther out, as many as the
+        # clean fraction seen so far says the plane fit needs (kin + 2 and a quarter of kin
+        # to spare for its trimming), SPARSE_MORE P at most (before: SPARSE_MORE P at once,
+        # two thirds of the queries of a trained 784-128-128-10).
+        target, budget, frac = kin + 2 + max(32, kin // 4), int(np.ceil(SPARSE_MORE * P)), ok.mean()
+        while ok.sum() < target and budget > 0:
+            n = min(budget, int(np.ceil(SPARSE_SLACK * (target - ok.sum()) / max(frac, SPARSE_MIN))))
+            p1, ok1 = more(n, SPARSE_SCALES)
+            budget -= n
+            pts, ok = np.vstack([pts, p1]), np.concatenate([ok, ok1])
+            frac = ok1.mean() if len(ok1) else 0.0
     if ok.sum() <= kin + 2:
         return None, "too few clean segments"
     _, H = pre_activations(known, pts[ok])
