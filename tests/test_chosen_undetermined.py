@@ -122,3 +122,15 @@ def test_long_lines_stop_where_the_model_stops_answering():
     oracle = Oracle(checked_query_function(f, 6), 6)
     W, b, rounds, saturated = first_layer(oracle, 5, (5,), np.random.default_rng(0), KinkPool(6))
     assert saturated and len(W) == 4
+
+
+def test_low_precision_stall_is_not_taken_for_missing_units():
+    """float32: a stalled first-layer search means kinks too weak or normals too coarse to
+    verify (40-20-1 of random_state 0: two units with output weights 9e-4 and 0.016), not
+    units the function lacks; the run ends naming the stage, with no network built on the
+    units found (float32 784-64-64-10 trained: before, 14 of 64 units and minutes spent)."""
+    f = P.relu_function(*P.deep_relu(40, (20,), 1, random_state=0), np.float32)
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.extract(f, n_features=40, n_hidden=20, queries="chosen", random_state=0)
+    assert res.status == "failed" and "of the 20 first-layer units" in res.message
+    assert not res.undetermined_units and "undetermined_units" not in res.diagnostics
