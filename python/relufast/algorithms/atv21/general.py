@@ -278,6 +278,20 @@ def _general_algorithm5(run, data, half, Wt, bt, k, tol, note):
     )
 
 
+def _normal_solve(G, H):
+    """Minimum-norm least squares from normal equations (G = F^T F, H = F^T Y), columns
+    scaled to unit diagonal; a feature that is (numerically) zero on every sample, as a unit
+    never active there, gets coefficient 0 (scaling it up amplified rounding to 1e137)."""
+    diag = np.diag(G)
+    keep = diag > 1e-24 * max(float(diag.max(initial=0.0)), 1e-300)
+    C = np.zeros((G.shape[0], H.shape[1]))
+    if keep.any():
+        s = np.sqrt(diag[keep])
+        Gk = G[np.ix_(keep, keep)] / np.outer(s, s)
+        C[keep] = np.linalg.lstsq(Gk, H[keep] / s[:, None], rcond=1e-12)[0] / s[:, None]
+    return C
+
+
 def _general_units(run, data, Wt, bt, k, note):
     """Without ``fit``: the recovered units with the signs their linear term asks for, and U,
     c by least squares over all samples (a reduction of the normal equations).
@@ -296,9 +310,7 @@ def _general_units(run, data, Wt, bt, k, note):
         return {"gram": F.T @ F, "cross": F.T @ np.asarray(Yb, dtype=np.float64)}
 
     st = data.reduce(_rows(data, 0, data.n).map_reduce(one_block))
-    scale = np.sqrt(np.maximum(np.diag(st["gram"]), 1e-300))
-    C = np.linalg.lstsq(st["gram"] / np.outer(scale, scale), st["cross"] / scale[:, None], rcond=1e-12)[0]
-    C /= scale[:, None]
+    C = _normal_solve(st["gram"], st["cross"])
     flip, ok = sign_flips(Wt, C[:k].T, C[k : k + d].T)
     s = np.where(flip, -1.0, 1.0)
     W, b, flipped = Wt * s[:, None], bt * s, np.nonzero(flip)[0]
@@ -311,8 +323,7 @@ def _general_units(run, data, Wt, bt, k, note):
         T[k : k + d, i] = -Wt[i]
         T[k + d, i] = -bt[i]
     G2, H2 = T.T @ st["gram"] @ T, T.T @ st["cross"]
-    s2 = np.sqrt(np.maximum(np.diag(G2), 1e-300))
-    C2 = np.linalg.lstsq(G2 / np.outer(s2, s2), H2 / s2[:, None], rcond=1e-12)[0] / s2[:, None]
+    C2 = _normal_solve(G2, H2)
     U, c = C2[:k].T, C2[k]
     residual = relative_residual(data, None, W, U, data.n_jobs, RELU, b=b, c=c)
     run.diag.update(signs_resolved=bool(ok), units_flipped=tuple(int(i) for i in flipped))
