@@ -134,3 +134,28 @@ def test_low_precision_stall_is_not_taken_for_missing_units():
         res = relufast.extract(f, n_features=40, n_hidden=20, queries="chosen", random_state=0)
     assert res.status == "failed" and "of the 20 first-layer units" in res.message
     assert not res.undetermined_units and "undetermined_units" not in res.diagnostics
+
+
+def test_refit_leaves_out_segments_the_model_does_not_answer():
+    """The refit's segments at scales up to 16 reach where a classifier's logits are lost:
+    those segments are left out (before: NonFiniteOutputs stopped extract, breast_cancer
+    30-100-100-1); the rows are refitted from the others."""
+    from relufast.chosen.oracle import Oracle
+    from relufast.chosen.refit import refit_layer
+    from relufast.extraction import checked_query_function
+
+    hidden, out = P.deep_relu(6, (4,), 1, random_state=2)
+    g = P.relu_function(hidden, out)
+
+    def f(X):
+        Y = g(X)
+        Y[np.linalg.norm(X, axis=1) > 6.0] = np.inf
+        return Y
+
+    W, b = hidden[0]
+    rough = (W + 1e-9 * np.random.default_rng(0).standard_normal(W.shape), b)
+    oracle = Oracle(checked_query_function(f, 6), 6)
+    W2, b2, refitted, _ = refit_layer(oracle, [], rough, np.random.default_rng(1), last=True)
+    assert refitted == 4
+    s = np.linalg.norm(W2, axis=1, keepdims=True)  # the planted rows have unit norm
+    assert np.abs(W2 / s - W).max() < 1e-12 and np.abs(b2 / s[:, 0] - b).max() < 1e-12

@@ -34,6 +34,7 @@ import warnings
 import numpy as np
 import scipy.linalg
 
+from .._validation import NonFiniteOutputs
 from .net import activation_pattern, pre_activations
 
 __all__ = ["refit_layer"]
@@ -146,10 +147,29 @@ def _kinks_across(oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF):
     """:func:`_segment_kinks` on the segments through X0 along G, ``batch`` segments a model
     call; returns (kinks, usable mask)."""
     found = [
-        _segment_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S, half)
+        _answered_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S, half)
         for i in range(0, len(X0), batch)
     ]
     return np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
+
+
+def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4):
+    """:func:`_segment_kinks`; where the model does not answer far out (a classifier's
+    logits read from saturated probabilities), the segments beyond half the largest norm
+    are left out (not usable), up to ``tries`` times."""
+    keep = np.ones(len(X0), dtype=bool)
+    for attempt in range(tries + 1):
+        try:
+            pts, ok = _segment_kinks(oracle, known, layer, j, X0[keep], G[keep], S, half)
+            break
+        except NonFiniteOutputs:
+            if attempt == tries or not keep.any():
+                raise
+            r = np.linalg.norm(X0, axis=1)
+            keep &= r <= 0.5 * r[keep].max()
+    P, usable = X0.copy(), np.zeros(len(X0), dtype=bool)
+    P[keep], usable[keep] = pts, ok
+    return P, usable
 
 
 def _plane_through(F, w, eps):
