@@ -610,7 +610,7 @@ def _group(oracle, known, tent, pool, tol, delta=None):
         with ``agree + 1`` null directions, and that agree; (None, None) if none does. The
         null space after adding kink q is that of the group restricted by q's rows: one SVD
         of the group, then one batched SVD of ``M[q] N`` for every candidate (before: one
-        SVD of the whole stack per candidate, 98% of the time of a wide first layer)."""
+        SVD of the whole stack per candidate, most of the time of a wide first layer)."""
         _, sv, Vt = np.linalg.svd(stack(g), full_matrices=True)
         N = Vt[int((sv > tol * sv[0]).sum()) :].T  # (cols, null of the group)
         if N.shape[1] == 0:

@@ -199,8 +199,9 @@ def _stages(oracle, widths, rng, clock, diag):
         W, b, rounds, saturated = first_layer(oracle, widths[0], widths, rng, pool)
     diag["line_rounds"] = rounds
     # Only in float64 is a unit that no line shows one the function does not need: at low
-    # precision a stall is kinks whose normals are too coarse to verify (float32 at d = 784
-    # saturated with 14 of 64 units and spent minutes on a network without the rest).
+    # precision a stall is kinks whose normals are too coarse to verify (a trained float32
+    # 784-64-64-10 saturated with a fraction of its units and went on for minutes without
+    # the rest; now it fails at the first layer: bench/test_bench_trained.py).
     if len(W) < widths[0] and not (saturated and len(W) and oracle.eps < SATURATED_EPS):
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
     if len(W) < widths[0]:  # no line shows the others: extract the function, report them

@@ -70,8 +70,7 @@ def random_lines(oracle, n_lines, widths, rng, scale=1.0):
 
 #: Lengths of the search lines (times the first round's) and the rounds without a new unit
 #: after which the next length is tried: a unit whose hyperplane lies far from the origin
-#: (trained networks have them: sklearn's MLPRegressor on diabetes puts a quarter of its
-#: 100 hyperplanes beyond 15, where the inputs are of size 0.1) is crossed only by long
+#: (trained networks have them, far beyond the inputs they were trained on) is crossed only by long
 #: lines. When every length has gone STALL_ROUNDS rounds without a new unit, the search is
 #: saturated: the units left are ones no line shows (functional equivalence, in the driver).
 LINE_SCALES, STALL_ROUNDS = (1.0, 8.0, 64.0, 512.0), 3

@@ -97,8 +97,8 @@ def find_kinks(oracle, base, dirs, t_grid):
     # A kink in cell i bends the two second differences beside it, and not the next ones out.
     # Those are "flat" up to ISOLATION times the kink's own: far from the origin a model's
     # internal terms (pre-activations of size |W| |x|) round above the threshold set by its
-    # outputs (a 5e-3 window at |x| = 800: the linear side's second differences at 1.5-4.5
-    # times it, the kink's at 6.5e9).
+    # outputs, while a kink's own stand orders of magnitude above it (a unit switching at
+    # |x| = 800: tests/test_chosen_undetermined.py::test_unit_switching_at_800_is_found).
     kink = np.minimum(level[:, i - 1], level[:, i])
     flat = np.maximum(1.0, ISOLATION * kink)
     ok = (kink > 1) & (level[:, i - 2] <= flat) & (level[:, i + 1] <= flat)

@@ -301,7 +301,8 @@ def _general_units(run, data, Wt, bt, k, note):
     flipped units' ``u_i v_i^T`` in its linear term, and the 0/1 flips solve that linear
     system (:func:`relufast._knapsack.sign_flips`, by lattice reduction when k > d m).
     U is then refitted on ``[relu(z), 1]``. With T_2 / phi(b_i) instead (the paper's
-    formula), a unit with a large |b_i| gave U entries of 1e12 and residuals up to 1e19."""
+    formula), U blows up for a unit with a large |b_i| (phi(b_i) tiny) and the residual with
+    it (``test_atv21_general_residual_is_that_of_a_fitted_network`` bounds both)."""
     d = data.d
 
     def one_block(Xb, Yb):
