@@ -45,7 +45,12 @@ def pytest_addoption(parser):
         "--threads-large",
         action="store_true",
         default=False,
-        help="bench/test_bench_threads.py: add (784, 128, 128) at n = 2e5",
+        help="bench/test_bench_threads.py: add (784, 128, 128) at n = 2e5, bias-free and with equal biases",
+    )
+    parser.addoption(
+        "--threads-list",
+        default=None,
+        help="bench/test_bench_threads.py: thread counts to measure, comma-separated (default 1, 2, 4, ... all)",
     )
     parser.addoption(
         "--adaptive-large",

@@ -14,6 +14,7 @@
 
 #include "kernels/certify.hpp"
 #include "kernels/contracted4.hpp"
+#include "kernels/cp.hpp"
 #include "kernels/detector.hpp"
 #include "kernels/hermite.hpp"
 #include "kernels/lattice.hpp"
@@ -574,4 +575,30 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       py::arg("B").noconvert(), py::arg("delta") = 0.99, py::arg("max_swaps") = 10000000LL,
       "LLL reduction (Schnorr-Euchner floating-point form) of the rows of B, integers held in doubles "
       "below 2^52: dict of basis (reduced rows), swaps and complete (False: stopped at max_swaps).");
+
+  // ---- CP-ALS contractions (kernels/cp) ----
+  m.def(
+      "slice_column_sums",
+      [](const ConstRowRef& Q, const ConstRowRef& W, int n_jobs) {
+        if (W.rows() < 1 || Q.rows() % W.rows() != 0 || Q.cols() != W.cols())
+          throw py::value_error("slice_column_sums: Q must be (m k1) x r for W (k1 x r), k1 >= 1; got Q " +
+                                std::to_string(Q.rows()) + " x " + std::to_string(Q.cols()) + ", W " +
+                                std::to_string(W.rows()) + " x " + std::to_string(W.cols()));
+        return interruptible([&] { return slice_column_sums(Q, W, n_jobs); });
+      },
+      py::arg("Q").noconvert(), py::arg("W").noconvert(), py::arg("n_jobs") = 0,
+      "CP-ALS: T (m x r), row i the column sums of Q_i .* W for the slices Q_i (rows [i k1, (i + 1) k1) "
+      "of Q) and W (k1 x r).");
+  m.def(
+      "slice_weighted_sum",
+      [](const ConstRowRef& S, const ConstRowRef& A, int n_jobs) {
+        if (A.rows() < 1 || S.rows() % A.rows() != 0 || S.cols() != A.cols())
+          throw py::value_error("slice_weighted_sum: S must be (m k) x r for A (m x r), m >= 1; got S " +
+                                std::to_string(S.rows()) + " x " + std::to_string(S.cols()) + ", A " +
+                                std::to_string(A.rows()) + " x " + std::to_string(A.cols()));
+        return interruptible([&] { return slice_weighted_sum(S, A, n_jobs); });
+      },
+      py::arg("S").noconvert(), py::arg("A").noconvert(), py::arg("n_jobs") = 0,
+      "CP-ALS: sum over i of the slices S_i (rows [i k, (i + 1) k) of S) times row i of A, elementwise "
+      "(k x r; summed in order of i whatever n_jobs).");
 }

@@ -427,15 +427,20 @@ def recovery_method(name, *, whiten=False, units_free=True, own_time_limit=False
 
         @functools.wraps(function)
         def method(X, Y, n_hidden, **options):
-            from ._blas import single_threaded_blas
+            from ._blas import single_threaded_blas, thread_budget
             from ._deadline import check_time_limit, limit
 
             check_options(name, valid, options)
             time_limit = check_time_limit(options.get("time_limit"))
             call = options if passes_time_limit else {o: v for o, v in options.items() if o != "time_limit"}
-            with warnings.catch_warnings(record=True) as caught, single_threaded_blas():
+            with (
+                warnings.catch_warnings(record=True) as caught,
+                single_threaded_blas(),
+                thread_budget(options.get("n_jobs")),
+            ):
                 # NumPy single-threaded throughout (relufast._blas): woken BLAS workers would
-                # keep spinning beside the C++ kernels that follow.
+                # keep spinning beside the C++ kernels that follow. The few products large
+                # enough to use every core lift it (relufast._blas.blas_threads).
                 warnings.simplefilter("always", RelufastWarning)
                 try:
                     with contextlib.nullcontext() if own_time_limit else limit(time_limit, _comm(options)):

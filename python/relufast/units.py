@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.linalg.lapack
 
-from ._blas import single_threaded_blas
+from ._blas import thread_map
 from .stages.diagnostics import RANK_TOL
 from .stages.fit import max_abs, power_of_two_scale, scaled_norm
 from .stages.precision import resolve_precision
@@ -458,14 +458,14 @@ def undetermined_units(
     Xa = np.column_stack([Xh, np.ones(head_n)]) if intercept else Xh
     y_head = scaled_norm(Yh)  # the head's own outputs (the same rows on every rank)
     need = (d if input_rank is None else int(input_rank)) + int(intercept)
-    with single_threaded_blas():  # k small SVDs: a threaded BLAS only spins (10x slower here)
-        doubt = [
-            i
-            for i in range(k)
-            if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head
-            or not _spans(Xa, A[:, i], need, rank_tol)
-            or (intercept and count[i] == head_n)
-        ]
+    weak = {
+        i for i in range(k) if un[i] * math.sqrt(sq[i]) <= 4 * threshold * y_head or (intercept and count[i] == head_n)
+    }
+    rest = [i for i in range(k) if i not in weak]
+    # k rank tests of 2 (d + 1) rows each, one unit a task on the method's threads (each on
+    # one BLAS thread: a threaded BLAS only spins on matrices this small, 10x slower here).
+    spans = thread_map(lambda i: _spans(Xa, A[:, i], need, rank_tol), rest)
+    doubt = sorted(weak | {i for i, ok in zip(rest, spans) if not ok})
     grams = {i: np.zeros((d + int(intercept),) * 2) for i in doubt}
     if doubt:
         units = np.array(doubt)

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from .._blas import blas_threads, kernel_threads
 from .._deadline import check as check_deadline
+from .._native import core
 
 __all__ = [
     "input_span",
@@ -126,6 +128,34 @@ def _solve_gram(T, G):
     return T @ np.linalg.pinv(G, hermitian=True)
 
 
+def _product(Pm, C):
+    """``Pm @ C`` for the unfolding Pm (m k, k') of a tensor: on every thread of the method's
+    budget when it is large (relufast._blas.blas_threads), else on NumPy's current limit."""
+    if Pm.shape[0] * Pm.shape[1] * C.shape[1] < BLAS_THREADS_MIN_FLOPS:
+        return Pm @ C
+    with blas_threads():
+        return Pm @ C
+
+
+def _mode3(Pc, C, B):
+    """Q = P x_3 C as (m k1) x r rows, and the mode-1 MTTKRP T (m, r),
+    ``T[i, r] = sum_p Q[i, p, r] B[p, r]`` (C++ kernel ``slice_column_sums``)."""
+    Q = _product(Pc, C)
+    return Q, core.slice_column_sums(Q, np.ascontiguousarray(B), kernel_threads())
+
+
+def _weighted_sum(Q, A):
+    """``sum_i Q[i, p, r] A[i, r]`` over the slices of Q ((m k) x r): (k, r) (C++ kernel
+    ``slice_weighted_sum``, summed in order of i on the method's threads)."""
+    return core.slice_weighted_sum(Q, np.ascontiguousarray(A), kernel_threads())
+
+
+#: Multiply-adds from which a CP-ALS product runs on every thread of the budget: 2^21 is
+#: about a millisecond on one core, where a thread pool's start and the spinning workers
+#: after it no longer dominate.
+BLAS_THREADS_MIN_FLOPS = 1 << 21
+
+
 def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
     """Non-symmetric CP-ALS for P (m, k, k) with r = B0.shape[1] free components, started at
     (., B0, B0).
@@ -174,35 +204,33 @@ def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
     PF = (Pc @ F).reshape(m, k1, f)
     T1F = np.einsum("ipf,pf->if", PF, F)
 
-    def a_update(PC):
-        T1 = np.concatenate([T1F, np.einsum("ipr,pr->ir", PC, B)], axis=1)
+    def a_update(T1):
         Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
-        return _solve_gram(T1, (Bt.T @ Bt) * (Ct.T @ Ct))
+        return _solve_gram(np.concatenate([T1F, T1], axis=1), (Bt.T @ Bt) * (Ct.T @ Ct))
 
-    PC = (Pc @ C).reshape(m, k1, r)
-    A = a_update(PC)
+    PC, T1 = _mode3(Pc, C, B)
+    A = a_update(T1)
     prev = np.inf
     for _ in range(n_iter):
         check_deadline("in a CP-ALS iteration")
-        A = a_update(PC)
+        A = a_update(T1)
         Af, Ar = A[:, :f], A[:, f:]
         AtA = Ar.T @ Ar
         B_old, C_old = B, C
-        T2 = np.einsum("ipr,ir->pr", PC, Ar)
+        T2 = _weighted_sum(PC, Ar)
         if f:
             T2 -= F @ ((Af.T @ Ar) * (F.T @ C))
         B = _solve_gram(T2, AtA * (C.T @ C))
         B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
-        PB = (Pb @ B).reshape(m, k2, r)
-        T3 = np.einsum("iqr,ir->qr", PB, Ar)
+        T3 = _weighted_sum(_product(Pb, B), Ar)
         if f:
             T3 -= F @ ((Af.T @ Ar) * (F.T @ B))
         C = _solve_gram(T3, AtA * (B.T @ B))
         C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
-        PC = (Pc @ C).reshape(m, k1, r)
+        PC, T1 = _mode3(Pc, C, B)
         # ||P - model||^2 = ||P||^2 - 2 <P, model> + ||model||^2 (model: A with the new B, C).
         Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
-        inner = float(np.sum(T1F * Af)) + float(np.einsum("ipr,pr,ir->", PC, B, Ar))
+        inner = float(np.sum(T1F * Af)) + float(np.sum(T1 * Ar))
         model2 = float(np.sum((A.T @ A) * (Bt.T @ Bt) * (Ct.T @ Ct)))
         sq = p2 - 2.0 * inner + model2
         # That difference carries an absolute error of a few eps ||P||^2: precise enough for

@@ -1,0 +1,92 @@
+"""The CP-ALS contraction kernels (C++ ``slice_column_sums`` / ``slice_weighted_sum``) and
+the BLAS thread lift around CP-ALS's products."""
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+from relufast._blas import blas_threads, cores, single_threaded_blas, thread_budget, thread_map
+from relufast._native import core
+from relufast.stages.tensor import cp_als
+
+
+@pytest.mark.parametrize("m,k,r", [(1, 1, 1), (3, 5, 2), (7, 70, 9), (128, 40, 33), (2, 3, 0)])
+def test_kernels_match_einsum_and_do_not_depend_on_threads(m, k, r):
+    rng = np.random.default_rng(m * 100 + k)
+    Q = rng.standard_normal((m * k, r))
+    W = rng.standard_normal((k, r))
+    A = rng.standard_normal((m, r))
+    T = core.slice_column_sums(Q, W, 1)
+    S = core.slice_weighted_sum(Q, A, 1)
+    assert T.shape == (m, r) and S.shape == (k, r)
+    np.testing.assert_allclose(T, np.einsum("ipr,pr->ir", Q.reshape(m, k, r), W), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(S, np.einsum("ipr,ir->pr", Q.reshape(m, k, r), A), rtol=1e-13, atol=1e-13)
+    for threads in (2, 3, 0):  # bit for bit the same on any number of threads
+        assert np.array_equal(core.slice_column_sums(Q, W, threads), T)
+        assert np.array_equal(core.slice_weighted_sum(Q, A, threads), S)
+
+
+def test_kernels_reject_shapes_that_do_not_fit():
+    Q = np.zeros((10, 3))
+    with pytest.raises(ValueError, match=r"\(m k1\) x r for W \(k1 x r\).*got Q 10 x 3, W 4 x 3"):
+        core.slice_column_sums(Q, np.zeros((4, 3)))
+    with pytest.raises(ValueError, match=r"got Q 10 x 3, W 5 x 2"):
+        core.slice_column_sums(Q, np.zeros((5, 2)))
+    with pytest.raises(ValueError, match=r"\(m k\) x r for A \(m x r\).*got S 10 x 3, A 3 x 3"):
+        core.slice_weighted_sum(Q, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=r"m >= 1"):
+        core.slice_weighted_sum(np.zeros((0, 3)), np.zeros((0, 3)))
+
+
+def _blas_threads_now():
+    return {i["filepath"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+def test_blas_threads_lifts_the_single_thread_limit_to_the_budget_and_restores_it():
+    if not _blas_threads_now():
+        pytest.skip("no BLAS library that threadpoolctl controls")
+    want = min(2, cores())
+    with single_threaded_blas():
+        assert set(_blas_threads_now().values()) == {1}
+        with thread_budget(want), blas_threads():
+            assert set(_blas_threads_now().values()) == {want}
+        assert set(_blas_threads_now().values()) == {1}
+
+
+def test_thread_budget_resolves_n_jobs_and_thread_map_keeps_order():
+    from relufast._blas import kernel_threads
+
+    assert kernel_threads() == 0  # outside a method: every core
+    with thread_budget(3):
+        assert kernel_threads() == 3
+        assert thread_map(lambda x: x * x, range(20)) == [x * x for x in range(20)]
+        with thread_budget("junk"):  # left for the method's own check: the budget stays
+            assert kernel_threads() == 3
+    with thread_budget(None):
+        assert kernel_threads() == 0
+
+    def boom(x):
+        if x == 7:
+            raise RuntimeError("item 7")
+        return x
+
+    with thread_budget(4), pytest.raises(RuntimeError, match="item 7"):
+        thread_map(boom, range(10))
+
+
+def test_cp_als_is_the_same_on_one_thread_and_on_several():
+    rng = np.random.default_rng(5)
+    m, k = 40, 30
+    A = rng.standard_normal((m, k))
+    Z = rng.standard_normal((k, k))
+    Z /= np.linalg.norm(Z, axis=0)
+    P = np.einsum("ir,jr,kr->ijk", A, Z, Z) + 1e-3 * rng.standard_normal((m, k, k))
+    B0 = Z + 0.1 * rng.standard_normal(Z.shape)
+    with single_threaded_blas(), thread_budget(1):
+        one = cp_als(P, B0, n_iter=30)
+    with single_threaded_blas(), thread_budget(2):
+        two = cp_als(P, B0, n_iter=30)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    # and a fit: every column of Z found again, up to sign, to the noise level
+    assert np.all(np.abs(one[1].T @ Z).max(axis=0) > 1 - 1e-4)
