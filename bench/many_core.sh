@@ -7,6 +7,9 @@
 # Every step has a time limit; logs and pytest-benchmark JSON go to $OUT (default
 # ./many_core_out), each file written directly (a step killed at its limit keeps its log).
 #
+# SKIP="moments tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases
+# thread counts (default 2 and every core).
+#
 # Offline: WHEELS=folder holding highspy, cmeel and cmeel-eigen wheels for this Python
 # (pip download --no-deps --only-binary=:all: ...); the machine must already have numpy,
 # scipy, pybind11, scikit-build-core, cmake, ninja, threadpoolctl, pytest and
@@ -22,6 +25,10 @@ log() { echo "[$(date +%T)] $*" | tee -a "$OUT/log.txt"; }
 step() {  # step NAME SECONDS COMMAND...: run with a time limit, output to $OUT/NAME.txt
   local name=$1 limit=$2
   shift 2
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    log "skip $name"
+    return 0
+  fi
   log "start $name (limit ${limit} s)"
   local t0=$SECONDS
   timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.txt" 2>&1
@@ -49,7 +56,7 @@ step moments 150 $PY -m pytest bench/test_bench_moments.py -k "test_relufast_mom
   --benchmark-json="$OUT/moments.json"
 step threads 240 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" --benchmark-json="$OUT/threads.json"
 step threads_large 300 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" --threads-large -k "784" \
-  --threads-list "2,$NCORES" --benchmark-json="$OUT/threads_large.json"
+  --threads-list "${LARGE_THREADS:-2,$NCORES}" --benchmark-json="$OUT/threads_large.json"
 step profile 120 $PY bench/profile_recovery.py 784 128 128 200000 --threads "$NCORES" --top 30
 step tests 150 $PY -m pytest -p no:cacheprovider -o addopts= -q -x tests/test_cp_kernels.py tests/test_tensor.py \
   tests/test_kernel_faults.py tests/test_kernels_property.py tests/test_units.py

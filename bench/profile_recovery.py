@@ -22,7 +22,6 @@ import relufast as rf
 #: cProfile entries that run on several threads: (file or module, function name); "" = any.
 PARALLEL = [
     ("~", "relufast._core"),  # the C++ kernels (builtins of _core, _core_avx2, _core_avx512)
-    ("tensor.py", "_product"),  # CP-ALS products with BLAS at the method's threads
     ("~", "acquire"),  # waits of relufast._blas.thread_map for its pool
 ]
 

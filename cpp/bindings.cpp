@@ -578,17 +578,44 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
 
   // ---- CP-ALS contractions (kernels/cp) ----
   m.def(
-      "slice_column_sums",
-      [](const ConstRowRef& Q, const ConstRowRef& W, int n_jobs) {
-        if (W.rows() < 1 || Q.rows() % W.rows() != 0 || Q.cols() != W.cols())
-          throw py::value_error("slice_column_sums: Q must be (m k1) x r for W (k1 x r), k1 >= 1; got Q " +
-                                std::to_string(Q.rows()) + " x " + std::to_string(Q.cols()) + ", W " +
-                                std::to_string(W.rows()) + " x " + std::to_string(W.cols()));
-        return interruptible([&] { return slice_column_sums(Q, W, n_jobs); });
+      "slice_products",
+      [](const ConstRowRef& P, Index k1, const ConstRowRef& C, std::optional<RowMatrixXd> W,
+         std::optional<py::capsule> dgemm, int n_jobs, std::optional<py::array_t<double, py::array::c_style>> out) {
+        auto shape = [](const auto& a) { return std::to_string(a.rows()) + " x " + std::to_string(a.cols()); };
+        if (k1 < 1 || P.rows() % k1 != 0)
+          throw py::value_error("slice_products: P must have a multiple of k1 >= 1 rows; got P " + shape(P) +
+                                ", k1 = " + std::to_string(k1));
+        if (C.rows() != P.cols())
+          throw py::value_error("slice_products: C must have P.shape[1] rows; got P " + shape(P) + ", C " + shape(C));
+        if (W && (W->rows() != k1 || W->cols() != C.cols()))
+          throw py::value_error("slice_products: W must be k1 x C.shape[1]; got W " + shape(*W) + ", k1 = " +
+                                std::to_string(k1) + ", C " + shape(C));
+        const long long big = std::numeric_limits<int>::max();
+        if (dgemm && (P.rows() > big || P.outerStride() > big || C.outerStride() > big))
+          throw py::value_error("slice_products: dimensions beyond a 32-bit BLAS; got P " + shape(P));
+        DgemmFn fn = dgemm ? reinterpret_cast<DgemmFn>(dgemm->get_pointer()) : nullptr;
+        // Q is written in place into a NumPy array (a fresh one, or `out` reused across
+        // calls): no copy on return, and no new pages to fault in at every CP-ALS sweep.
+        py::array_t<double, py::array::c_style> Qa =
+            out ? *out : py::array_t<double, py::array::c_style>({P.rows(), C.cols()});
+        if (out && (Qa.ndim() != 2 || Qa.shape(0) != P.rows() || Qa.shape(1) != C.cols() || !Qa.writeable()))
+          throw py::value_error("slice_products: out must be a writeable C-contiguous float64 array of shape (" +
+                                std::to_string(P.rows()) + ", " + std::to_string(C.cols()) + ")");
+        Eigen::Map<RowMatrixXd> Q(Qa.mutable_data(), P.rows(), C.cols());
+        RowMatrixXd T;
+        const RowMatrixXd none(0, C.cols());
+        interruptible([&] {
+          slice_products(P, k1, C, W ? ConstRowRef(*W) : ConstRowRef(none), fn, n_jobs, Q, T);
+          return true;
+        });
+        return py::make_tuple(Qa, T);
       },
-      py::arg("Q").noconvert(), py::arg("W").noconvert(), py::arg("n_jobs") = 0,
-      "CP-ALS: T (m x r), row i the column sums of Q_i .* W for the slices Q_i (rows [i k1, (i + 1) k1) "
-      "of Q) and W (k1 x r).");
+      py::arg("P").noconvert(), py::arg("k1"), py::arg("C").noconvert(), py::arg("W") = py::none(),
+      py::arg("dgemm") = py::none(), py::arg("n_jobs") = 0, py::arg("out").noconvert() = py::none(),
+      "CP-ALS: P ((m k1) x k2, m slices of k1 rows) times C (k2 x r) slice by slice, Q ((m k1) x r), and "
+      "T (m x r), row i the column sums of Q_i .* W for W (k1 x r) (0 x r without W). dgemm: the capsule "
+      "of a Fortran dgemm that is safe to call from several threads (scipy.linalg.cython_blas's, with the "
+      "BLAS limited to one thread), or None for Eigen's product. out: an array to write Q into.");
   m.def(
       "slice_weighted_sum",
       [](const ConstRowRef& S, const ConstRowRef& A, int n_jobs) {

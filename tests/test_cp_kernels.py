@@ -7,33 +7,43 @@ from threadpoolctl import threadpool_info
 
 from relufast._blas import blas_threads, cores, single_threaded_blas, thread_budget, thread_map
 from relufast._native import core
-from relufast.stages.tensor import cp_als
+from relufast.stages.tensor import _dgemm, cp_als
 
 
-@pytest.mark.parametrize("m,k,r", [(1, 1, 1), (3, 5, 2), (7, 70, 9), (128, 40, 33), (2, 3, 0)])
-def test_kernels_match_einsum_and_do_not_depend_on_threads(m, k, r):
+@pytest.mark.parametrize("gemm", ["dgemm", "eigen"])
+@pytest.mark.parametrize("m,k,k2,r", [(1, 1, 1, 1), (3, 5, 4, 2), (7, 70, 3, 9), (128, 40, 40, 33), (2, 3, 5, 0)])
+def test_kernels_match_numpy_and_do_not_depend_on_threads(m, k, k2, r, gemm):
     rng = np.random.default_rng(m * 100 + k)
-    Q = rng.standard_normal((m * k, r))
+    P = rng.standard_normal((m * k, k2))
+    C = rng.standard_normal((k2, r))
     W = rng.standard_normal((k, r))
     A = rng.standard_normal((m, r))
-    T = core.slice_column_sums(Q, W, 1)
-    S = core.slice_weighted_sum(Q, A, 1)
-    assert T.shape == (m, r) and S.shape == (k, r)
-    np.testing.assert_allclose(T, np.einsum("ipr,pr->ir", Q.reshape(m, k, r), W), rtol=1e-13, atol=1e-13)
-    np.testing.assert_allclose(S, np.einsum("ipr,ir->pr", Q.reshape(m, k, r), A), rtol=1e-13, atol=1e-13)
-    for threads in (2, 3, 0):  # bit for bit the same on any number of threads
-        assert np.array_equal(core.slice_column_sums(Q, W, threads), T)
-        assert np.array_equal(core.slice_weighted_sum(Q, A, threads), S)
+    dgemm = _dgemm() if gemm == "dgemm" else None
+    with single_threaded_blas():
+        Q, T = core.slice_products(P, k, C, W, dgemm, 1)
+        Q0, T0 = core.slice_products(P, k, C, None, dgemm, 1)
+        S = core.slice_weighted_sum(Q, A, 1)
+        assert Q.shape == (m * k, r) and T.shape == (m, r) and S.shape == (k, r) and T0.shape == (0, r)
+        np.testing.assert_allclose(Q, P @ C, rtol=1e-13, atol=1e-13)
+        assert np.array_equal(Q0, Q)
+        np.testing.assert_allclose(T, np.einsum("ipr,pr->ir", Q.reshape(m, k, r), W), rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(S, np.einsum("ipr,ir->pr", Q.reshape(m, k, r), A), rtol=1e-13, atol=1e-13)
+        for threads in (2, 3, 0):  # bit for bit the same on any number of threads
+            Qt, Tt = core.slice_products(P, k, C, W, dgemm, threads)
+            assert np.array_equal(Qt, Q) and np.array_equal(Tt, T)
+            assert np.array_equal(core.slice_weighted_sum(Q, A, threads), S)
 
 
 def test_kernels_reject_shapes_that_do_not_fit():
-    Q = np.zeros((10, 3))
-    with pytest.raises(ValueError, match=r"\(m k1\) x r for W \(k1 x r\).*got Q 10 x 3, W 4 x 3"):
-        core.slice_column_sums(Q, np.zeros((4, 3)))
-    with pytest.raises(ValueError, match=r"got Q 10 x 3, W 5 x 2"):
-        core.slice_column_sums(Q, np.zeros((5, 2)))
+    P = np.zeros((10, 3))
+    with pytest.raises(ValueError, match=r"multiple of k1 >= 1 rows; got P 10 x 3, k1 = 4"):
+        core.slice_products(P, 4, np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"C must have P.shape\[1\] rows; got P 10 x 3, C 2 x 2"):
+        core.slice_products(P, 5, np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=r"W must be k1 x C.shape\[1\]; got W 5 x 3, k1 = 5, C 3 x 2"):
+        core.slice_products(P, 5, np.zeros((3, 2)), np.zeros((5, 3)))
     with pytest.raises(ValueError, match=r"\(m k\) x r for A \(m x r\).*got S 10 x 3, A 3 x 3"):
-        core.slice_weighted_sum(Q, np.zeros((3, 3)))
+        core.slice_weighted_sum(P, np.zeros((3, 3)))
     with pytest.raises(ValueError, match=r"m >= 1"):
         core.slice_weighted_sum(np.zeros((0, 3)), np.zeros((0, 3)))
 

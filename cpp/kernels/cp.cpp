@@ -6,17 +6,40 @@
 
 namespace relufast {
 
-RowMatrixXd slice_column_sums(const ConstRowRef& Q, const ConstRowRef& W, int n_jobs) {
-  const Index k1 = W.rows(), r = W.cols(), m = k1 > 0 ? Q.rows() / k1 : 0;
-  RowMatrixXd T(m, r);
-  // At least ~64 rows of Q a work item, so that small slices do not cost a dispatch each.
-  const Index per = std::max<Index>(1, 64 / std::max<Index>(k1, 1));
-  const long long items = m > 0 ? (m + per - 1) / per : 0;
+constexpr Index ROWS_PER_ITEM = 1024;
+
+void slice_products(const ConstRowRef& P, Index k1, const ConstRowRef& C, const ConstRowRef& W, DgemmFn dgemm,
+                    int n_jobs, Eigen::Ref<RowMatrixXd> Q, RowMatrixXd& T) {
+  const Index m = k1 > 0 ? P.rows() / k1 : 0, k2 = P.cols(), r = C.cols();
+  const bool weighted = W.rows() > 0;  // (W of k1 x 0 still asks for T, of m x 0)
+  T.setZero(weighted ? m : 0, r);
+  if (m == 0 || r == 0) return;
+  if (k2 == 0) {
+    Q.setZero();
+    return;
+  }
+  // About ROWS_PER_ITEM rows of P a work item (one GEMM each: small ones run far below the
+  // BLAS rate), but at least 16 items when there are that many slices, for the threads.
+  const Index per = std::max<Index>(1, std::min<Index>(ROWS_PER_ITEM / k1, (m + 15) / 16));
+  const long long items = (m + per - 1) / per;
   parallel_for(items, n_jobs, [&](long long item) {
-    const Index i1 = std::min<Index>(m, (item + 1) * per);
-    for (Index i = item * per; i < i1; ++i) T.row(i) = (Q.middleRows(i * k1, k1).array() * W.array()).colwise().sum();
+    const Index i0 = item * per, i1 = std::min<Index>(m, i0 + per), row0 = i0 * k1, rows = (i1 - i0) * k1;
+    if (dgemm) {
+      // Row-major Q_block = P_block C is, column-major, Q_block^T = C^T P_block^T.
+      char no = 'N';
+      int M = static_cast<int>(r), N = static_cast<int>(rows), K = static_cast<int>(k2);
+      int lda = static_cast<int>(C.outerStride()), ldb = static_cast<int>(P.outerStride());
+      int ldc = static_cast<int>(Q.outerStride());
+      double one = 1.0, zero = 0.0;
+      dgemm(&no, &no, &M, &N, &K, &one, const_cast<double*>(C.data()), &lda,
+            const_cast<double*>(P.data() + row0 * P.outerStride()), &ldb, &zero, Q.data() + row0 * Q.outerStride(),
+            &ldc);
+    } else {
+      Q.middleRows(row0, rows).noalias() = P.middleRows(row0, rows) * C;
+    }
+    if (weighted)
+      for (Index i = i0; i < i1; ++i) T.row(i) = (Q.middleRows(i * k1, k1).array() * W.array()).colwise().sum();
   });
-  return T;
 }
 
 RowMatrixXd slice_weighted_sum(const ConstRowRef& S, const ConstRowRef& A, int n_jobs) {

@@ -285,5 +285,13 @@ class _LllResult(TypedDict):
     complete: bool
 
 def lll_reduce(B: NDArray[np.float64], delta: float = 0.99, max_swaps: int = 10000000) -> _LllResult: ...
-def slice_column_sums(Q: NDArray[np.float64], W: NDArray[np.float64], n_jobs: int = 0) -> NDArray[np.float64]: ...
+def slice_products(
+    P: NDArray[np.float64],
+    k1: int,
+    C: NDArray[np.float64],
+    W: NDArray[np.float64] | None = None,
+    dgemm: object | None = None,
+    n_jobs: int = 0,
+    out: NDArray[np.float64] | None = None,
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]: ...
 def slice_weighted_sum(S: NDArray[np.float64], A: NDArray[np.float64], n_jobs: int = 0) -> NDArray[np.float64]: ...

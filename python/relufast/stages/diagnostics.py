@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._blas import blas_threads
 from .._result import warn
 from .._validation import check_positive_int
 
@@ -43,11 +44,12 @@ def gaussianity(X, W=None):
     """Cheap test of x ~ N(0, I) (of ``W x`` when a whitener W is given): second-moment
     matrix and per-coordinate kurtosis on at most GAUSS_ROWS samples."""
     Xs = X[: min(X.shape[0], GAUSS_ROWS)]
-    if W is not None:
-        Xs = Xs @ W
-    N, d = Xs.shape
-    C = Xs.T @ Xs / N
-    cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
+    with blas_threads():  # GAUSS_ROWS x d products
+        if W is not None:
+            Xs = Xs @ W
+        N, d = Xs.shape
+        C = Xs.T @ Xs / N
+        cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
     cov_tol = 3.0 * (2.0 * np.sqrt(d / N) + d / N) + 0.05
     # Standardised excess kurtosis per coordinate (sd sqrt(96/N) under N(0,1) with unit variance).
     X2 = Xs * Xs  # (not Xs**4: np.power with exponent 4 calls pow() per element)
@@ -237,7 +239,8 @@ def input_null_space(X, *, block=1 << 16):
     n, d = X.shape
     head = np.asarray(X[: min(n, max(4 * d, 2000))], dtype=np.float64)
     # All d right singular vectors, without the (rows x rows) left factor when rows >= d.
-    _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
+    with blas_threads():
+        _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
     smax = float(s[0]) if s.size else 0.0
     if smax == 0.0:
         if n <= head.shape[0]:
@@ -280,7 +283,8 @@ def sample_null_space(samples, tol=None):
     if n == 0:
         return np.eye(d)
     head, _ = samples.take(np.arange(min(n, max(4 * d, 2000))))
-    _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
+    with blas_threads():
+        _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
     smax = float(s[0]) if s.size else 0.0
     if smax > 0.0 and s.size == d and s[-1] > tol * smax:
         return np.zeros((0, d))

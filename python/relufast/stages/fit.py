@@ -14,6 +14,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import scipy.linalg
 
+from .._blas import blas_threads
 from .._native import core
 from ..activations import RELU
 
@@ -55,8 +56,9 @@ def fit_output_layer(X, Y, V, activation=RELU, *, b=None, intercept=False):
     of the feature matrix.
     """
     F = _features(X, V, b, activation, intercept)
-    Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
-    cond = float(np.inf) if rank < F.shape[1] else float(np.linalg.cond(F))
+    with blas_threads():  # n x k: large enough for every thread
+        Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
+        cond = float(np.inf) if rank < F.shape[1] else float(np.linalg.cond(F))
     return np.ascontiguousarray(Ut.T), cond
 
 

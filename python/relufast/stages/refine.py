@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._blas import blas_threads
 from .._deadline import check as check_deadline
 from .._native import core
 from ..activations import RELU
@@ -57,7 +58,8 @@ def output_basis(Y, k):
     Q : ndarray of shape (m, k)
         Top right singular vectors: ``Y @ Q`` compresses the outputs to k columns.
     """
-    Uy, s, Vt = np.linalg.svd(Y, full_matrices=False)
+    with blas_threads():
+        Uy, s, Vt = np.linalg.svd(Y, full_matrices=False)
     return np.ascontiguousarray(Uy[:, :k].T), s, np.ascontiguousarray(Vt[:k].T)
 
 

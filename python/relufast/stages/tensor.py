@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from .._blas import blas_threads, kernel_threads
+from .._blas import kernel_threads, single_threaded_blas
 from .._deadline import check as check_deadline
 from .._native import core
 
@@ -128,32 +128,41 @@ def _solve_gram(T, G):
     return T @ np.linalg.pinv(G, hermitian=True)
 
 
-def _product(Pm, C):
-    """``Pm @ C`` for the unfolding Pm (m k, k') of a tensor: on every thread of the method's
-    budget when it is large (relufast._blas.blas_threads), else on NumPy's current limit."""
-    if Pm.shape[0] * Pm.shape[1] * C.shape[1] < BLAS_THREADS_MIN_FLOPS:
-        return Pm @ C
-    with blas_threads():
-        return Pm @ C
+def _dgemm():
+    """The capsule of SciPy's Fortran dgemm (scipy.linalg.cython_blas), for the C++ kernel
+    to call on its own threads; None where SciPy does not export it (Eigen's product then)."""
+    global _DGEMM
+    if _DGEMM is False:
+        try:
+            from scipy.linalg import cython_blas
+
+            _DGEMM = cython_blas.__pyx_capi__["dgemm"]  # type: ignore[attr-defined]
+        except (ImportError, AttributeError, KeyError):  # pragma: no cover - every SciPy we support has it
+            _DGEMM = None
+    return _DGEMM
 
 
-def _mode3(Pc, C, B):
-    """Q = P x_3 C as (m k1) x r rows, and the mode-1 MTTKRP T (m, r),
-    ``T[i, r] = sum_p Q[i, p, r] B[p, r]`` (C++ kernel ``slice_column_sums``)."""
-    Q = _product(Pc, C)
-    return Q, core.slice_column_sums(Q, np.ascontiguousarray(B), kernel_threads())
+_DGEMM: object = False
 
 
-def _weighted_sum(Q, A):
+def _slices(Pm, m, k1, C, W=None, out=None):
+    """``Pm @ C`` for the unfolding Pm ((m k1) x k') of a tensor, as m slices of k1 rows, and
+    with W (k1, r) the mode-1 MTTKRP ``T[i, r] = sum_p (Pm @ C)[i k1 + p, r] W[p, r]``: the
+    C++ kernel ``slice_products`` on the method's threads, each slice block's product by
+    SciPy's dgemm on one BLAS thread (the caller holds the BLAS at one thread), written into
+    ``out`` when given (the same buffers at every sweep: no pages to fault in each time)."""
+    if k1 == 0:
+        return np.zeros((0, C.shape[1])), np.zeros((0 if W is None else m, C.shape[1]))
+    W = None if W is None else np.ascontiguousarray(W)
+    return core.slice_products(Pm, k1, np.ascontiguousarray(C), W, _dgemm(), kernel_threads(), out)
+
+
+def _weighted_sum(Q, k, A):
     """``sum_i Q[i, p, r] A[i, r]`` over the slices of Q ((m k) x r): (k, r) (C++ kernel
     ``slice_weighted_sum``, summed in order of i on the method's threads)."""
+    if A.shape[0] == 0:
+        return np.zeros((k, A.shape[1]))
     return core.slice_weighted_sum(Q, np.ascontiguousarray(A), kernel_threads())
-
-
-#: Multiply-adds from which a CP-ALS product runs on every thread of the budget: 2^21 is
-#: about a millisecond on one core, where a thread pool's start and the spinning workers
-#: after it no longer dominate.
-BLAS_THREADS_MIN_FLOPS = 1 << 21
 
 
 def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
@@ -181,78 +190,81 @@ def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
     Returns A (m, f + r), B (k, r), C (k, r): the fixed components come first in A; B and C
     hold the free components, with unit-norm columns.
     """
-    P = np.asarray(P, dtype=np.float64)
-    # ALS is scale-equivariant in P (A scales, B and C are unit): work at max |P| = 1 so that
-    # the squared norms of the fit neither overflow nor underflow.
-    scale = float(np.max(np.abs(P))) if P.size else 0.0
-    if not (np.isfinite(scale) and scale > 0):
-        scale = 1.0
-    P = P / scale
-    m, k1, k2 = P.shape
-    Pc = P.reshape(m * k1, k2)  # P x_3 C
-    Pb = np.ascontiguousarray(P.transpose(0, 2, 1)).reshape(m * k2, k1)  # P x_2 B
-    p2 = float(np.vdot(P, P))
-    B = np.array(B0, dtype=np.float64)
-    C = B.copy()
-    r = B.shape[1]
-    if fixed is None:
-        F, f = np.zeros((k1, 0)), 0
-    else:
-        F = np.asarray(fixed, dtype=np.float64)
-        f = F.shape[1]
-    # The fixed components' contractions do not change: P x_3 F and P x_2 F.
-    PF = (Pc @ F).reshape(m, k1, f)
-    T1F = np.einsum("ipf,pf->if", PF, F)
-
-    def a_update(T1):
-        Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
-        return _solve_gram(np.concatenate([T1F, T1], axis=1), (Bt.T @ Bt) * (Ct.T @ Ct))
-
-    PC, T1 = _mode3(Pc, C, B)
-    A = a_update(T1)
-    prev = np.inf
-    for _ in range(n_iter):
-        check_deadline("in a CP-ALS iteration")
-        A = a_update(T1)
-        Af, Ar = A[:, :f], A[:, f:]
-        AtA = Ar.T @ Ar
-        B_old, C_old = B, C
-        T2 = _weighted_sum(PC, Ar)
-        if f:
-            T2 -= F @ ((Af.T @ Ar) * (F.T @ C))
-        B = _solve_gram(T2, AtA * (C.T @ C))
-        B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
-        T3 = _weighted_sum(_product(Pb, B), Ar)
-        if f:
-            T3 -= F @ ((Af.T @ Ar) * (F.T @ B))
-        C = _solve_gram(T3, AtA * (B.T @ B))
-        C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
-        PC, T1 = _mode3(Pc, C, B)
-        # ||P - model||^2 = ||P||^2 - 2 <P, model> + ||model||^2 (model: A with the new B, C).
-        Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
-        inner = float(np.sum(T1F * Af)) + float(np.sum(T1 * Ar))
-        model2 = float(np.sum((A.T @ A) * (Bt.T @ Bt) * (Ct.T @ Ct)))
-        sq = p2 - 2.0 * inner + model2
-        # That difference carries an absolute error of a few eps ||P||^2: precise enough for
-        # the stopping test only while it is large. Otherwise the explicit residual (always
-        # without factor_tol, so such callers stop where the textbook iteration stops).
-        if factor_tol > 0 and sq * tol > 1e3 * np.finfo(float).eps * p2:
-            fit = float(np.sqrt(sq))
-        elif factor_tol > 0:
-            fit = None
+    # SciPy's dgemm runs on the kernels' threads, each call on one BLAS thread.
+    with single_threaded_blas():
+        P = np.asarray(P, dtype=np.float64)
+        # ALS is scale-equivariant in P (A scales, B and C are unit): work at max |P| = 1 so that
+        # the squared norms of the fit neither overflow nor underflow.
+        scale = float(np.max(np.abs(P))) if P.size else 0.0
+        if not (np.isfinite(scale) and scale > 0):
+            scale = 1.0
+        P = P / scale
+        m, k1, k2 = P.shape
+        Pc = P.reshape(m * k1, k2)  # P x_3 C
+        Pb = np.ascontiguousarray(P.transpose(0, 2, 1)).reshape(m * k2, k1)  # P x_2 B
+        p2 = float(np.vdot(P, P))
+        B = np.array(B0, dtype=np.float64)
+        C = B.copy()
+        r = B.shape[1]
+        if fixed is None:
+            F, f = np.zeros((k1, 0)), 0
         else:
-            fit = float(np.linalg.norm(P.reshape(m, -1) - A @ khatri_rao(Bt, Ct).T))
-        if fit is not None and abs(prev - fit) <= tol * max(fit, 1e-300):
-            break
-        if factor_tol > 0 and r:
-            moved = max(
-                float(np.max(1.0 - np.abs(np.sum(B * B_old, axis=0)))),
-                float(np.max(1.0 - np.abs(np.sum(C * C_old, axis=0)))),
-            )
-            if moved <= factor_tol:
+            F = np.asarray(fixed, dtype=np.float64)
+            f = F.shape[1]
+        # The fixed components' contractions do not change: P x_3 F and P x_2 F.
+        PF = (Pc @ F).reshape(m, k1, f)
+        T1F = np.einsum("ipf,pf->if", PF, F)
+
+        def a_update(T1):
+            Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
+            return _solve_gram(np.concatenate([T1F, T1], axis=1), (Bt.T @ Bt) * (Ct.T @ Ct))
+
+        QC, QB = np.empty((m * k1, r)), np.empty((m * k2, r))
+        PC, T1 = _slices(Pc, m, k1, C, B, QC)
+        A = a_update(T1)
+        prev = np.inf
+        for _ in range(n_iter):
+            check_deadline("in a CP-ALS iteration")
+            A = a_update(T1)
+            Af, Ar = A[:, :f], A[:, f:]
+            AtA = Ar.T @ Ar
+            B_old, C_old = B, C
+            T2 = _weighted_sum(PC, k1, Ar)
+            if f:
+                T2 -= F @ ((Af.T @ Ar) * (F.T @ C))
+            B = _solve_gram(T2, AtA * (C.T @ C))
+            B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
+            T3 = _weighted_sum(_slices(Pb, m, k2, B, None, QB)[0], k2, Ar)
+            if f:
+                T3 -= F @ ((Af.T @ Ar) * (F.T @ B))
+            C = _solve_gram(T3, AtA * (B.T @ B))
+            C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
+            PC, T1 = _slices(Pc, m, k1, C, B, QC)
+            # ||P - model||^2 = ||P||^2 - 2 <P, model> + ||model||^2 (model: A with the new B, C).
+            Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
+            inner = float(np.sum(T1F * Af)) + float(np.sum(T1 * Ar))
+            model2 = float(np.sum((A.T @ A) * (Bt.T @ Bt) * (Ct.T @ Ct)))
+            sq = p2 - 2.0 * inner + model2
+            # That difference carries an absolute error of a few eps ||P||^2: precise enough for
+            # the stopping test only while it is large. Otherwise the explicit residual (always
+            # without factor_tol, so such callers stop where the textbook iteration stops).
+            if factor_tol > 0 and sq * tol > 1e3 * np.finfo(float).eps * p2:
+                fit = float(np.sqrt(sq))
+            elif factor_tol > 0:
+                fit = None
+            else:
+                fit = float(np.linalg.norm(P.reshape(m, -1) - A @ khatri_rao(Bt, Ct).T))
+            if fit is not None and abs(prev - fit) <= tol * max(fit, 1e-300):
                 break
-        prev = np.inf if fit is None else fit
-    return A * scale, B, C
+            if factor_tol > 0 and r:
+                moved = max(
+                    float(np.max(1.0 - np.abs(np.sum(B * B_old, axis=0)))),
+                    float(np.max(1.0 - np.abs(np.sum(C * C_old, axis=0)))),
+                )
+                if moved <= factor_tol:
+                    break
+            prev = np.inf if fit is None else fit
+        return A * scale, B, C
 
 
 def merge_symmetric_factors(B, C):
