@@ -1,12 +1,27 @@
 #include "cp.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "parallel.hpp"
 
 namespace relufast {
+namespace {
 
 constexpr Index ROWS_PER_ITEM = 1024;
+// Multiply-adds per thread below which another thread costs more than it saves (starting a
+// thread is tens of microseconds; 2^20 multiply-adds are a few hundred on one core). CP-ALS
+// calls these kernels hundreds of times on tensors as small as 10 x 10 x 10.
+constexpr double WORK_PER_THREAD = 1 << 20;
+
+// n_jobs as parallel_for takes it, lowered so that every thread has WORK_PER_THREAD.
+int threads_for(double work, int n_jobs) {
+  const double cap = std::max(1.0, std::floor(work / WORK_PER_THREAD));
+  const int want = n_jobs > 0 ? n_jobs : hardware_threads();
+  return static_cast<int>(std::min<double>(want, cap));
+}
+
+}  // namespace
 
 void slice_products(const ConstRowRef& P, Index k1, const ConstRowRef& C, const ConstRowRef& W, DgemmFn dgemm,
                     int n_jobs, Eigen::Ref<RowMatrixXd> Q, RowMatrixXd& T) {
@@ -22,7 +37,8 @@ void slice_products(const ConstRowRef& P, Index k1, const ConstRowRef& C, const 
   // BLAS rate), but at least 16 items when there are that many slices, for the threads.
   const Index per = std::max<Index>(1, std::min<Index>(ROWS_PER_ITEM / k1, (m + 15) / 16));
   const long long items = (m + per - 1) / per;
-  parallel_for(items, n_jobs, [&](long long item) {
+  const double work = static_cast<double>(P.rows()) * static_cast<double>(k2) * static_cast<double>(r);
+  parallel_for(items, threads_for(work, n_jobs), [&](long long item) {
     const Index i0 = item * per, i1 = std::min<Index>(m, i0 + per), row0 = i0 * k1, rows = (i1 - i0) * k1;
     if (dgemm) {
       // Row-major Q_block = P_block C is, column-major, Q_block^T = C^T P_block^T.
@@ -47,7 +63,8 @@ RowMatrixXd slice_weighted_sum(const ConstRowRef& S, const ConstRowRef& A, int n
   RowMatrixXd out = RowMatrixXd::Zero(k, r);
   const Index per = 16;  // rows of the result a work item
   const long long items = k > 0 ? (k + per - 1) / per : 0;
-  parallel_for(items, n_jobs, [&](long long item) {
+  parallel_for(items, threads_for(static_cast<double>(S.rows()) * static_cast<double>(r), n_jobs),
+               [&](long long item) {
     const Index p0 = item * per, len = std::min<Index>(k, p0 + per) - p0;
     auto block = out.middleRows(p0, len);
     for (Index i = 0; i < m; ++i) block.array() += S.middleRows(i * k + p0, len).array().rowwise() * A.row(i).array();
