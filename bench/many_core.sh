@@ -8,7 +8,7 @@
 # ./many_core_out), each file written directly (a step killed at its limit keeps its log).
 #
 # SKIP="moments tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases
-# thread counts (default 2 and every core).
+# thread counts (default 2 and every core), SMALL_THREADS those of the default cases.
 #
 # Offline: WHEELS=folder holding highspy, cmeel and cmeel-eigen wheels for this Python
 # (pip download --no-deps --only-binary=:all: ...); the machine must already have numpy,
@@ -54,7 +54,8 @@ step import 60 $PY -c "import relufast, relufast._native as n; print(relufast.__
 BENCH=(-p no:cacheprovider -o addopts= --benchmark-only -s -q)
 step moments 150 $PY -m pytest bench/test_bench_moments.py -k "test_relufast_moment" "${BENCH[@]}" \
   --benchmark-json="$OUT/moments.json"
-step threads 240 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" --benchmark-json="$OUT/threads.json"
+step threads 240 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" ${SMALL_THREADS:+--threads-list "$SMALL_THREADS"} \
+  --benchmark-json="$OUT/threads.json"
 step threads_large 300 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" --threads-large -k "784" \
   --threads-list "${LARGE_THREADS:-2,$NCORES}" --benchmark-json="$OUT/threads_large.json"
 step profile 120 $PY bench/profile_recovery.py 784 128 128 200000 --threads "$NCORES" --top 30

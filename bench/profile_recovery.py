@@ -23,6 +23,7 @@ import relufast as rf
 PARALLEL = [
     ("~", "relufast._core"),  # the C++ kernels (builtins of _core, _core_avx2, _core_avx512)
     ("~", "acquire"),  # waits of relufast._blas.thread_map for its pool
+    ("moments.py", "_kernel_update"),  # one call into a C++ accumulator (its time shows here)
 ]
 
 

@@ -100,3 +100,18 @@ def test_cp_als_is_the_same_on_one_thread_and_on_several():
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     # and a fit: every column of Z found again, up to sign, to the noise level
     assert np.all(np.abs(one[1].T @ Z).max(axis=0) > 1 - 1e-4)
+
+
+@pytest.mark.parametrize("n", [10, 5000, 20000])
+def test_blocked_products_match_numpy_on_any_number_of_threads(n):
+    from relufast._blas import crossprod, matmul
+
+    rng = np.random.default_rng(n)
+    A, B, C = rng.standard_normal((n, 300)), rng.standard_normal((300, 40)), rng.standard_normal((n, 30))
+    with thread_budget(1):
+        one = matmul(A, B), crossprod(A, C)
+    np.testing.assert_allclose(one[0], A @ B, rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(one[1], A.T @ C, rtol=1e-12, atol=1e-9)
+    with thread_budget(3):
+        three = matmul(A, B), crossprod(A, C)
+    assert np.array_equal(one[0], three[0]) and np.array_equal(one[1], three[1])

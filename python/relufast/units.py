@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.linalg.lapack
 
-from ._blas import blas_threads, thread_map
+from ._blas import matmul, thread_map
 from .stages.diagnostics import RANK_TOL
 from .stages.fit import max_abs, power_of_two_scale, scaled_norm
 from .stages.precision import resolve_precision
@@ -451,8 +451,7 @@ def undetermined_units(
     n = samples.n
     head_n = min(n, UNIT_HEAD_ROWS)
     Xh, Yh = samples.take(np.arange(head_n))
-    with blas_threads():  # UNIT_HEAD_ROWS x d x k
-        Z = Xh @ V.T
+    Z = matmul(Xh, V.T)  # UNIT_HEAD_ROWS x d x k, on the method's threads
     Z += b
     A = Z > 0
     count = A.sum(axis=0).astype(np.float64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._blas import blas_threads
+from .._blas import blas_threads, crossprod, matmul
 from .._result import warn
 from .._validation import check_positive_int
 
@@ -44,11 +44,11 @@ def gaussianity(X, W=None):
     """Cheap test of x ~ N(0, I) (of ``W x`` when a whitener W is given): second-moment
     matrix and per-coordinate kurtosis on at most GAUSS_ROWS samples."""
     Xs = X[: min(X.shape[0], GAUSS_ROWS)]
-    with blas_threads():  # GAUSS_ROWS x d products
-        if W is not None:
-            Xs = Xs @ W
-        N, d = Xs.shape
-        C = Xs.T @ Xs / N
+    if W is not None:
+        Xs = matmul(Xs, W)
+    N, d = Xs.shape
+    C = crossprod(Xs, Xs) / N
+    with blas_threads():
         cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
     cov_tol = 3.0 * (2.0 * np.sqrt(d / N) + d / N) + 0.05
     # Standardised excess kurtosis per coordinate (sd sqrt(96/N) under N(0,1) with unit variance).

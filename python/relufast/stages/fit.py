@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import scipy.linalg
 
-from .._blas import blas_threads
+from .._blas import blas_threads, matmul
 from .._native import core
 from ..activations import RELU
 
@@ -43,7 +43,8 @@ __all__ = [
 
 
 def _features(X, V, b, activation, intercept):
-    F = activation(X @ V.T if b is None else X @ V.T + b)
+    Z = matmul(X, V.T)  # n x d x k, on the method's threads
+    F = activation(Z if b is None else Z + b)
     return np.column_stack([F, np.ones(len(F))]) if intercept else F
 
 

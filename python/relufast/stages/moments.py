@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from .._blas import single_threaded_blas
+from .._blas import crossprod, matmul, single_threaded_blas
 from .._native import core
 from .._validation import check_positive_int, check_xy, resolve_n_jobs
 from .reduce import allreduce_state, is_dask, row_blocks
@@ -256,7 +256,7 @@ def _mean_span(X, Y, k, Q, whitener):
 
     def part(Xb, Yb):
         Yq = np.asarray(Yb, dtype=np.float64) if Q is None else np.asarray(Yb, dtype=np.float64) @ Q
-        return {"count": float(len(Xb)), "y": Yq.sum(axis=0), "yx": Yq.T @ np.asarray(Xb, dtype=np.float64)}
+        return {"count": float(len(Xb)), "y": Yq.sum(axis=0), "yx": crossprod(Yq, np.asarray(Xb, dtype=np.float64))}
 
     st = X.map_reduce(part) if isinstance(X, Samples) else part(X, Y)
     count = max(st["count"], 1.0)
@@ -297,12 +297,12 @@ def _projected_moment(X, Y, Pm, Q, threads, block_size, control=None):
     )
     blocks = X.blocks(bounded=True) if isinstance(X, Samples) else [(X, Y)]
     for Xb, Yb in blocks:
-        Z = np.ascontiguousarray(np.asarray(Xb, dtype=np.float64) @ Pm)
+        Z = np.ascontiguousarray(matmul(np.asarray(Xb, dtype=np.float64), Pm))
         if control is not None:
             Yq = np.asarray(Yb, dtype=np.float64)
             if Q is not None:
-                Yq = Yq @ Q
-            Yb = np.ascontiguousarray(Yq - ybar - Z @ G.T)
+                Yq = matmul(Yq, Q)
+            Yb = np.ascontiguousarray(Yq - ybar - matmul(Z, G.T))
         acc.add(Z, Yb)
     if isinstance(X, Samples) and X.comm is not None:
         acc.set_state(X.reduce(acc.state()))
