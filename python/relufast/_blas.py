@@ -118,21 +118,31 @@ def _blas_libraries():
     return _libs
 
 
-@contextlib.contextmanager
-def blas_threads():
-    """NumPy's BLAS at the running method's thread budget (:func:`kernel_threads`) inside,
-    for one large BLAS-3 product, however the limit stood outside (one thread inside
-    :func:`single_threaded_blas`).
+#: Multiply-adds from which :func:`blas_threads` lifts the limit: a tenth of a second or more
+#: on one core, about as long as OpenBLAS's workers spin after a call (2^28 cycles, its
+#: default) beside whatever runs next.
+BLAS_LIFT_MIN_WORK = 4e9
 
-    Only for products large enough to keep every thread busy (CP-ALS's ``P x_3 C`` at
-    k = 128: 16,384 x 128 by 128 x 128): OpenBLAS on several threads is slower than on one
-    for small ones (a 128 x 128 Cholesky: 0.36 ms on one thread, 0.64 ms on two here), and
-    its workers spin for a while after the call. Setting the limit is one call into each
-    BLAS library (about a microsecond), restored on exit; like every BLAS limit it is
-    process-wide.
+
+@contextlib.contextmanager
+def blas_threads(work=None):
+    """NumPy's BLAS at the running method's thread budget (:func:`kernel_threads`) inside,
+    for one large LAPACK call (an SVD or least squares that cannot be cut into blocks; use
+    :func:`matmul` for products), however the limit stood outside (one thread inside
+    :func:`single_threaded_blas`); at one thread when ``work`` (multiply-adds) is below
+    BLAS_LIFT_MIN_WORK.
+
+    OpenBLAS on several threads is slower than on one for small calls (a 128 x 128
+    Cholesky: 0.36 ms on one thread, 0.64 ms on two here), and its workers spin after the
+    call: the C++ certificate right after the fit's least squares lifted to 2 threads took
+    0.125 s instead of 0.070 s (n = 1e6, d = 50, k = 10, 2 cores). Setting the limit is one
+    call into each BLAS library (about a microsecond), restored on exit; like every BLAS
+    limit it is process-wide.
     """
     threads = kernel_threads()
     threads = cores() if threads <= 0 else min(threads, cores())
+    if work is not None and work < BLAS_LIFT_MIN_WORK:
+        threads = 1
     libs = _blas_libraries()
     saved = [lib.get_num_threads() for lib in libs]
     if all(s is None or s == threads for s in saved):
@@ -167,11 +177,19 @@ def thread_map(fn, items):
         return list(pool.map(fn, items))
 
 
-#: Rows of the left factor a task of :func:`matmul` (fixed: the result does not depend on
-#: the number of threads).
+#: Rows of the left factor a task of :func:`matmul` at least (blocks depend on the shapes
+#: only: the result does not depend on the number of threads).
 MATMUL_ROWS = 4096
 #: Multiply-adds below which :func:`matmul` is one BLAS call on the calling thread.
 MATMUL_MIN_WORK = 1 << 24
+
+
+def _block_rows(width):
+    """Rows a block of a product with ``width`` multiply-adds a row: at least MATMUL_ROWS, and
+    at least MATMUL_MIN_WORK multiply-adds (narrow products in small blocks spend their time
+    on the pool: 1e6 x 50 by 50 x 10 took 0.146 s in blocks of 4096 rows, 0.084 s in one
+    call). From the shapes only, like the blocks themselves."""
+    return max(MATMUL_ROWS, -(-MATMUL_MIN_WORK // max(int(width), 1)))
 
 
 def _blocked(n, work):
@@ -186,17 +204,17 @@ def matmul(A, B):
     blocks of MATMUL_ROWS rows, each one BLAS call on one thread, written into one result.
 
     Unlike :func:`blas_threads` this wakes no BLAS worker threads, which would spin beside
-    the C++ kernels that follow (measured on 16 cores: a kernel run right after a 16-thread
-    OpenBLAS product took 4 times as long). Small products are one call.
+    the C++ kernels that follow (on 16 cores, CP-ALS's contraction kernel took 4.2 ms a call
+    right after 16-thread OpenBLAS products, 0.56 ms once the products ran on relufast's own
+    threads). Small products are one call.
     """
     A = np.asarray(A)
     B = np.asarray(B)
     if A.ndim != 2 or B.ndim != 2 or not _blocked(A.shape[0], A.shape[0] * A.shape[1] * B.shape[1]):
         return A @ B
     out = np.empty((A.shape[0], B.shape[1]), dtype=np.result_type(A, B))
-    thread_map(
-        lambda a: np.matmul(A[a : a + MATMUL_ROWS], B, out=out[a : a + MATMUL_ROWS]), range(0, len(A), MATMUL_ROWS)
-    )
+    rows = _block_rows(A.shape[1] * B.shape[1])
+    thread_map(lambda a: np.matmul(A[a : a + rows], B, out=out[a : a + rows]), range(0, len(A), rows))
     return out
 
 
@@ -208,7 +226,8 @@ def crossprod(A, B):
     n = A.shape[0]
     if A.ndim != 2 or B.ndim != 2 or not _blocked(n, n * A.shape[1] * B.shape[1]):
         return A.T @ B
-    parts = thread_map(lambda a: A[a : a + MATMUL_ROWS].T @ B[a : a + MATMUL_ROWS], range(0, n, MATMUL_ROWS))
+    rows = _block_rows(A.shape[1] * B.shape[1])
+    parts = thread_map(lambda a: A[a : a + rows].T @ B[a : a + rows], range(0, n, rows))
     out = parts[0]
     for part in parts[1:]:
         out += part

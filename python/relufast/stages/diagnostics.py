@@ -48,7 +48,7 @@ def gaussianity(X, W=None):
         Xs = matmul(Xs, W)
     N, d = Xs.shape
     C = crossprod(Xs, Xs) / N
-    with blas_threads():
+    with blas_threads(8 * d**3):
         cov_dev = float(np.linalg.norm(C - np.eye(d), 2))
     cov_tol = 3.0 * (2.0 * np.sqrt(d / N) + d / N) + 0.05
     # Standardised excess kurtosis per coordinate (sd sqrt(96/N) under N(0,1) with unit variance).
@@ -239,7 +239,7 @@ def input_null_space(X, *, block=1 << 16):
     n, d = X.shape
     head = np.asarray(X[: min(n, max(4 * d, 2000))], dtype=np.float64)
     # All d right singular vectors, without the (rows x rows) left factor when rows >= d.
-    with blas_threads():
+    with blas_threads(4 * head.shape[0] * d**2 + 8 * d**3):
         _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
     smax = float(s[0]) if s.size else 0.0
     if smax == 0.0:
@@ -283,7 +283,7 @@ def sample_null_space(samples, tol=None):
     if n == 0:
         return np.eye(d)
     head, _ = samples.take(np.arange(min(n, max(4 * d, 2000))))
-    with blas_threads():
+    with blas_threads(4 * head.shape[0] * d**2 + 8 * d**3):
         _, s, Vt = np.linalg.svd(head, full_matrices=head.shape[0] < d)
     smax = float(s[0]) if s.size else 0.0
     if smax > 0.0 and s.size == d and s[-1] > tol * smax:

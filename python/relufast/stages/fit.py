@@ -57,7 +57,7 @@ def fit_output_layer(X, Y, V, activation=RELU, *, b=None, intercept=False):
     of the feature matrix.
     """
     F = _features(X, V, b, activation, intercept)
-    with blas_threads():  # n x k: large enough for every thread
+    with blas_threads(F.shape[0] * F.shape[1] ** 2):
         Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
         cond = float(np.inf) if rank < F.shape[1] else float(np.linalg.cond(F))
     return np.ascontiguousarray(Ut.T), cond

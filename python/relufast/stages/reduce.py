@@ -405,18 +405,6 @@ class Samples:
             a, z = int(idx[0]), int(idx[-1]) + 1
             Ys = np.array(self.Y[a:z], dtype=np.float64, order="C").reshape(z - a, self.m)
             return np.array(self.X[a:z], dtype=np.float64, order="C"), Ys
-        if (
-            self.comm is None
-            and type(self.X) is np.ndarray  # in memory: no file or chunk order to follow
-            and type(self.Y) is np.ndarray
-            and len(idx)
-            and idx.min() >= 0
-            and idx.max() < self.n_local
-        ):
-            # Gathered in the order asked: one new array each, not a sorted gather and a
-            # scatter into a second (fresh pages cost more than the copy on some hosts).
-            Xs = np.ascontiguousarray(self.X[idx], dtype=np.float64)
-            return Xs, np.ascontiguousarray(self.Y[idx], dtype=np.float64).reshape(len(idx), self.m)
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         lo, hi = np.searchsorted(sidx, [self.offset, self.offset + self.n_local])

@@ -58,7 +58,7 @@ def output_basis(Y, k):
     Q : ndarray of shape (m, k)
         Top right singular vectors: ``Y @ Q`` compresses the outputs to k columns.
     """
-    with blas_threads():
+    with blas_threads(4 * Y.shape[0] * Y.shape[1] ** 2):
         Uy, s, Vt = np.linalg.svd(Y, full_matrices=False)
     return np.ascontiguousarray(Uy[:, :k].T), s, np.ascontiguousarray(Vt[:k].T)
 
