@@ -5,8 +5,12 @@ started right after shares the cores with them. Measured here with n = 1e5, d = 
 m = 10 (``bench/test_bench_ica_blas.py``): the moment kernel takes 74-100 ms right after
 a 2-thread NumPy GEMM, but 48-55 ms when that GEMM ran under a one-thread limit, because
 then no worker is woken. Setting the limit does not stop workers that an earlier call
-(made outside relufast) left spinning. The pipelines therefore run all of their own NumPy
-work, which is on small matrices only, under this limit. It uses threadpoolctl when that
+(made outside relufast) left spinning. The pipelines therefore run their own NumPy work
+under this limit; their large products go by row blocks on relufast's own threads, each
+block one BLAS call on one thread (:func:`matmul`, :func:`crossprod`), and only LAPACK
+calls too large to mind the spinning lift the limit to the method's ``n_jobs``
+(:func:`blas_threads`). ``n_jobs`` reaches these helpers as the thread budget of the
+running method (:func:`thread_budget`, set by every method's wrapper). It uses threadpoolctl when that
 is installed (it comes with the ``test`` extra); otherwise this is a no-op.
 
 threadpoolctl limits are process-wide, and each ``threadpool_limits`` object restores the
