@@ -136,7 +136,7 @@ def _dgemm():
         try:
             from scipy.linalg import cython_blas
 
-            _DGEMM = cython_blas.__pyx_capi__["dgemm"]  # type: ignore[attr-defined]
+            _DGEMM = cython_blas.__pyx_capi__["dgemm"]
         except (ImportError, AttributeError, KeyError):  # pragma: no cover - every SciPy we support has it
             _DGEMM = None
     return _DGEMM
