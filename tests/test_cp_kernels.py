@@ -115,3 +115,17 @@ def test_blocked_products_match_numpy_on_any_number_of_threads(n):
     with thread_budget(3):
         three = matmul(A, B), crossprod(A, C)
     assert np.array_equal(one[0], three[0]) and np.array_equal(one[1], three[1])
+
+
+def test_recovery_is_the_same_on_one_thread_and_on_two():
+    """End to end through the blocked products (n x d x k above 2^24) and CP-ALS's kernels:
+    n_jobs changes the threads, not the numbers."""
+    import relufast as rf
+
+    net = rf.planted.two_layer(40, 8, 8, random_state=3)
+    X, Y = net.sample(60000, random_state=4)
+    one = rf.recover(X, Y, n_hidden=8, method="bjw19-gaussian", n_jobs=1, random_state=0)
+    two = rf.recover(X, Y, n_hidden=8, method="bjw19-gaussian", n_jobs=2, random_state=0)
+    assert one.status == "exact" and two.status == "exact"
+    assert np.array_equal(one.U, two.U) and np.array_equal(one.V, two.V)
+    assert rf.metrics.parameter_error(one, net).V < 1e-10
