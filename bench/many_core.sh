@@ -7,7 +7,7 @@
 # Every step has a time limit; logs and pytest-benchmark JSON go to $OUT (default
 # ./many_core_out), each file written directly (a step killed at its limit keeps its log).
 #
-# SKIP="moments tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases
+# SKIP="moments tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases'
 # thread counts (default 2 and every core), SMALL_THREADS those of the default cases.
 #
 # Offline: WHEELS=folder holding highspy, cmeel and cmeel-eigen wheels for this Python
