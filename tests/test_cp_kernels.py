@@ -61,6 +61,11 @@ def test_blas_threads_lifts_the_single_thread_limit_to_the_budget_and_restores_i
         with thread_budget(want), blas_threads():
             assert set(_blas_threads_now().values()) == {want}
         assert set(_blas_threads_now().values()) == {1}
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"), thread_budget(want), blas_threads():
+        # outside relufast's limit (a user's own): left as it is
+        assert set(_blas_threads_now().values()) == {1}
 
 
 def test_thread_budget_resolves_n_jobs_and_thread_map_keeps_order():

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - optional
 
 _lock = threading.Lock()
 _depth = 0
+_lifted = 0  # blas_threads lifts in progress (under _lock)
 _active: "_tpc.threadpool_limits | None" = None  # the limits object of the outermost entry
 
 
@@ -130,38 +131,50 @@ BLAS_LIFT_MIN_WORK = 4e9
 
 @contextlib.contextmanager
 def blas_threads(work=None):
-    """NumPy's BLAS at the running method's thread budget (:func:`kernel_threads`) inside,
-    for one large LAPACK call (an SVD or least squares that cannot be cut into blocks; use
-    :func:`matmul` for products), however the limit stood outside (one thread inside
-    :func:`single_threaded_blas`); at one thread when ``work`` (multiply-adds) is below
-    BLAS_LIFT_MIN_WORK.
+    """Inside :func:`single_threaded_blas`, NumPy's BLAS at the running method's thread budget
+    (:func:`kernel_threads`) for one large LAPACK call (an SVD or least squares that cannot
+    be cut into blocks; use :func:`matmul` for products); left at one thread when ``work``
+    (multiply-adds) is below BLAS_LIFT_MIN_WORK.
 
     OpenBLAS on several threads is slower than on one for small calls (a 128 x 128
     Cholesky: 0.36 ms on one thread, 0.64 ms on two here), and its workers spin after the
     call: the C++ certificate right after the fit's least squares lifted to 2 threads took
     0.125 s instead of 0.070 s (n = 1e6, d = 50, k = 10, 2 cores). Setting the limit is one
-    call into each BLAS library (about a microsecond), restored on exit; like every BLAS
-    limit it is process-wide.
+    call into each BLAS library (about a microsecond); like every BLAS limit it is
+    process-wide. Outside a relufast method (no single-thread limit in force) this does
+    nothing: the BLAS runs as its user set it.
     """
+    global _lifted
     threads = kernel_threads()
     threads = cores() if threads <= 0 else min(threads, cores())
-    if work is not None and work < BLAS_LIFT_MIN_WORK:
-        threads = 1
-    libs = _blas_libraries()
-    saved = [lib.get_num_threads() for lib in libs]
-    if all(s is None or s == threads for s in saved):
-        yield
-        return
+    lift = False
+    # Under the lock of the single-thread limit, and only while that limit holds (inside a
+    # relufast method): the limit's last user restores the limits it saw on entry, so a lift
+    # that changed them outside, or restored what it saw itself, could leave the BLAS at one
+    # thread for good when calls overlap (found by test_concurrent_recover_calls_leave_
+    # blas_threads_alone). Concurrent lifts share one: the first sets it, the last ends it.
+    with _lock:
+        if _tpc is not None and _depth > 0 and threads > 1 and (work is None or work >= BLAS_LIFT_MIN_WORK):
+            lift = True
+            _lifted += 1
+            if _lifted == 1:
+                _set_blas_threads(threads)
     try:
-        for lib, s in zip(libs, saved):
-            if s is not None:
-                lib.set_num_threads(threads)
         yield
     finally:
-        for lib, s in zip(libs, saved):
-            if s is not None:
-                lib.set_num_threads(s)
-        _release_control()
+        if lift:
+            with _lock:
+                _lifted -= 1
+                if _lifted == 0 and _depth > 0:
+                    _set_blas_threads(1)
+
+
+def _set_blas_threads(threads):
+    """Every BLAS library at ``threads`` (caller holds ``_lock``)."""
+    for lib in _blas_libraries():
+        if lib.get_num_threads() is not None:
+            lib.set_num_threads(threads)
+    _release_control()
 
 
 def thread_map(fn, items):
