@@ -6,6 +6,11 @@ method's threads, the waits of its thread pools) and the rest: Python and NumPy 
 thread, the serial part that bounds the speedup from more cores. Prints the stages'
 seconds, that split and the functions with the most own time.
 
+cProfile of Python 3.12 and later books the work of thread-pool threads under the main
+thread's entries as well, so there the split overstates the part on one thread; the
+estimate from two thread counts (``t = S + P / threads``, bench/test_bench_threads.py) does
+not depend on the profiler.
+
 Run: python bench/profile_recovery.py 784 128 128 200000 [--bias 0.5] [--threads 2] [--top 30]
 """
 

@@ -9,6 +9,8 @@ polish started from Jennrich's factors.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import scipy.linalg
 
@@ -128,21 +130,16 @@ def _solve_gram(T, G):
     return T @ np.linalg.pinv(G, hermitian=True)
 
 
+@functools.cache
 def _dgemm():
     """The capsule of SciPy's Fortran dgemm (scipy.linalg.cython_blas), for the C++ kernel
     to call on its own threads; None where SciPy does not export it (Eigen's product then)."""
-    global _DGEMM
-    if _DGEMM is False:
-        try:
-            from scipy.linalg import cython_blas
+    try:
+        from scipy.linalg import cython_blas
 
-            _DGEMM = cython_blas.__pyx_capi__["dgemm"]
-        except (ImportError, AttributeError, KeyError):  # pragma: no cover - every SciPy we support has it
-            _DGEMM = None
-    return _DGEMM
-
-
-_DGEMM: object = False
+        return cython_blas.__pyx_capi__["dgemm"]
+    except (ImportError, AttributeError, KeyError):  # pragma: no cover - every SciPy we support has it
+        return None
 
 
 def _slices(Pm, m, k1, C, W=None, out=None):
@@ -192,79 +189,83 @@ def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
     """
     # SciPy's dgemm runs on the kernels' threads, each call on one BLAS thread.
     with single_threaded_blas():
-        P = np.asarray(P, dtype=np.float64)
-        # ALS is scale-equivariant in P (A scales, B and C are unit): work at max |P| = 1 so that
-        # the squared norms of the fit neither overflow nor underflow.
-        scale = float(np.max(np.abs(P))) if P.size else 0.0
-        if not (np.isfinite(scale) and scale > 0):
-            scale = 1.0
-        P = P / scale
-        m, k1, k2 = P.shape
-        Pc = P.reshape(m * k1, k2)  # P x_3 C
-        Pb = np.ascontiguousarray(P.transpose(0, 2, 1)).reshape(m * k2, k1)  # P x_2 B
-        p2 = float(np.vdot(P, P))
-        B = np.array(B0, dtype=np.float64)
-        C = B.copy()
-        r = B.shape[1]
-        if fixed is None:
-            F, f = np.zeros((k1, 0)), 0
-        else:
-            F = np.asarray(fixed, dtype=np.float64)
-            f = F.shape[1]
-        # The fixed components' contractions do not change: P x_3 F and P x_2 F.
-        PF = (Pc @ F).reshape(m, k1, f)
-        T1F = np.einsum("ipf,pf->if", PF, F)
+        return _cp_als(P, B0, n_iter, tol, fixed, factor_tol)
 
-        def a_update(T1):
-            Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
-            return _solve_gram(np.concatenate([T1F, T1], axis=1), (Bt.T @ Bt) * (Ct.T @ Ct))
 
-        QC, QB = np.empty((m * k1, r)), np.empty((m * k2, r))
-        PC, T1 = _slices(Pc, m, k1, C, B, QC)
+def _cp_als(P, B0, n_iter, tol, fixed, factor_tol):
+    P = np.asarray(P, dtype=np.float64)
+    # ALS is scale-equivariant in P (A scales, B and C are unit): work at max |P| = 1 so that
+    # the squared norms of the fit neither overflow nor underflow.
+    scale = float(np.max(np.abs(P))) if P.size else 0.0
+    if not (np.isfinite(scale) and scale > 0):
+        scale = 1.0
+    P = P / scale
+    m, k1, k2 = P.shape
+    Pc = P.reshape(m * k1, k2)  # P x_3 C
+    Pb = np.ascontiguousarray(P.transpose(0, 2, 1)).reshape(m * k2, k1)  # P x_2 B
+    p2 = float(np.vdot(P, P))
+    B = np.array(B0, dtype=np.float64)
+    C = B.copy()
+    r = B.shape[1]
+    if fixed is None:
+        F, f = np.zeros((k1, 0)), 0
+    else:
+        F = np.asarray(fixed, dtype=np.float64)
+        f = F.shape[1]
+    # The fixed components' contractions do not change: P x_3 F and P x_2 F.
+    PF = (Pc @ F).reshape(m, k1, f)
+    T1F = np.einsum("ipf,pf->if", PF, F)
+
+    def a_update(T1):
+        Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
+        return _solve_gram(np.concatenate([T1F, T1], axis=1), (Bt.T @ Bt) * (Ct.T @ Ct))
+
+    QC, QB = np.empty((m * k1, r)), np.empty((m * k2, r))
+    PC, T1 = _slices(Pc, m, k1, C, B, QC)
+    A = a_update(T1)
+    prev = np.inf
+    for _ in range(n_iter):
+        check_deadline("in a CP-ALS iteration")
         A = a_update(T1)
-        prev = np.inf
-        for _ in range(n_iter):
-            check_deadline("in a CP-ALS iteration")
-            A = a_update(T1)
-            Af, Ar = A[:, :f], A[:, f:]
-            AtA = Ar.T @ Ar
-            B_old, C_old = B, C
-            T2 = _weighted_sum(PC, k1, Ar)
-            if f:
-                T2 -= F @ ((Af.T @ Ar) * (F.T @ C))
-            B = _solve_gram(T2, AtA * (C.T @ C))
-            B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
-            T3 = _weighted_sum(_slices(Pb, m, k2, B, None, QB)[0], k2, Ar)
-            if f:
-                T3 -= F @ ((Af.T @ Ar) * (F.T @ B))
-            C = _solve_gram(T3, AtA * (B.T @ B))
-            C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
-            PC, T1 = _slices(Pc, m, k1, C, B, QC)
-            # ||P - model||^2 = ||P||^2 - 2 <P, model> + ||model||^2 (model: A with the new B, C).
-            Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
-            inner = float(np.sum(T1F * Af)) + float(np.sum(T1 * Ar))
-            model2 = float(np.sum((A.T @ A) * (Bt.T @ Bt) * (Ct.T @ Ct)))
-            sq = p2 - 2.0 * inner + model2
-            # That difference carries an absolute error of a few eps ||P||^2: precise enough for
-            # the stopping test only while it is large. Otherwise the explicit residual (always
-            # without factor_tol, so such callers stop where the textbook iteration stops).
-            if factor_tol > 0 and sq * tol > 1e3 * np.finfo(float).eps * p2:
-                fit = float(np.sqrt(sq))
-            elif factor_tol > 0:
-                fit = None
-            else:
-                fit = float(np.linalg.norm(P.reshape(m, -1) - A @ khatri_rao(Bt, Ct).T))
-            if fit is not None and abs(prev - fit) <= tol * max(fit, 1e-300):
+        Af, Ar = A[:, :f], A[:, f:]
+        AtA = Ar.T @ Ar
+        B_old, C_old = B, C
+        T2 = _weighted_sum(PC, k1, Ar)
+        if f:
+            T2 -= F @ ((Af.T @ Ar) * (F.T @ C))
+        B = _solve_gram(T2, AtA * (C.T @ C))
+        B /= np.maximum(np.linalg.norm(B, axis=0), 1e-300)
+        T3 = _weighted_sum(_slices(Pb, m, k2, B, None, QB)[0], k2, Ar)
+        if f:
+            T3 -= F @ ((Af.T @ Ar) * (F.T @ B))
+        C = _solve_gram(T3, AtA * (B.T @ B))
+        C /= np.maximum(np.linalg.norm(C, axis=0), 1e-300)
+        PC, T1 = _slices(Pc, m, k1, C, B, QC)
+        # ||P - model||^2 = ||P||^2 - 2 <P, model> + ||model||^2 (model: A with the new B, C).
+        Bt, Ct = np.concatenate([F, B], axis=1), np.concatenate([F, C], axis=1)
+        inner = float(np.sum(T1F * Af)) + float(np.sum(T1 * Ar))
+        model2 = float(np.sum((A.T @ A) * (Bt.T @ Bt) * (Ct.T @ Ct)))
+        sq = p2 - 2.0 * inner + model2
+        # That difference carries an absolute error of a few eps ||P||^2: precise enough for
+        # the stopping test only while it is large. Otherwise the explicit residual (always
+        # without factor_tol, so such callers stop where the textbook iteration stops).
+        if factor_tol > 0 and sq * tol > 1e3 * np.finfo(float).eps * p2:
+            fit = float(np.sqrt(sq))
+        elif factor_tol > 0:
+            fit = None
+        else:
+            fit = float(np.linalg.norm(P.reshape(m, -1) - A @ khatri_rao(Bt, Ct).T))
+        if fit is not None and abs(prev - fit) <= tol * max(fit, 1e-300):
+            break
+        if factor_tol > 0 and r:
+            moved = max(
+                float(np.max(1.0 - np.abs(np.sum(B * B_old, axis=0)))),
+                float(np.max(1.0 - np.abs(np.sum(C * C_old, axis=0)))),
+            )
+            if moved <= factor_tol:
                 break
-            if factor_tol > 0 and r:
-                moved = max(
-                    float(np.max(1.0 - np.abs(np.sum(B * B_old, axis=0)))),
-                    float(np.max(1.0 - np.abs(np.sum(C * C_old, axis=0)))),
-                )
-                if moved <= factor_tol:
-                    break
-            prev = np.inf if fit is None else fit
-        return A * scale, B, C
+        prev = np.inf if fit is None else fit
+    return A * scale, B, C
 
 
 def merge_symmetric_factors(B, C):
