@@ -31,6 +31,10 @@ NETWORKS = [
     (784, (128,), 1, False, 300),
     (784, (32,), 1, True, 300),
     (20, (10, 10), 10, False, 120),
+    # First layers wider than the input (signs from the second layer's first units).
+    (10, (20, 10), 1, False, 120),
+    (16, (40, 20), 2, False, 120),
+    (12, (30, 10), 3, False, 120),
     (64, (32, 32), 10, False, 400),
     (100, (64, 64), 10, False, 400),
     (784, (64, 64), 10, False, 400),

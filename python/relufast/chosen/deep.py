@@ -42,55 +42,12 @@ from .._deadline import check as check_deadline
 from .._validation import NonFiniteOutputs
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
-from .hyperplanes import Spans, jump_normals
+from .hyperplanes import jump_normals
 from .lines import find_kinks, screened_kinks, window_kinks
-from .net import activation_pattern, active_jacobian, feature_jacobians, features, pre_activations, preact_jacobians
+from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
+from .walk import SCREEN_EPS, downstream_basis, known_breaks, walk_step, zeta
 
 __all__ = ["next_layer", "downstream_basis"]
-
-#: Points of the walk along a step (the first known boundaries are located on them).
-WALK_GRID = 256
-#: Longest step of a walk along a boundary.
-WALK_LENGTH = 3.0
-#: Points of the window searched past a known boundary.
-WINDOW_POINTS = 48
-#: Half-width of that window, in units of the step past the boundary.
-WINDOW_WIDTH = 12.0
-
-
-def downstream_basis(layers):
-    """Per-kink orthonormal bases of the span of the gradients of the last layer's units
-    active at the kink (:class:`.hyperplanes.Spans` for :func:`.hyperplanes.jump_normals`),
-    or None when that layer is not narrower than the input. Every unit after that layer,
-    and the model's outputs, are functions of its active units near the kink (both sides of
-    a deeper kink share their pattern): their gradients lie in that span, so a kink of a
-    deeper unit needs derivatives along the active units' directions only, not d (at
-    d = 784 and k = 64, 2 (r + 1) queries a kink with r the active units, at most 130,
-    instead of 1,570; ``tests/test_chosen_size.py`` checks fewer than 0.8 of 2 (k + 1))."""
-    k, d = layers[-1][0].shape[0], layers[0][0].shape[1]
-    if k >= d:
-        return None
-
-    if len(layers) == 1:  # the first layer: the rows of its active units
-        W, b = layers[0]
-
-        def order(x):  # active units first
-            return np.argsort(~(x @ W.T + b > 0), axis=1, kind="stable")
-
-        def basis(x, r):
-            return np.linalg.qr(np.swapaxes(W[order(x)[:, :r]], 1, 2))[0]  # (c, d, r)
-
-        return Spans(lambda x: (x @ W.T + b > 0).sum(axis=1), basis)
-
-    def svd(x):  # right singular vectors of the active Jacobian, and its rank
-        _, s, Vt = np.linalg.svd(active_jacobian(layers, x), full_matrices=False)
-        return Vt, (s > SPAN_RANK * np.maximum(s[:, :1], 1e-300)).sum(axis=1)
-
-    return Spans(lambda x: svd(x)[1], lambda x, r: np.swapaxes(svd(x)[0][:, :r], 1, 2))
-
-
-#: Relative singular value of the active Jacobian under which a direction is not in its span.
-SPAN_RANK = 1e-10
 
 
 def _constraints(known, tent, x, n):
@@ -123,137 +80,34 @@ def _solve(M, tol):
     return theta / np.linalg.norm(theta[:-1])
 
 
-def _zeta(known, tent, X, Theta):
-    Phi, _ = features(known, tent, X)
-    return Phi @ Theta[:, :-1].T + Theta[:, -1]
-
-
-def _directions(layers, X, N, want, rng):
-    """Unit directions tangent to each boundary (v . n = 0): towards the side of a target
-    unit not yet visited when ``want`` names one (unit index, desired sign), else random."""
-    C, d = X.shape
-    V = rng.standard_normal((C, d))
-    Jz = np.concatenate(preact_jacobians(layers, X), axis=1)
-    Z = np.hstack(pre_activations(layers, X)[0])
-    for c, (unit, sign) in enumerate(want):
-        if unit >= 0:
-            V[c] = Jz[c, unit] * (1.0 if sign > 0 else -1.0)
-            if (Z[c, unit] > 0) == (sign > 0):  # already on that side here: go round
-                V[c] = rng.standard_normal(d)
-    V -= np.einsum("cd,cd->c", V, N)[:, None] * N
-    return V / np.linalg.norm(V, axis=1, keepdims=True)
-
-
-def _room(layers, x, g, pattern):
-    """Half the distance from x along g to the next change of the sign pattern (computed),
-    at most STEP_PAST; 0 when the pattern at x + tiny g is not ``pattern``."""
-    s = np.linspace(0.0, 2 * STEP_PAST, 65)[1:]
-    Z = np.hstack(pre_activations(layers, x[None] + s[:, None] * g[None])[0]) > 0
-    same = (Z == pattern).all(axis=1)
-    if not same[0]:
-        return 0.0
-    stop = np.argmin(same) if not same.all() else len(s)
-    return float(min(0.5 * s[stop - 1] if stop < len(s) else STEP_PAST, STEP_PAST))
-
-
-def _first_crossings(layers, X, N, V):
-    """Where to look for the boundary being followed past the first known boundary met
-    along x + s v: the crossing point x_b, a line at distance rho into the new region,
-    parallel to the known boundary and in the plane of n and its normal g (the bent
-    boundary meets it at ``rho tan psi`` for a bend psi), the window's half-width, g and
-    the sign pattern there. NaN rows where no boundary is met."""
-    C, d = X.shape
-    s = np.linspace(0.0, WALK_LENGTH, WALK_GRID)
-    P = X[:, None, :] + s[None, :, None] * V[:, None, :]
-    Zs = np.hstack(pre_activations(layers, P.reshape(-1, d))[0]).reshape(C, WALK_GRID, -1)
-    S = Zs > 0
-    changed = (S != S[:, :1]).any(axis=2)
-    j1 = np.where(changed.any(axis=1), changed.argmax(axis=1), -1)
-    Y, tau, G = np.full((C, d), np.nan), np.full(C, np.nan), np.full((C, d), np.nan)
-    XB, D = np.full((C, d), np.nan), np.full((C, d), np.nan)
-    pats = np.zeros((C, S.shape[2]), dtype=bool)
-    for c in np.nonzero(j1 > 0)[0]:
-        j = j1[c]
-        unit = np.nonzero(S[c, j] != S[c, 0])[0][0]
-        lo, hi, z0 = s[j - 1], s[j], Zs[c, j - 1, unit]
-        for _ in range(BISECT):
-            mid = 0.5 * (lo + hi)
-            zm = np.hstack(pre_activations(layers, (X[c] + mid * V[c])[None])[0])[0, unit]
-            lo, hi = (mid, hi) if (zm > 0) == (z0 > 0) else (lo, mid)
-        sb = 0.5 * (lo + hi)
-        XB[c] = X[c] + sb * V[c]
-        g = np.concatenate(preact_jacobians(layers, XB[c : c + 1]), axis=1)[0, unit]
-        G[c] = g
-        gin = g / np.linalg.norm(g) * (1.0 if S[c, j, unit] else -1.0)  # into the new region
-        rho = _room(layers, XB[c], gin, S[c, j])
-        if rho <= 0:
-            continue
-        b = N[c] - (N[c] @ gin) * gin
-        if np.linalg.norm(b) < 1e-12:
-            continue
-        Y[c] = XB[c] + rho * gin
-        D[c] = b / np.linalg.norm(b)
-        tau[c] = WINDOW_WIDTH * rho
-        pats[c] = S[c, j]
-    return Y, D, XB, tau, G, pats
-
-
-#: Bisection steps locating a known boundary on a step (computed, no query): to 2^-52.
-BISECT = 52
-#: How far past a known boundary the boundary being followed is searched.
-STEP_PAST = 0.02
-
-
-def _walk_step(oracle, known, tent, X, N, want, rng):
-    """One step of every chain; returns (new points, normals, accepted mask).
-
-    The kink nearest to the prediction past the known boundary, in the predicted region, is
-    taken and its normal measured (:func:`.hyperplanes.jump_normals`); it is kept when the
-    normal lies in span(n, g_b): the bent boundary contains the intersection of its
-    previous piece with the known boundary crossed (a kink of another unit does not)."""
-    layers = [*known, tent]
-    C, d = X.shape
-    Y, Dw, XB, tau, G, pats = _first_crossings(layers, X, N, _directions(layers, X, N, want, rng))
-    live = np.nonzero(np.isfinite(tau))[0]
-    ok = np.zeros(C, dtype=bool)
-    Xn, Nn = X.copy(), N.copy()
-    if len(live) == 0:
-        return Xn, Nn, ok
-    grid = np.linspace(-1.0, 1.0, WINDOW_POINTS)
-    kinks = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], grid)
-    Z, _ = pre_activations(layers, kinks.x)
-    fresh = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window()
-    fresh &= (activation_pattern(layers, kinks.x) == pats[live[kinks.line]]).all(axis=1)
-    best: dict = {}
-    for i in np.nonzero(fresh)[0]:
-        line = kinks.line[i]
-        if line not in best or abs(kinks.t[i]) < abs(kinks.t[best[line]]):
-            best[line] = i
-    if not best:
-        return Xn, Nn, ok
-    idx = np.array(sorted(best.values()), dtype=int)
-    nrm = jump_normals(oracle, kinks.subset(idx), rng, downstream_basis(layers))
-    ch = live[kinks.line[idx[nrm.keep]]]
-    for j, c in enumerate(ch):
-        B = np.linalg.qr(np.stack([N[c], G[c]], axis=1))[0]
-        off = np.linalg.norm(nrm.n[j] - B @ (B.T @ nrm.n[j]))
-        if off <= oracle.normal_tol() and 1 - abs(nrm.n[j] @ G[c]) / np.linalg.norm(G[c]) > oracle.normal_tol():
-            ok[c] = True
-            Xn[c], Nn[c] = nrm.x[j], nrm.n[j]
-    return Xn, Nn, ok
-
-
-def _targets(pats, n_tent, n_last):
-    """(unit, sign) pairs a chain still has to visit: a unit of the tentative layer seen
+def _targets(pats, n_tent, n_last, delta=None):
+    """(unit, sign of z~) pairs a chain still has to visit: a unit of the tentative layer seen
     with one sign only (its column of phi is then linear in the others: a null direction),
     or a unit of the last known layer never active (a zero column). Units are indexed in
-    the order of ``pre_activations`` over known + tentative layers."""
+    the order of ``pre_activations`` over known + tentative layers. With the signs of the
+    tentative layer known (``delta``: the units to flip), the linear term is known
+    (:func:`_sign_rows`) and only its units never active in their true orientation are left."""
     P = np.array(pats)
     total = P.shape[1]
     tent_idx = np.arange(total - n_tent, total)
     last_idx = np.arange(total - n_tent - n_last, total - n_tent)
-    todo = [(u, 1) for u in tent_idx if not P[:, u].any()] + [(u, -1) for u in tent_idx if P[:, u].all()]
+    if delta is None:
+        todo = [(u, 1) for u in tent_idx if not P[:, u].any()] + [(u, -1) for u in tent_idx if P[:, u].all()]
+    else:
+        flip = delta[tent_idx - tent_idx[0]]
+        todo = [(u, -1 if f else 1) for u, f in zip(tent_idx, flip) if not (P[:, u] ^ f).any()]
     return todo + [(u, 1) for u in last_idx if not P[:, u].any()]
+
+
+def _sign_rows(tent, delta, cols):
+    """Rows (1, d_prev, cols) of the equations ``beta = -sum_j delta_j v_j w~_j`` on (v, beta, c):
+    the linear term that known signs of the tentative layer fix (:func:`.fit.resolve_signs`);
+    an empty block while the signs are open."""
+    if delta is None:
+        return np.zeros((1, 0, cols))
+    Wt = tent[0]
+    rows = np.hstack([(delta[:, None] * Wt).T, np.eye(Wt.shape[1]), np.zeros((Wt.shape[1], 1))])
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True))[None]
 
 
 def _nearest(layers, x, n, todo):
@@ -269,7 +123,7 @@ def _nearest(layers, x, n, todo):
     return todo[int(np.argmin(dist))]
 
 
-def _chains(oracle, known, tent, X0, N0, rng, max_steps):
+def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
     """Follow the boundaries through the seeds (X0, N0), each towards the nearest boundary
     it has not crossed yet (a random one after a failed step; a chain that fails STALL
     steps in a row is dropped); the hyperplane (v, c) in phi-space of every chain that
@@ -277,7 +131,8 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
     layers = [*known, tent]
     C = len(X0)
     n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
-    M = [_constraints(known, tent, X0[c : c + 1], N0[c : c + 1]) for c in range(C)]
+    fixed = _sign_rows(tent, delta, tent[0].shape[0] + tent[0].shape[1] + 1)
+    M = [np.concatenate([fixed, _constraints(known, tent, X0[c : c + 1], N0[c : c + 1])], axis=1) for c in range(C)]
     pats = [[p] for p in activation_pattern(layers, X0)]
     X, N = X0.copy(), N0.copy()
     done: dict = {}
@@ -288,10 +143,10 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
             break
         want = []
         for c in act:
-            todo = _targets(pats[c], n_tent, n_last)
+            todo = _targets(pats[c], n_tent, n_last, delta)
             pick = todo[rng.integers(len(todo))] if todo and fails[c] else _nearest(layers, X[c], N[c], todo)
             want.append(pick)
-        Xn, Nn, ok = _walk_step(oracle, known, tent, X[act], N[act], want, rng)
+        Xn, Nn, ok = walk_step(oracle, known, tent, X[act], N[act], want, rng)
         for j, c in enumerate(act):
             if not ok[j]:
                 fails[c] += 1
@@ -301,8 +156,8 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
             fails[c] = 0
             X[c], N[c] = Xn[j], Nn[j]
             pats[c].append(activation_pattern(layers, Xn[j : j + 1])[0])
-            M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])])
-            if _targets(pats[c], n_tent, n_last):
+            M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])], axis=1)
+            if _targets(pats[c], n_tent, n_last, delta):
                 continue  # phi has null directions until every unit was crossed
             theta = _solve(M[c], _null_tol(oracle))
             if theta is not None:
@@ -310,13 +165,13 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps):
         solved = np.array([t for t in done.values() if t is not None])
         if len(solved):  # chains on a unit just determined stop
             for c in act:
-                if c not in done and np.min(np.abs(_zeta(known, tent, X[c : c + 1], solved))) <= 0.5 * oracle.window():
+                if c not in done and np.min(np.abs(zeta(known, tent, X[c : c + 1], solved))) <= 0.5 * oracle.window():
                     done[c] = None
     found = [t for t in done.values() if t is not None]
     partial = [
-        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last))
+        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last, delta))
         for c in range(C)
-        if c not in done and len(_targets(pats[c], n_tent, n_last)) <= PARTIAL
+        if c not in done and len(_targets(pats[c], n_tent, n_last, delta)) <= PARTIAL
     ]
     return (np.array(found) if found else None), partial
 
@@ -347,7 +202,7 @@ def _fresh(layers, x, tol, Theta=None):
     Z, _ = pre_activations(layers, x)
     keep = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol
     if Theta is not None and len(Theta) and len(x):
-        keep &= np.min(np.abs(_zeta(layers[:-1], layers[-1], x, Theta)), axis=1) > tol
+        keep &= np.min(np.abs(zeta(layers[:-1], layers[-1], x, Theta)), axis=1) > tol
     return np.nonzero(keep)[0]
 
 
@@ -427,14 +282,14 @@ def _crossings(known, tent, Theta, rng, d):
     for i, theta in enumerate(Theta):
         for _ in range(CROSSING_TRIES):
             a, u = 0.5 * rng.standard_normal(d), rng.standard_normal(d)
-            z = _zeta(known, tent, a + t[:, None] * u, theta[None])[:, 0]
+            z = zeta(known, tent, a + t[:, None] * u, theta[None])[:, 0]
             ch = np.nonzero(np.sign(z[:-1]) * np.sign(z[1:]) < 0)[0]
             if len(ch):
                 j = ch[rng.integers(len(ch))]
                 lo, hi = t[j], t[j + 1]
                 for _ in range(60):
                     mid = 0.5 * (lo + hi)
-                    zm = _zeta(known, tent, (a + mid * u)[None], theta[None])[0, 0]
+                    zm = zeta(known, tent, (a + mid * u)[None], theta[None])[0, 0]
                     lo, hi = (mid, hi) if np.sign(zm) == np.sign(z[j]) else (lo, mid)
                 P[i], U[i] = a + 0.5 * (lo + hi) * u, u / np.linalg.norm(u)
                 break
@@ -473,54 +328,13 @@ def _null_tol(oracle):
     return oracle.normal_tol() / 30
 
 
-def _known_breaks(layers, Theta, base, dirs, t0, t1):
-    """Sorted parameters t in [t0, t1] where a unit of the known layers or of the rows of
-    Theta (None: none yet) switches on each line ``base + t dirs`` (computed, no query): sign changes on a
-    grid of about BREAK_STEP in x (64 to BREAK_GRID points), located by FALSI_STEPS steps of
-    regula falsi (exact at once where the unit is affine on the cell, which a first-layer
-    unit always is); lines in blocks of BREAK_BYTES."""
-    known, tent = layers[:-1], layers[-1]
-    L, d = base.shape
-
-    def values(P):
-        V = np.hstack(pre_activations(layers, P)[0])
-        return np.hstack([V, _zeta(known, tent, P, Theta)]) if Theta is not None and len(Theta) else V
-
-    length = (t1 - t0) * float(np.max(np.linalg.norm(dirs, axis=1))) if L else 0.0
-    G = int(np.clip(np.ceil(length / BREAK_STEP), 64, BREAK_GRID))
-    t = np.linspace(t0, t1, G)
-    out: list = []
-    block = max(1, int(BREAK_BYTES // (8 * G * d)))
-    for lo in range(0, L, block):
-        B, U = base[lo : lo + block], dirs[lo : lo + block]
-        V = values((B[:, None, :] + t[None, :, None] * U[:, None, :]).reshape(-1, d)).reshape(len(B), G, -1)
-        line, cell, col = np.nonzero(np.signbit(V[:, :-1]) != np.signbit(V[:, 1:]))
-        a, b = t[cell], t[cell + 1]
-        va, vb = V[line, cell, col], V[line, cell + 1, col]
-        s0 = np.signbit(va)
-        mid = 0.5 * (a + b)
-        for _ in range(FALSI_STEPS):  # exact in one step where the unit is affine on the cell
-            mid = np.clip(a - va * (b - a) / np.where(vb != va, vb - va, 1.0), a, b)
-            vm = values(B[line] + mid[:, None] * U[line])[np.arange(len(mid)), col]
-            same = np.signbit(vm) == s0
-            a, va = np.where(same, mid, a), np.where(same, vm, va)
-            b, vb = np.where(same, b, mid), np.where(same, vb, vm)
-        out.extend(np.concatenate([[t0], np.sort(mid[line == i]), [t1]]) for i in range(len(B)))
-    return out
-
-
-#: Step (in x) of the computed grid on which the known kinks of a line are bracketed, its
-#: largest number of points, regula falsi steps, and the memory of a block of lines.
-BREAK_STEP, BREAK_GRID, FALSI_STEPS, BREAK_BYTES = 0.01, 8192, 3, 64 * 2**20
-
-
 def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
     """Kinks on the lines ``base + t dirs``, t in [t0, t1]: in float64 only the pieces
     between computed known kinks that are not linear are searched
     (:func:`.lines.screened_kinks`); at low precision (where three outputs of a long piece
     do not tell a small bend from the rounding) on a grid of ``points``."""
     if oracle.eps < SCREEN_EPS:
-        return screened_kinks(oracle, base, dirs, _known_breaks(layers, Theta, base, dirs, t0, t1))
+        return screened_kinks(oracle, base, dirs, known_breaks(layers, Theta, base, dirs, t0, t1))
     return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points))
 
 
@@ -533,8 +347,8 @@ def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
 REFILL_T, REFILL_T_LOW = 12.0, 3.0
 #: Shortest half-length the pool's lines are cut to where the model stops answering.
 MIN_REACH = 0.75
-#: Unit roundoff under which lines are screened; grid of an entry line otherwise.
-SCREEN_EPS, ENTRY_GRID = 1e-12, 128
+#: Points of an entry line's grid at low precision (float64 screens it, SCREEN_EPS).
+ENTRY_GRID = 128
 
 
 def _refill(oracle, layers, widths, rng, pool, tol, n_lines=1, Theta=None):
@@ -718,7 +532,7 @@ def _prune(pool, known, tent, Theta, tol):
     Z, _ = pre_activations([*known, tent], pool.x)
     keep = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > tol
     if len(Theta):
-        keep &= np.min(np.abs(_zeta(known, tent, pool.x, Theta)), axis=1) > tol
+        keep &= np.min(np.abs(zeta(known, tent, pool.x, Theta)), axis=1) > tol
     pool.keep(keep)
 
 
@@ -736,15 +550,39 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
     units were determined in ``max_rounds`` rounds. Kinks explained by the layers so far
     leave the pool.
     """
-    layers = [*known, tent]
-    tol = 0.5 * oracle.window()
     D = tent[0].shape[0] + tent[0].shape[1]
     steps = 8 + 6 * (tent[0].shape[0] + (known[-1][0].shape[0] if known else 0))
     carry = {} if carry is None else carry
     size = CLUSTER_MIN if oracle.eps < SCREEN_EPS else CLUSTER_MIN_LOW
     Theta = carry.get("Theta", np.zeros((0, D + 1)))
+    for phase in range(2):
+        # Grouping (signs open) or clustering (signs known) of single kinks; then chains.
+        # Chains of a layer with open signs are needed only until the units they find fix
+        # those signs (_signs): then the clustering takes over (once).
+        Theta = _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size)
+        if len(Theta) >= k:
+            break
+        delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta)
+        Theta = _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max_rounds, delta)
+        if len(Theta) >= k or delta is not None or _signs(tent, Theta) is None:
+            break
+    if len(Theta) < k:
+        return None
+    kt = tent[0].shape[0]
+    return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
+
+
+def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size):
+    """Units (rows of Theta) from single kinks of random lines: grouped by null spaces while
+    the signs of ``tent`` are open, clustered by restricted rows once they are known."""
+    layers = [*known, tent]
+    tol = 0.5 * oracle.window()
     lines = GROUP_LINES
-    for _ in range(GROUP_ROUNDS):
+    # A group needs several kinks of one unit among the GROUP_CAP newest of the pool: with
+    # more units than GROUP_CAP / GROUP_SHARE the grouping finds none (64-100-100-10 spent
+    # 86 s and 0.4-0.6 million queries in it) and a few rounds fill the pool for the chains.
+    rounds = GROUP_ROUNDS if oriented or _signs(tent, Theta) is not None or GROUP_SHARE * k <= GROUP_CAP else 2
+    for _ in range(rounds):
         _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)
         _prune(pool, known, tent, Theta, tol)
         # While the pool is dry the units left switch on few lines (3% of them at
@@ -766,16 +604,34 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
         if len(found):
             Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
         if len(Theta) >= k:
-            kt = tent[0].shape[0]
-            return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
+            break
+    return Theta
+
+
+#: Kinks of the grouping's pool a unit of the next layer needs on average (see _gathered).
+GROUP_SHARE = 2
+
+#: Chains a round while the signs of the tentative layer are open (a few units fix them).
+SIGN_CHAINS = 6
+
+
+def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max_rounds, delta):
+    """Units (rows of Theta) from chains of kinks following each boundary (:func:`_chains`);
+    while the signs of ``tent`` are open (``delta`` None), few chains a round, and only
+    until the units found fix the signs."""
+    signs_open = delta is None
+    layers = [*known, tent]
+    tol = 0.5 * oracle.window()
     for _ in range(max_rounds):
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
+        if signs_open:
+            want = min(want, SIGN_CHAINS)
         if len(pool) < want:
             _refill(oracle, layers, widths, rng, pool, tol, Theta=Theta)
             continue
         pick = rng.choice(len(pool), size=want, replace=False)
-        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps)
+        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps, delta)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
         if partial:
             _across(oracle, layers, partial, rng, pool)
@@ -785,7 +641,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
         if found is None:
             continue
         Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
-        if len(Theta) >= k:
-            kt = tent[0].shape[0]
-            return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
+        if len(Theta) >= k or (signs_open and _signs(tent, Theta) is not None):
+            break
+    return Theta
     return None

@@ -51,7 +51,7 @@ class Normals(NamedTuple):
 class Spans(NamedTuple):
     """Subspaces that hold the model's gradient on both sides of each kink, of a dimension
     that varies from kink to kink (behind a known layer: the gradients of its units active
-    there, :func:`.deep.downstream_basis`).
+    there, :func:`.walk.downstream_basis`).
 
     Attributes
     ----------
@@ -95,7 +95,7 @@ def jump_normals(oracle, kinks, rng, basis=None):
     ``basis``: None (derivatives along d random orthonormal directions), or a function of
     kink points (c, d) returning orthonormal bases (c, d, r) of a subspace that holds the
     model's gradient on both sides of each kink: behind a known layer of r < d units every
-    gradient is a combination of those units' gradients (:func:`.deep.downstream_basis`),
+    gradient is a combination of those units' gradients (:func:`.walk.downstream_basis`),
     and r + 1 queries a side suffice instead of d + 1; or :class:`Spans` (a dimension per
     kink, kinks measured in groups of equal dimension).
     """
