@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import NonFiniteOutputs
-from .hyperplanes import jump_normals
+from .hyperplanes import Normals, jump_normals
 from .lines import find_kinks, window_kinks
 
 __all__ = ["KinkPool", "first_layer", "random_lines"]
@@ -55,17 +55,46 @@ class KinkPool:
 
 
 def grid_size(widths):
-    """Grid points per line: about 24 per unit, so that most kinks sit in cells of their own."""
-    return int(min(4096, 2 ** np.ceil(np.log2(max(256, 24 * sum(widths))))))
+    """Grid points per line: about GRID_PER_UNIT per unit, so that most kinks sit in cells of
+    their own, at most GRID_MAX."""
+    return int(min(GRID_MAX, 2 ** np.ceil(np.log2(max(256, GRID_PER_UNIT * sum(widths))))))
+
+
+GRID_PER_UNIT, GRID_MAX = 24, 4096
 
 
 def random_lines(oracle, n_lines, widths, rng, scale=1.0):
     """Kinks on ``n_lines`` random lines ``0.5 z + t u``, z, u standard normal, t in
-    [-3 scale, 3 scale]: Gaussian-scale inputs at scale 1, one model call."""
+    [-3 scale, 3 scale]: Gaussian-scale inputs at scale 1, one model call.
+
+    A kink is taken from the grid only where the cells beside it are flat; two kinks within
+    two cells are both lost there (at widths (100, 100), where the grid is capped, about a
+    third of a unit's crossings,
+    more near the origin where trained units crowd: one first-layer unit of a trained
+    64-100-100-10 was lost on every line of its search that crossed it). Such stretches
+    are searched again in float64 on CROWD_POINTS points each (one more model call): a list
+    of Kinks, one per grid."""
     d = oracle.d
     base = 0.5 * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
-    return find_kinks(oracle, base, dirs, np.linspace(-3.0 * scale, 3.0 * scale, grid_size(widths)))
+    crowded: list = []
+    kinks = find_kinks(oracle, base, dirs, np.linspace(-3.0 * scale, 3.0 * scale, grid_size(widths)), crowded)
+    # Only where the grid is capped (fewer than GRID_PER_UNIT points a unit), and in float64
+    # (at low precision finer cells bend below the rounding).
+    if not crowded or oracle.eps >= CROWD_EPS or GRID_PER_UNIT * sum(widths) <= GRID_MAX:
+        return [kinks]
+    line, t0, t1 = (np.array(v) for v in zip(*crowded))
+    # Each stretch as a line of its own on [0, 1] (one grid for all); its kinks keep the
+    # stretch as their direction (their step and slope jumps are in its units).
+    span = (t1 - t0)[:, None] * dirs[line]
+    sub = find_kinks(oracle, base[line] + t0[:, None] * dirs[line], span, np.linspace(0.0, 1.0, CROWD_POINTS))
+    where = line[sub.line]
+    return [kinks, sub._replace(line=where, t=t0[sub.line] + sub.t * (t1 - t0)[sub.line])]
+
+
+#: Points of the grid on which a crowded stretch (three to a few cells) is searched again,
+#: and the unit roundoff under which it is.
+CROWD_POINTS, CROWD_EPS = 48, 1e-12
 
 
 #: Lengths of the search lines (times the first round's) and the rounds without a new unit
@@ -74,6 +103,14 @@ def random_lines(oracle, n_lines, widths, rng, scale=1.0):
 #: lines. When every length has gone STALL_ROUNDS rounds without a new unit, the search is
 #: saturated: the units left are ones no line shows (functional equivalence, in the driver).
 LINE_SCALES, STALL_ROUNDS = (1.0, 8.0, 64.0, 512.0), 3
+
+
+def _normals(oracle, parts, rng):
+    """The normals of the kinks of every part (:func:`.hyperplanes.jump_normals`, one call a
+    part: their steps differ), as one :class:`.hyperplanes.Normals` (``keep`` numbered anew)."""
+    found = [jump_normals(oracle, k, rng) for k in parts]
+    x, n, err = (np.concatenate([getattr(f, a) for f in found]) for a in ("x", "n", "error"))
+    return Normals(np.arange(len(x)), x, n, err)
 
 
 def _dedupe(H, tol):
@@ -122,10 +159,10 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         before = len(W)
         rounds += 1
         if later is not None:
-            kinks, later = later, None
+            parts, later = later, None
         else:
             try:
-                kinks = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, LINE_SCALES[level])
+                parts = random_lines(oracle, 2 if rounds == 1 else 1, widths, rng, LINE_SCALES[level])
             except NonFiniteOutputs:
                 if level == 0:
                     raise
@@ -134,15 +171,15 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
                 top, level, stalled = level, 0, STALL_ROUNDS * level
                 continue
             if rounds == 1:
-                later = kinks.subset(kinks.line == 1)
-                kinks = kinks.subset(kinks.line == 0)
+                later = [k.subset(k.line == 1) for k in parts]
+                parts = [k.subset(k.line == 0) for k in parts]
         tol_dup = 8.0 * oracle.eps ** (1.0 / 3.0)  # the precision is known after the first answer
         if len(W):
-            z = np.abs(kinks.x @ W.T + b)
-            kinks = kinks.subset(z.min(axis=1) > 0.5 * oracle.window())
-        if len(kinks.t) == 0:
+            parts = [k.subset(np.abs(k.x @ W.T + b).min(axis=1) > 0.5 * oracle.window()) for k in parts]
+        parts = [k for k in parts if len(k.t)]
+        if not parts:
             continue
-        nrm = jump_normals(oracle, kinks, rng)
+        nrm = _normals(oracle, parts, rng)
         if len(nrm.keep) == 0:
             continue
         c = -np.einsum("kd,kd->k", nrm.n, nrm.x)

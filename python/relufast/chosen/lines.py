@@ -61,7 +61,7 @@ class Kinks(NamedTuple):
 ISOLATION = 1e-6
 
 
-def find_kinks(oracle, base, dirs, t_grid):
+def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     """Isolated kinks of the model on the lines ``base[i] + t dirs[i]``, t in ``t_grid``.
 
     Every output is searched (a unit whose output weights nearly cancel in one combination
@@ -75,6 +75,11 @@ def find_kinks(oracle, base, dirs, t_grid):
     base, dirs : ndarray of shape (n_lines, d)
     t_grid : ndarray of shape (G,)
         Uniform grid (G >= 6); the kinks are searched in cells 2..G-4.
+
+    crowded : list or None
+        When a list, the stretches ``(line, t0, t1)`` of cells that bend without a kink
+        taken there (two kinks within two cells of each other) are appended to it, merged
+        where they overlap.
 
     Returns
     -------
@@ -102,6 +107,8 @@ def find_kinks(oracle, base, dirs, t_grid):
     kink = np.minimum(level[:, i - 1], level[:, i])
     flat = np.maximum(1.0, ISOLATION * kink)
     ok = (kink > 1) & (level[:, i - 2] <= flat) & (level[:, i + 1] <= flat)
+    if crowded is not None:
+        crowded.extend(_stretches(t_grid, i, (kink > 1) & ~ok))
     li, ci = np.nonzero(ok)
     cell = i[ci]
     o = np.argmax(D2[li, cell - 1] + D2[li, cell], axis=1)
@@ -123,6 +130,23 @@ def find_kinks(oracle, base, dirs, t_grid):
         li, cell, t, x = li[single], cell[single], t[single], x[single]
     jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
     return Kinks(li, t, x, dirs[li], step, jump)
+
+
+def _stretches(t_grid, cells, mask):
+    """Merged stretches ``(line, t0, t1)`` one cell either side of the cells of ``mask``
+    (lines, cells)."""
+    out = []
+    for line in np.nonzero(mask.any(axis=1))[0]:
+        c = cells[mask[line]]
+        lo, hi = c - 1, c + 2
+        start, end = lo[0], hi[0]
+        for a, b in zip(lo[1:], hi[1:]):
+            if a > end:
+                out.append((int(line), float(t_grid[start]), float(t_grid[end])))
+                start = a
+            end = max(end, b)
+        out.append((int(line), float(t_grid[start]), float(t_grid[min(end, len(t_grid) - 1)])))
+    return out
 
 
 def window_kinks(oracle, points, normals, half_width):

@@ -176,9 +176,9 @@ def _nearest_fresh(layers, kinks, pats, live, tol, centres):
 
 
 def _walk_screened(oracle, known, tent, X, N, want, rng):
-    """One step of every chain in float64: 29.9 queries a chain at 10-20-10-1
-    (``tests/test_chosen_walk.py``), where a 48-point window and a measured normal
-    (2 (d + 1)) take 70. The kink past the known boundary is searched on screened lines
+    """One step of every chain in float64: 19.7 queries a chain on the boundaries of a
+    planted 10-20-10 (``tests/test_chosen_walk.py``), where a 48-point window and a
+    measured normal (2 (d + 1)) take 70. The kink past the known boundary is searched on screened lines
     (:func:`.lines.screened_kinks`), and its normal is computed, not measured: the boundary's
     new piece contains the (d - 2)-flat where its previous piece meets the known boundary
     (through the crossing point x_b) and the kink x', and its normal lies in span(n, g_b),
