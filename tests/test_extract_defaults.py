@@ -249,6 +249,25 @@ def test_trained_multiclass_classifier_certified_where_its_logits_can_be_read(wi
     assert np.abs(got - logits(X)).max() <= 1e-12 * np.abs(logits(X)).max()
 
 
+def test_digits_classifier_at_sklearn_default_width_two_layers_is_exact():
+    """digits 64-100-100-10 (sklearn's default width, 50 iterations; widths from the model): a
+    first layer wider than the input, whose signs come from the first second-layer units the
+    chains find. It ended `failed` at its 2 million queries while one first-layer unit,
+    crossed where another kink shared its grid cells on every line of the search, was
+    missing (bench/test_bench_defaults.py: exact in 835,446 queries)."""
+    clf, X = _fitted("digits", (100, 100), max_iter=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        res = rf.extract(clf, X.shape[1], random_state=0)
+    assert res.exact, res.message
+    assert res.n_hidden == (100, 100)
+    assert res.counts["queries"] < 2_000_000
+    logits = bridges.logit_function(clf)
+    got = res.predict(X[:200])
+    want = logits(X[:200])
+    assert np.abs((got - got.mean(axis=1, keepdims=True)) - want).max() <= 1e-9 * np.abs(want).max()
+
+
 def test_saturated_classifier_is_a_clear_error():
     """Probabilities that round to 0 or 1 carry no logit: extract stops with the inputs' norms
     (before: clipped logits fitted as if exact, then 'outside the class')."""
