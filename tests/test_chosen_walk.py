@@ -116,3 +116,29 @@ def test_first_layer_wider_than_the_input_in_a_deep_network():
         res = rf.extract(rf.planted.relu_function(hidden, out), 10, n_hidden=(20, 10), queries="chosen", random_state=0)
     assert res.status.value == "exact"
     assert res.counts["queries"] < 400_000
+
+
+def test_unfinished_chains_settle_the_signs_of_a_wide_layer():
+    """Chains stopped long before they crossed every first-layer boundary (16-40-20: a first
+    layer wider than the input) leave a null direction per boundary missed; projected off
+    those, their equations still determine every flip of the layer: the true ones."""
+    d, widths = 16, (40, 20)
+    hidden, out = rf.planted.deep_relu(d, widths, 2, random_state=0)
+    oracle = Oracle(rf.planted.relu_function(hidden, out), d)
+    rng = np.random.default_rng(0)
+    flip = rng.random(widths[0]) < 0.5
+    s = np.where(flip, -1.0, 1.0)
+    tent = (hidden[0][0] * s[:, None], hidden[0][1] * s)
+    X, N = [], []
+    for r in range(8):
+        z, grad = _true_unit(hidden, r)
+        x = _boundary_points(z, d, 1, np.random.default_rng(r))
+        g = grad(x)
+        X.append(x[0]), N.append(g[0] / np.linalg.norm(g[0]))
+    found, unfinished = deep._chains(oracle, [], tent, np.array(X), np.array(N), rng, 80)
+    assert len(unfinished) >= 4  # most did not cross all 40 boundaries both ways
+    assert all(len(todo) > 0 for *_, todo in unfinished)
+    rows = deep._unfinished_sign_rows([], tent, unfinished, deep._null_tol(oracle))
+    got = deep._signs_from_rows(tent, np.zeros((0, widths[0] + d + 1)), rows)
+    assert got is not None
+    assert np.array_equal(got, flip)

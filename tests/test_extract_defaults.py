@@ -251,10 +251,10 @@ def test_trained_multiclass_classifier_certified_where_its_logits_can_be_read(wi
 
 def test_digits_classifier_at_sklearn_default_width_two_layers_is_exact():
     """digits 64-100-100-10 (sklearn's default width, 50 iterations; widths from the model): a
-    first layer wider than the input, whose signs come from the first second-layer units the
-    chains find. It ended `failed` at its 2 million queries while one first-layer unit,
+    first layer wider than the input, whose signs come from the chains that follow the second
+    layer's boundaries. It ended `failed` at its 2 million queries while one first-layer unit,
     crossed where another kink shared its grid cells on every line of the search, was
-    missing (bench/test_bench_defaults.py: exact in 835,446 queries)."""
+    missing (bench/test_bench_defaults.py: exact in 869,341 queries)."""
     clf, X = _fitted("digits", (100, 100), max_iter=50)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", rf.RelufastWarning)

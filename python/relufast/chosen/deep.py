@@ -136,6 +136,7 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
     pats = [[p] for p in activation_pattern(layers, X0)]
     X, N = X0.copy(), N0.copy()
     done: dict = {}
+    stalled: set = set()
     fails = np.zeros(C, dtype=int)
     for _ in range(max_steps):
         act = np.array([c for c in range(C) if c not in done], dtype=int)
@@ -152,6 +153,7 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
                 fails[c] += 1
                 if fails[c] >= STALL:
                     done[c] = None
+                    stalled.add(c)
                 continue
             fails[c] = 0
             X[c], N[c] = Xn[j], Nn[j]
@@ -168,12 +170,12 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
                 if c not in done and np.min(np.abs(zeta(known, tent, X[c : c + 1], solved))) <= 0.5 * oracle.window():
                     done[c] = None
     found = [t for t in done.values() if t is not None]
-    partial = [
-        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last, delta))
-        for c in range(C)
-        if c not in done and len(_targets(pats[c], n_tent, n_last, delta)) <= PARTIAL
+    # Chains that ran out of steps or stalled (the last boundaries are often ones the unit's
+    # boundary never reaches): their equations, and the boundaries they never crossed.
+    unfinished = [
+        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last, delta)) for c in range(C) if c not in done or c in stalled
     ]
-    return (np.array(found) if found else None), partial
+    return (np.array(found) if found else None), unfinished
 
 
 #: A chain left with this many boundaries or fewer never crossed is completed from the pool.
@@ -229,6 +231,17 @@ ENTRY_WIDTH = 0.5
 ACROSS_WIDTH = 1.0
 
 
+def _null_rows(R, tol):
+    """Orthonormal rows spanning the directions x with |R x| <= tol * |R| (relative singular
+    values), for R of many rows: reduced to its triangular factor first (a chain's stacked
+    equations have (d + 1) rows a kink; a full SVD of them built a square matrix of that side)."""
+    if R.shape[0] > R.shape[1]:
+        R = np.linalg.qr(R, mode="r")
+    _, s, Vt = np.linalg.svd(R, full_matrices=True)
+    s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
+    return Vt[s <= tol * s[0]]
+
+
 def _complete(oracle, known, tent, partial, pool):
     """Complete chains that could not cross every boundary with kinks of the pool.
 
@@ -246,10 +259,7 @@ def _complete(oracle, known, tent, partial, pool):
     tol = _null_tol(oracle)
     out = []
     for Mc, _, _, todo in partial:
-        R = Mc.reshape(-1, Mc.shape[-1])
-        _, s, Vt = np.linalg.svd(R, full_matrices=True)
-        s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
-        K = Vt[s <= tol * s[0]]
+        K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol)
         if len(K) != len(todo) + 1:
             continue
         for i in range(len(pool)):
@@ -507,9 +517,11 @@ def _add(Theta, found, k, tol):
     return Theta
 
 
-def _signs(tent, Theta):
+def _signs(tent, Theta, carry=None):
     """The sign flips of the tentative layer (bool per unit) the units found so far determine
     (:func:`.fit.resolve_signs`), or None while they do not (a unit none of them reads)."""
+    if carry is not None and carry.get("delta") is not None:
+        return carry["delta"]  # from unfinished chains (_signs_from_rows)
     if len(Theta) == 0:
         return None
     from .fit import resolve_signs
@@ -522,6 +534,90 @@ def _signs(tent, Theta):
     if not ok:
         return None
     return np.sign(np.sum(W * tent[0], axis=1)) < 0
+
+
+def _unfinished_sign_rows(known, tent, unfinished, tol):
+    """Equations on the flips delta of the tentative layer from chains that did not cross
+    every boundary (:func:`_chains`).
+
+    Such a chain's equations keep a null direction per boundary J it never crossed, besides
+    its unit's row theta: ``(e_j, -w~_j, -b~_j)`` for a tentative unit always on its
+    positive side, ``e_j`` for one never on it, ``e_u`` on h for an inactive unit u of the
+    last known layer. With theta_0 the part of the null space outside these directions, the
+    true row is theta_0 plus some of them, and the linear term's identity
+    ``beta = -sum_i delta_i v_i w~_i`` (:func:`.fit.resolve_signs`) becomes
+    ``beta_0 + sum_i delta_i v_0i w~_i`` in span(w~_j, j in J; e_u): projected off that span,
+    d_prev - |J| linear equations on delta per chain. Returns (rows, right-hand sides)
+    pairs, one per chain whose null space has the dimension this needs."""
+    Wt, bt = tent
+    kt, dp = Wt.shape
+    offset = sum(W.shape[0] for W, _ in known)  # unit indices count the known layers first
+    n_last = known[-1][0].shape[0] if known else 0
+    out = []
+    for Mc, _, _, todo in unfinished:
+        K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol)
+        if len(K) != len(todo) + 1 or len(todo) >= dp:
+            continue
+        D, T = [], []  # null directions on (v, beta, c), and their span on beta
+        for u, sign in todo:
+            j = u - offset
+            if j >= 0:  # a tentative unit
+                e = np.zeros(kt + dp + 1)
+                e[j] = 1.0
+                if sign < 0:  # always on its positive side: relu(z~_j) = z~_j there
+                    e[kt : kt + dp], e[-1] = -Wt[j], -bt[j]
+                D.append(e)
+                T.append(Wt[j])
+            else:  # an inactive unit of the last known layer: its h coordinate is free
+                e = np.zeros(kt + dp + 1)
+                e[kt + u - (offset - n_last)] = 1.0
+                D.append(e)
+                T.append(np.eye(dp)[u - (offset - n_last)])
+        if D:
+            Q = np.linalg.qr(np.array(D).T)[0]
+            K = K - (K @ Q) @ Q.T
+        _, s0, V0 = np.linalg.svd(K)
+        theta = V0[0]
+        v0, beta0 = theta[:kt], theta[kt : kt + dp]
+        size = np.linalg.norm(v0)
+        if size == 0:
+            continue
+        B, y = (v0[None, :] * Wt.T) / size, -beta0 / size
+        if T:
+            P = np.linalg.qr(np.array(T).T)[0]
+            B, y = B - P @ (P.T @ B), y - P @ (P.T @ y)
+        out.append((B, y))
+    return out
+
+
+def _signs_from_rows(tent, Theta, rows):
+    """The flips of the tentative layer from the units found (rows of Theta) and the sign
+    equations of unfinished chains (:func:`_unfinished_sign_rows`), where together they
+    determine every flip (full column rank) and least squares lands within SIGN_ROUND of a
+    0/1 vector that leaves a residual under SIGN_REST of the right-hand side; else None."""
+    Wt = tent[0]
+    kt, dp = Wt.shape
+    blocks = list(rows)
+    for theta in Theta:
+        v0, beta0 = theta[:kt], theta[kt : kt + dp]
+        blocks.append(((v0[None, :] * Wt.T) / np.linalg.norm(v0), -beta0 / np.linalg.norm(v0)))
+    if not blocks:
+        return None
+    A = np.vstack([B for B, _ in blocks])
+    y = np.concatenate([b for _, b in blocks])
+    if len(A) < kt or np.linalg.matrix_rank(A) < kt:
+        return None
+    delta, *_ = np.linalg.lstsq(A, y, rcond=None)
+    flip = delta > 0.5
+    rest = np.linalg.norm(A @ flip - y)
+    if np.max(np.minimum(np.abs(delta), np.abs(delta - 1))) > SIGN_ROUND or rest > SIGN_REST * np.linalg.norm(y):
+        return None
+    return flip
+
+
+#: Largest distance of a least-squares flip from 0 or 1, and largest residual of the 0/1
+#: flips relative to the right-hand side, for :func:`_signs_from_rows` to settle the signs.
+SIGN_ROUND, SIGN_REST = 0.1, 1e-4
 
 
 def _prune(pool, known, tent, Theta, tol):
@@ -562,9 +658,9 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
         Theta = _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size)
         if len(Theta) >= k:
             break
-        delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta)
+        delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta, carry)
         Theta = _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max_rounds, delta)
-        if len(Theta) >= k or delta is not None or _signs(tent, Theta) is None:
+        if len(Theta) >= k or delta is not None or _signs(tent, Theta, carry) is None:
             break
     if len(Theta) < k:
         return None
@@ -581,7 +677,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
     # A group needs several kinks of one unit among the GROUP_CAP newest of the pool: with
     # more units than GROUP_CAP / GROUP_SHARE the grouping finds none (64-100-100-10 spent
     # 86 s and 0.4-0.6 million queries in it) and a few rounds fill the pool for the chains.
-    rounds = GROUP_ROUNDS if oriented or _signs(tent, Theta) is not None or GROUP_SHARE * k <= GROUP_CAP else 2
+    rounds = GROUP_ROUNDS if oriented or _signs(tent, Theta, carry) is not None or GROUP_SHARE * k <= GROUP_CAP else 2
     for _ in range(rounds):
         _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)
         _prune(pool, known, tent, Theta, tol)
@@ -590,7 +686,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         # find the rest).
         lines = min(2 * lines, DRY_LINES) if len(pool) == 0 else max(GROUP_LINES, lines // 2)
         ntol = _null_tol(oracle) * NULL_GROWTH ** len(known)
-        delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta)
+        delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta, carry)
         if delta is not None:
             cap = ASKS_PER_UNIT * (k - len(Theta)) + 8
             found, asks = cluster_units(
@@ -622,6 +718,7 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
     signs_open = delta is None
     layers = [*known, tent]
     tol = 0.5 * oracle.window()
+    rows: list = []  # sign equations of unfinished chains (_unfinished_sign_rows)
     for _ in range(max_rounds):
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
@@ -631,8 +728,15 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
             _refill(oracle, layers, widths, rng, pool, tol, Theta=Theta)
             continue
         pick = rng.choice(len(pool), size=want, replace=False)
-        found, partial = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps, delta)
+        found, unfinished = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps, delta)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
+        if signs_open:
+            rows.extend(_unfinished_sign_rows(known, tent, unfinished, _null_tol(oracle)))
+            fixed = _signs_from_rows(tent, Theta, rows)
+            if fixed is not None:
+                carry["delta"] = fixed
+                break
+        partial = [u for u in unfinished if len(u[3]) <= PARTIAL]  # completed from the pool
         if partial:
             _across(oracle, layers, partial, rng, pool)
         extra = _complete(oracle, known, tent, partial, pool)
@@ -641,7 +745,6 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
         if found is None:
             continue
         Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng)], k, tol)
-        if len(Theta) >= k or (signs_open and _signs(tent, Theta) is not None):
+        if len(Theta) >= k or (signs_open and _signs(tent, Theta, carry) is not None):
             break
     return Theta
-    return None
