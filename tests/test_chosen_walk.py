@@ -67,7 +67,7 @@ def test_screened_step_stays_on_the_boundary_with_the_right_normal(seed):
         G = grad(X)
         N = G / np.linalg.norm(G, axis=1, keepdims=True)
         q = oracle.n_queries
-        Xn, Nn, ok = walk._walk_screened(oracle, [], tent, X, N, [(-1, 0)] * len(X), rng)
+        Xn, Nn, ok = walk.walk_step(oracle, [], tent, X, N, [(-1, 0)] * len(X), rng)
         spent["queries"] += oracle.n_queries - q
         spent["chain_steps"] += len(X)
         for c in np.nonzero(ok)[0]:

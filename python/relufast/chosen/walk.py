@@ -153,11 +153,18 @@ STEP_PAST = 0.02
 
 
 def walk_step(oracle, known, tent, X, N, want, rng):
-    """One step of every chain; returns (new points, normals, accepted mask): by
-    :func:`_walk_screened` in float64, else by :func:`_walk_measured`."""
-    if oracle.eps < SCREEN_EPS:
-        return _walk_screened(oracle, known, tent, X, N, want, rng)
-    return _walk_measured(oracle, known, tent, X, N, want, rng)
+    """One step of every chain; returns (new points, normals, accepted mask): the first known
+    boundary along a tangent direction of each chain (computed, :func:`_first_crossings`),
+    then the kink past it by :func:`_walk_screened` in float64, else by
+    :func:`_walk_measured`."""
+    layers = [*known, tent]
+    ahead = _first_crossings(layers, X, N, _directions(layers, X, N, want, rng))
+    live = np.nonzero(np.isfinite(ahead[3]))[0]
+    out = (X.copy(), N.copy(), np.zeros(len(X), dtype=bool))
+    if len(live):
+        past = _walk_screened if oracle.eps < SCREEN_EPS else _walk_measured
+        past(oracle, layers, N, ahead, live, rng, out)
+    return out
 
 
 def _nearest_fresh(layers, kinks, pats, live, tol, centres):
@@ -175,8 +182,9 @@ def _nearest_fresh(layers, kinks, pats, live, tol, centres):
     return best
 
 
-def _walk_screened(oracle, known, tent, X, N, want, rng):
-    """One step of every chain in float64: 19.7 queries a chain on the boundaries of a
+def _walk_screened(oracle, layers, N, ahead, live, rng, out):
+    """The kinks past the known boundaries (``ahead``, chains ``live``) in float64, into
+    ``out`` (points, normals, accepted): 19.7 queries a chain on the boundaries of a
     planted 10-20-10 (``tests/test_chosen_walk.py``), where a 48-point window and a
     measured normal (2 (d + 1)) take 70. The kink past the known boundary is searched on screened lines
     (:func:`.lines.screened_kinks`), and its normal is computed, not measured: the boundary's
@@ -185,14 +193,8 @@ def _walk_screened(oracle, known, tent, X, N, want, rng):
     so it is the vector of that plane orthogonal to x' - x_b. A second line, half as far
     past the known boundary, must then show a kink where that piece predicts (a kink of
     another unit does not)."""
-    layers = [*known, tent]
-    C, d = X.shape
-    Y, Dw, XB, tau, G, pats = _first_crossings(layers, X, N, _directions(layers, X, N, want, rng))
-    live = np.nonzero(np.isfinite(tau))[0]
-    ok = np.zeros(C, dtype=bool)
-    Xn, Nn = X.copy(), N.copy()
-    if len(live) == 0:
-        return Xn, Nn, ok
+    Y, Dw, XB, tau, G, pats = ahead
+    Xn, Nn, ok = out
     tol = 0.5 * oracle.window()
 
     def kinks_on(base, dirs):
@@ -211,7 +213,7 @@ def _walk_screened(oracle, known, tent, X, N, want, rng):
         first = first._replace(step=max(first.step, wide.step), **joined)  # an empty search has step 0
         best.update({int(rest[ln]): len(first.t) - len(wide.t) + i for ln, i in more.items()})
     if not best:
-        return Xn, Nn, ok
+        return
     kid = np.array(sorted(best.values()), dtype=int)  # kinks of `first`, one a chain
     ch, xk = live[first.line[kid]], first.x[kid]
     g = G[ch] / np.linalg.norm(G[ch], axis=1, keepdims=True)
@@ -226,7 +228,7 @@ def _walk_screened(oracle, known, tent, X, N, want, rng):
         s2 = np.einsum("cd,cd->c", nn, xk - base2) / np.einsum("cd,cd->c", nn, Dw[ch])
     fine = np.nonzero((size > 1e-6 * np.linalg.norm(e, axis=1)) & np.isfinite(s2) & (np.abs(s2) <= tau[ch]))[0]
     if len(fine) == 0:
-        return Xn, Nn, ok
+        return
     kid, ch, xk, nn, base2, s2 = kid[fine], ch[fine], xk[fine], nn[fine], base2[fine], s2[fine]
     rho, half = np.linalg.norm(Y[ch] - XB[ch], axis=1), tau[ch] / CHECK_NARROW
     pred = base2 + s2[:, None] * Dw[ch]
@@ -247,7 +249,6 @@ def _walk_screened(oracle, known, tent, X, N, want, rng):
         take = np.setdiff1d(take, np.setdiff1d(again, measured))
     ok[ch[take]] = True
     Xn[ch[take]], Nn[ch[take]] = xk[take], nn[take]
-    return Xn, Nn, ok
 
 
 #: The check line's window is this many times narrower than the first; the kink on it must
@@ -260,33 +261,19 @@ NARROW_FIRST = 6.0
 REANCHOR = 1e-9
 
 
-def _walk_measured(oracle, known, tent, X, N, want, rng):
-    """One step of every chain; returns (new points, normals, accepted mask).
-
-    The kink nearest to the prediction past the known boundary, in the predicted region, is
-    taken and its normal measured (:func:`.hyperplanes.jump_normals`); it is kept when the
-    normal lies in span(n, g_b): the bent boundary contains the intersection of its
-    previous piece with the known boundary crossed (a kink of another unit does not)."""
-    layers = [*known, tent]
-    C, d = X.shape
-    Y, Dw, XB, tau, G, pats = _first_crossings(layers, X, N, _directions(layers, X, N, want, rng))
-    live = np.nonzero(np.isfinite(tau))[0]
-    ok = np.zeros(C, dtype=bool)
-    Xn, Nn = X.copy(), N.copy()
-    if len(live) == 0:
-        return Xn, Nn, ok
-    grid = np.linspace(-1.0, 1.0, WINDOW_POINTS)
-    kinks = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], grid)
-    Z, _ = pre_activations(layers, kinks.x)
-    fresh = np.min(np.hstack([np.abs(z) for z in Z]), axis=1) > 0.5 * oracle.window()
-    fresh &= (activation_pattern(layers, kinks.x) == pats[live[kinks.line]]).all(axis=1)
-    best: dict = {}
-    for i in np.nonzero(fresh)[0]:
-        line = kinks.line[i]
-        if line not in best or abs(kinks.t[i]) < abs(kinks.t[best[line]]):
-            best[line] = i
+def _walk_measured(oracle, layers, N, ahead, live, rng, out):
+    """The kinks past the known boundaries (``ahead``, chains ``live``) at low precision, into
+    ``out`` (points, normals, accepted): the kink nearest to the prediction past the known
+    boundary, in the predicted region, is taken and its normal measured
+    (:func:`.hyperplanes.jump_normals`); it is kept when the normal lies in span(n, g_b):
+    the bent boundary contains the intersection of its previous piece with the known
+    boundary crossed (a kink of another unit does not)."""
+    Y, Dw, XB, tau, G, pats = ahead
+    Xn, Nn, ok = out
+    kinks = find_kinks(oracle, Y[live], Dw[live] * tau[live, None], np.linspace(-1.0, 1.0, WINDOW_POINTS))
+    best = _nearest_fresh(layers, kinks, pats, live, 0.5 * oracle.window(), Y[live])
     if not best:
-        return Xn, Nn, ok
+        return
     idx = np.array(sorted(best.values()), dtype=int)
     nrm = jump_normals(oracle, kinks.subset(idx), rng, downstream_basis(layers))
     ch = live[kinks.line[idx[nrm.keep]]]
@@ -296,7 +283,6 @@ def _walk_measured(oracle, known, tent, X, N, want, rng):
         if off <= oracle.normal_tol() and 1 - abs(nrm.n[j] @ G[c]) / np.linalg.norm(G[c]) > oracle.normal_tol():
             ok[c] = True
             Xn[c], Nn[c] = nrm.x[j], nrm.n[j]
-    return Xn, Nn, ok
 
 
 def known_breaks(layers, Theta, base, dirs, t0, t1):
