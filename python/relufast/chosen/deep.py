@@ -419,12 +419,9 @@ def _group(oracle, known, tent, pool, tol, delta=None):
     M = M / np.maximum(np.linalg.norm(M, axis=2, keepdims=True), 1e-300)
     T, Lz = _degenerate(activation_pattern(layers, pool.x), n_tent, n_last)
     cols = M.shape[2]
-    extra_rows = np.zeros((0, cols))
+    extra_rows = _sign_rows(tent, delta, cols)[0]
     if delta is not None:
         T = T ^ delta[None, :]  # true orientation: inactive throughout is what stays degenerate
-        Wt = tent[0]
-        extra_rows = np.hstack([(delta[:, None] * Wt).T, np.eye(Wt.shape[1]), np.zeros((Wt.shape[1], 1))])
-        extra_rows /= np.linalg.norm(extra_rows, axis=1, keepdims=True)
 
     def stack(g):
         return np.vstack([M[g].reshape(-1, cols), extra_rows])
@@ -576,8 +573,7 @@ def _unfinished_sign_rows(known, tent, unfinished, tol):
         if D:
             Q = np.linalg.qr(np.array(D).T)[0]
             K = K - (K @ Q) @ Q.T
-        _, s0, V0 = np.linalg.svd(K)
-        theta = V0[0]
+        theta = np.linalg.svd(K)[2][0]
         v0, beta0 = theta[:kt], theta[kt : kt + dp]
         size = np.linalg.norm(v0)
         if size == 0:
@@ -675,8 +671,9 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
     tol = 0.5 * oracle.window()
     lines = GROUP_LINES
     # A group needs several kinks of one unit among the GROUP_CAP newest of the pool: with
-    # more units than GROUP_CAP / GROUP_SHARE the grouping finds none (64-100-100-10 spent
-    # 86 s and 0.4-0.6 million queries in it) and a few rounds fill the pool for the chains.
+    # more units than GROUP_CAP / GROUP_SHARE the grouping finds none (the trained digits
+    # 64-100-100-10 spent most of its budget there) and a few rounds fill the pool for the
+    # chains.
     rounds = GROUP_ROUNDS if oriented or _signs(tent, Theta, carry) is not None or GROUP_SHARE * k <= GROUP_CAP else 2
     for _ in range(rounds):
         _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)

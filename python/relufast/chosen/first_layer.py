@@ -68,10 +68,10 @@ def random_lines(oracle, n_lines, widths, rng, scale=1.0):
     [-3 scale, 3 scale]: Gaussian-scale inputs at scale 1, one model call.
 
     A kink is taken from the grid only where the cells beside it are flat; two kinks within
-    two cells are both lost there (at widths (100, 100), where the grid is capped, about a
-    third of a unit's crossings,
-    more near the origin where trained units crowd: one first-layer unit of a trained
-    64-100-100-10 was lost on every line of its search that crossed it). Such stretches
+    two cells are both lost there, more often where the grid is capped (fewer than
+    GRID_PER_UNIT points a unit) and near the origin, where trained units crowd (a unit of
+    the trained digits 64-100-100-10 was lost this way until such stretches were searched:
+    ``tests/test_extract_defaults.py``). Such stretches
     are searched again in float64 on CROWD_POINTS points each (one more model call): a list
     of Kinks, one per grid."""
     d = oracle.d

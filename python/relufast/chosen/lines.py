@@ -50,6 +50,12 @@ class Kinks(NamedTuple):
     step: float
     slope_jump: np.ndarray
 
+    def join(self, other):
+        """These kinks and ``other``'s (same lines), with the larger step (an empty search
+        reports step 0)."""
+        cat = {f: np.concatenate([getattr(self, f), getattr(other, f)]) for f in self._fields if f != "step"}
+        return self._replace(step=max(self.step, other.step), **cat)
+
     def subset(self, idx):
         """The kinks ``idx`` (indices or a boolean mask), same step."""
         return self._replace(

@@ -184,10 +184,11 @@ def _nearest_fresh(layers, kinks, pats, live, tol, centres):
 
 def _walk_screened(oracle, layers, N, ahead, live, rng, out):
     """The kinks past the known boundaries (``ahead``, chains ``live``) in float64, into
-    ``out`` (points, normals, accepted): 19.7 queries a chain on the boundaries of a
-    planted 10-20-10 (``tests/test_chosen_walk.py``), where a 48-point window and a
-    measured normal (2 (d + 1)) take 70. The kink past the known boundary is searched on screened lines
-    (:func:`.lines.screened_kinks`), and its normal is computed, not measured: the boundary's
+    ``out`` (points, normals, accepted): fewer queries a chain than the 48-point window
+    alone of a measured step, which adds 2 (d + 1) for the normal
+    (``tests/test_chosen_walk.py`` checks it on a planted 10-20-10: 19.7 there). The kink
+    past the known boundary is searched on screened lines (:func:`.lines.screened_kinks`),
+    and its normal is computed, not measured: the boundary's
     new piece contains the (d - 2)-flat where its previous piece meets the known boundary
     (through the crossing point x_b) and the kink x', and its normal lies in span(n, g_b),
     so it is the vector of that plane orthogonal to x' - x_b. A second line, half as far
@@ -209,8 +210,7 @@ def _walk_screened(oracle, layers, N, ahead, live, rng, out):
         wide = kinks_on(Y[live[rest]], Dw[live[rest]] * tau[live[rest], None])
         more = _nearest_fresh(layers, wide, pats, live[rest], tol, Y[live[rest]])
         wide = wide._replace(line=rest[wide.line])
-        joined = {f: np.concatenate([getattr(first, f), getattr(wide, f)]) for f in KINK_FIELDS}
-        first = first._replace(step=max(first.step, wide.step), **joined)  # an empty search has step 0
+        first = first.join(wide)
         best.update({int(rest[ln]): len(first.t) - len(wide.t) + i for ln, i in more.items()})
     if not best:
         return
@@ -254,7 +254,6 @@ def _walk_screened(oracle, layers, N, ahead, live, rng, out):
 #: The check line's window is this many times narrower than the first; the kink on it must
 #: lie within CHECK_TOL (relative to the distances involved) of the predicted crossing.
 CHECK_NARROW, CHECK_TOL = 8.0, 1e-6
-KINK_FIELDS = ("line", "t", "x", "u", "slope_jump")
 #: The first window searched is this many times narrower than the whole.
 NARROW_FIRST = 6.0
 #: Check error (relative) past which the step's normal is measured rather than computed.
