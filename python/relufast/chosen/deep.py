@@ -86,17 +86,19 @@ def _targets(pats, n_tent, n_last, delta=None):
     or a unit of the last known layer never active (a zero column). Units are indexed in
     the order of ``pre_activations`` over known + tentative layers. With the signs of the
     tentative layer known (``delta``: the units to flip), the linear term is known
-    (:func:`_sign_rows`) and only its units never active in their true orientation are left."""
+    (:func:`_sign_rows`) and only its units never active in their true orientation are left
+    (the last known layer's units then need not be seen at all)."""
     P = np.array(pats)
     total = P.shape[1]
     tent_idx = np.arange(total - n_tent, total)
     last_idx = np.arange(total - n_tent - n_last, total - n_tent)
     if delta is None:
         todo = [(u, 1) for u in tent_idx if not P[:, u].any()] + [(u, -1) for u in tent_idx if P[:, u].all()]
-    else:
-        flip = delta[tent_idx - tent_idx[0]]
-        todo = [(u, -1 if f else 1) for u, f in zip(tent_idx, flip) if not (P[:, u] ^ f).any()]
-    return todo + [(u, 1) for u in last_idx if not P[:, u].any()]
+        return todo + [(u, 1) for u in last_idx if not P[:, u].any()]
+    # The sign rows fix every coefficient of the linear term: the last known layer's units
+    # need not be seen active.
+    flip = delta[tent_idx - tent_idx[0]]
+    return [(u, -1 if f else 1) for u, f in zip(tent_idx, flip) if not (P[:, u] ^ f).any()]
 
 
 def _sign_rows(tent, delta, cols):
