@@ -236,8 +236,8 @@ ACROSS_WIDTH = 1.0
 def _right_svd(R):
     """(singular values padded with zeros to the number of columns, every right singular
     vector) of R: a tall R is reduced to its triangular factor first (a kink's equations
-    have d + 1 rows; a full SVD of them built a square matrix of their number, 20x the time
-    of the rest at 64-16-8-8-10)."""
+    have d + 1 rows; a full SVD of them built a square matrix of their number, where the
+    grouping of the trained digits 64-16-8-8-10 spent nearly all its time)."""
     if R.shape[-2] > R.shape[-1]:
         R = np.linalg.qr(R, mode="r")
     _, s, Vt = np.linalg.svd(R, full_matrices=True)
@@ -343,11 +343,11 @@ def _verified(oracle, known, tent, Theta, rng, carry, tol):
 
     A piece of a deeper unit's boundary fits a hyperplane of this layer where the layer's
     pattern does not change; the grouping and the clustering propose such pieces every
-    round, and one round's four lines pass one of them now and then (on the trained digits
-    64-16-8-8-10, seventeen such pieces, with kinks at 0 to 6 of 16 predicted crossings,
-    were tested in every round until one passed). A true unit misses where no unit
-    downstream reads it (about half its crossings on planted 8-8-6-4-1 draws), so its rate
-    is not near 1 either: the record only stops the pieces whose rate stays below it."""
+    round, and one round's four lines pass one of them now and then (the trained digits
+    64-16-8-8-10 got a wrong second-layer unit that way: tests/test_extract_defaults.py).
+    A true unit misses where no unit downstream reads it (often on planted 8-8-6-4-1
+    draws), so its rate is not near 1 either: the record only stops the pieces whose rate
+    stays below it."""
     rec = carry.setdefault("verify", [np.zeros((0, Theta.shape[1])), np.zeros(0, int), np.zeros(0, int)])
     idx = np.empty(len(Theta), dtype=int)
     for i, theta in enumerate(Theta):
