@@ -467,11 +467,11 @@ def _repair(oracle, hidden, out, cert, fit, rng, readable, diag):
     m, d = oracle.n_outputs, oracle.d
     n_par = sum(W.size + b.size for W, b in [*hidden, out])
     Xp = np.vstack([certificate_probes(hidden, rng, top=REPAIR_TOP)[0] for _ in range(REPAIR_SETS)])
-    Xp, Yp = _answered(oracle, Xp)
-    X, Y = np.vstack([fit["X"], Xp]), np.vstack([fit["Y"], Yp])
-    if len(X) * m * n_par * 8 > POLISH_BYTES:
+    if (len(fit["X"]) + len(Xp)) * m * n_par * 8 > POLISH_BYTES:
         diag["repair"] = "skipped (the polish's Jacobian would exceed POLISH_BYTES)"
         return hidden, out, cert
+    Xp, Yp = _answered(oracle, Xp)
+    X, Y = np.vstack([fit["X"], Xp]), np.vstack([fit["Y"], Yp])
     target = cert_tolerance(oracle.eps, (d, *[W.shape[0] for W, _ in hidden])) / 16
     h2, o2, _, _ = polish(hidden, out, X, Y, margin=oracle.eps**0.25 / 2, target=target)
     cert2 = certify(oracle, h2, o2, rng, readable=readable)
