@@ -352,7 +352,7 @@ def _verified(oracle, known, tent, Theta, rng, carry, tol):
     idx = np.empty(len(Theta), dtype=int)
     for i, theta in enumerate(Theta):
         u = theta / np.linalg.norm(theta)
-        j = np.nonzero(np.abs(rec[0] @ u) > 1 - tol)[0] if len(rec[0]) else []
+        j = np.nonzero(np.abs(rec[0] @ u) > 1 - tol)[0]
         if len(j):
             idx[i] = j[0]
         else:
