@@ -288,13 +288,8 @@ def _entry_lines(known, true_tent, E, x, missing, tol, rng):
         z = preact_jacobians(layers, x)[-1][:, j]
         zj = features(known, true_tent, x)[1][-1][:, j]
         order = np.argsort(np.abs(zj) / np.maximum(np.linalg.norm(z, axis=1), 1e-300))
-        met = [newton(x[p].copy(), j) for p in order[:ENTRY_POINTS]]
-        if not any(ok for _, _, ok in met):
-            # The boundaries may meet only far out (the trained diabetes 10-16-8-8-1: at |x|
-            # of 10 and beyond), where Newton steps from the kinks do not get: start from
-            # the points of z_j = 0 on random lines out there nearest the unit's boundary.
-            met = [newton(y0, j) for y0 in _far_starts(known, true_tent, theta, j, rng)]
-        for y, g, ok in met:
+        for p in order[:ENTRY_POINTS]:
+            y, g, ok = newton(x[p].copy(), j)
             if ok:  # a random step along the intersection spreads the entry points
                 t = rng.standard_normal(len(y))
                 t -= np.linalg.pinv(g) @ (g @ t)
@@ -310,44 +305,6 @@ def _entry_lines(known, true_tent, E, x, missing, tol, rng):
             if np.linalg.norm(m) > 0:
                 out.append((base, m / np.linalg.norm(m)))
     return out
-
-
-def _far_starts(known, true_tent, theta, j, rng):
-    """ENTRY_POINTS points of z_j = 0 (computed on FAR_LINES random lines at each of
-    FAR_SCALES, by bisection) where the partial row's ``theta0 . h + c`` is smallest
-    relative to its gradient: starts for the Newton steps to where the two boundaries meet."""
-    layers = [*known, true_tent]
-    kt = true_tent[0].shape[0]
-    d = (known[0] if known else true_tent)[0].shape[1]
-    t = np.linspace(-1.0, 1.0, FAR_GRID)
-    pts = []
-    for scale in FAR_SCALES:
-        base = scale * rng.standard_normal((FAR_LINES, 1, d))
-        dirs = scale * rng.standard_normal((FAR_LINES, 1, d))
-        X = (base + t[None, :, None] * dirs).reshape(-1, d)
-        zj = features(known, true_tent, X)[1][-1][:, j].reshape(FAR_LINES, FAR_GRID)
-        li, ti = np.nonzero(np.sign(zj[:, :-1]) * np.sign(zj[:, 1:]) < 0)
-        lo, hi = t[ti], t[ti + 1]
-        b, u, s_lo = base[li, 0], dirs[li, 0], np.sign(zj[li, ti])
-        for _ in range(BISECT):
-            mid = 0.5 * (lo + hi)
-            zm = features(known, true_tent, b + mid[:, None] * u)[1][-1][:, j]
-            same = np.sign(zm) == s_lo
-            lo, hi = np.where(same, mid, lo), np.where(same, hi, mid)
-        pts.append(b + (0.5 * (lo + hi))[:, None] * u)
-    P = np.vstack(pts)
-    if len(P) == 0:
-        return []
-    Phi, Z = features(known, true_tent, P)
-    val = Phi[:, :kt] @ theta[:kt] + theta[-1]
-    grad = np.einsum("k,nkd->nd", theta[:kt], (Z[-1] > 0)[:, :, None] * preact_jacobians(layers, P)[-1])
-    order = np.argsort(np.abs(val) / np.maximum(np.linalg.norm(grad, axis=1), 1e-300))
-    return [P[i] for i in order[:ENTRY_POINTS]]
-
-
-#: Scales and random lines a scale of :func:`_far_starts`, the points of each line's grid
-#: and the bisection steps.
-FAR_SCALES, FAR_LINES, FAR_GRID, BISECT = (4.0, 16.0, 64.0), 32, 256, 50
 
 
 #: Entry points per missed unit, and the length of the random step that spreads them.
