@@ -616,16 +616,23 @@ def _unfinished_sign_rows(known, tent, unfinished, tol):
             Q = np.linalg.qr(np.array(D).T)[0]
             K = K - (K @ Q) @ Q.T
         theta = np.linalg.svd(K)[2][0]
-        v0, beta0 = theta[:kt], theta[kt : kt + dp]
-        size = np.linalg.norm(v0)
-        if size == 0:
+        if not np.any(theta[:kt]):
             continue
-        B, y = (v0[None, :] * Wt.T) / size, -beta0 / size
+        B, y = _sign_block(theta, Wt)
         if T:
             P = np.linalg.qr(np.array(T).T)[0]
             B, y = B - P @ (P.T @ B), y - P @ (P.T @ y)
         out.append((B, y))
     return out
+
+
+def _sign_block(theta, Wt):
+    """The equations (B, y) on the flips delta that a row ``(v, beta, c)`` on phi gives,
+    ``sum_i delta_i v_i w~_i = -beta`` (:func:`.fit.resolve_signs`), scaled by 1 / |v|."""
+    kt, dp = Wt.shape
+    v0, beta0 = theta[:kt], theta[kt : kt + dp]
+    size = np.linalg.norm(v0)
+    return (v0[None, :] * Wt.T) / size, -beta0 / size
 
 
 def _signs_from_rows(tent, Theta, rows):
@@ -634,11 +641,8 @@ def _signs_from_rows(tent, Theta, rows):
     determine every flip (full column rank) and least squares lands within SIGN_ROUND of a
     0/1 vector that leaves a residual under SIGN_REST of the right-hand side; else None."""
     Wt = tent[0]
-    kt, dp = Wt.shape
-    blocks = list(rows)
-    for theta in Theta:
-        v0, beta0 = theta[:kt], theta[kt : kt + dp]
-        blocks.append(((v0[None, :] * Wt.T) / np.linalg.norm(v0), -beta0 / np.linalg.norm(v0)))
+    kt = Wt.shape[0]
+    blocks = list(rows) + [_sign_block(theta, Wt) for theta in Theta]
     if not blocks:
         return None
     A = np.vstack([B for B, _ in blocks])
