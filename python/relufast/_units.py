@@ -198,7 +198,9 @@ def whiten_inputs(X, options):
         # that already look standard (within WHITEN_Z standard errors of their own count)
         # settle it; the certificate does not depend on the whitening either way.
         rows = np.sort(np.random.default_rng(0).choice(Xa.shape[0], WHITEN_SCREEN_ROWS, replace=False))
-        head = _local_moments(np.asarray(Xa[rows]))
+        from ._blas import take_rows
+
+        head = _local_moments(take_rows(Xa, rows))  # a gather on the method's threads
         if head is not None:
             n_h, s1_h, s2_h, shift_h = head
             C_h = s2_h / n_h - np.outer(s1_h / n_h, s1_h / n_h)
@@ -256,14 +258,42 @@ def _local_moments(X):
     shift, s1, s2 = None, np.zeros(d), np.zeros((d, d))
     for Xb in blocks:
         Xb = np.asarray(Xb, dtype=np.float64)
-        if not np.all(np.isfinite(Xb)):
-            return None
         if shift is None:
             shift = Xb[0].copy()
-        Z = Xb - shift
-        s1 += Z.sum(axis=0)
-        s2 += Z.T @ Z
+        part = _shifted_sums(Xb, shift)
+        if part is None:
+            return None
+        s1 += part[0]
+        s2 += part[1]
     return (n, s1, s2, shift)
+
+
+def _shifted_sums(Xb, shift):
+    """``(sum of z, sum of z z^T)`` over the rows z = x - shift of Xb, or None when Xb holds a
+    non-finite entry; by sub-blocks of rows on the method's threads, summed in block order
+    (the sub-blocks depend on the shape only). One thread took 0.3-0.5 s for the finiteness
+    test, the shifted copy and the products of 20,000 x 784 inputs."""
+    from ._blas import MATMUL_ROWS, thread_map
+
+    d = Xb.shape[1]
+    rows = max(MATMUL_ROWS, -(-(1 << 24) // max(d * d, 1)))
+
+    def sums(a):
+        Z = Xb[a : a + rows] - shift
+        if not np.all(np.isfinite(Z)):  # (x - shift is finite exactly when x is, for finite shift)
+            return None
+        return Z.sum(axis=0), Z.T @ Z
+
+    if not np.all(np.isfinite(shift)):
+        return None
+    parts = thread_map(sums, range(0, len(Xb), rows))
+    if any(p is None for p in parts):
+        return None
+    s1, s2 = parts[0]
+    for p1, p2 in parts[1:]:
+        s1 = s1 + p1
+        s2 = s2 + p2
+    return s1, s2
 
 
 def _whiten_in_place(X, comm):

@@ -379,14 +379,15 @@ def _gram_rank(gram, tol=1e-12):
     return int(np.sum(ev > tol * ev[-1])) if ev[-1] > 0 else 0
 
 
-def _spans(Xa, active, need, tol=1e-10):
-    """True when the first 2 need rows of Xa where ``active`` holds have rank >= need (one
-    small SVD; rows in general position span with the first need of them, and False only
-    sends the unit to the exact check over all samples)."""
+def _spans(X, active, need, tol=1e-10, intercept=False):
+    """True when the first 2 need rows of X (with a constant column when ``intercept``)
+    where ``active`` holds have rank >= need (one small SVD; rows in general position span
+    with the first need of them, and False only sends the unit to the exact check over all
+    samples)."""
     rows = np.flatnonzero(active)[: 2 * need]
     if len(rows) < need:
         return False
-    M = Xa[rows]
+    M = np.column_stack([X[rows], np.ones(len(rows))]) if intercept else X[rows]
     if need >= SPAN_GRAM_MIN:
         # At large d the SVD of each unit's rows dominates the whole fit (21 s for 128
         # units at d = 784). LAPACK's condition estimate of the Gram matrix of need + 16 of
@@ -456,7 +457,6 @@ def undetermined_units(
     A = Z > 0
     count = A.sum(axis=0).astype(np.float64)
     sq = (np.where(A, Z, 0.0) ** 2).sum(axis=0)
-    Xa = np.column_stack([Xh, np.ones(head_n)]) if intercept else Xh
     y_head = scaled_norm(Yh)  # the head's own outputs (the same rows on every rank)
     need = (d if input_rank is None else int(input_rank)) + int(intercept)
     weak = {
@@ -465,7 +465,7 @@ def undetermined_units(
     rest = [i for i in range(k) if i not in weak]
     # k rank tests of 2 (d + 1) rows each, one unit a task on the method's threads (each on
     # one BLAS thread: a threaded BLAS only spins on matrices this small, 10x slower here).
-    spans = thread_map(lambda i: _spans(Xa, A[:, i], need, rank_tol), rest)
+    spans = thread_map(lambda i: _spans(Xh, A[:, i], need, rank_tol, intercept), rest)
     doubt = sorted(weak | {i for i, ok in zip(rest, spans) if not ok})
     grams = {i: np.zeros((d + int(intercept),) * 2) for i in doubt}
     if doubt:

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import scipy.linalg
 
-from .._blas import blas_threads, matmul
+from .._blas import blas_threads, block_rows, blocked, tall_lstsq, thread_map
 from .._native import core
 from ..activations import RELU
 
@@ -43,9 +43,24 @@ __all__ = [
 
 
 def _features(X, V, b, activation, intercept):
-    Z = matmul(X, V.T)  # n x d x k, on the method's threads
-    F = activation(Z if b is None else Z + b)
-    return np.column_stack([F, np.ones(len(F))]) if intercept else F
+    """``f(X V^T + b)`` (with a constant last column when ``intercept``), by row blocks on the
+    method's threads, each block's product, bias and activation written into one result
+    (the blocks of :func:`relufast._blas.matmul`: the same bits on any number of threads)."""
+    X = np.asarray(X)
+    n, k = X.shape[0], V.shape[0]
+    F = np.empty((n, k + int(bool(intercept))))
+    rows = block_rows(X.shape[1] * k) if blocked(n, n * X.shape[1] * k) else max(n, 1)
+
+    def part(a):
+        Z = X[a : a + rows] @ V.T
+        if b is not None:
+            Z += b
+        F[a : a + rows, :k] = activation(Z)
+
+    thread_map(part, range(0, n, rows))
+    if intercept:
+        F[:, k] = 1.0
+    return F
 
 
 def fit_output_layer(X, Y, V, activation=RELU, *, b=None, intercept=False):
@@ -57,6 +72,10 @@ def fit_output_layer(X, Y, V, activation=RELU, *, b=None, intercept=False):
     of the feature matrix.
     """
     F = _features(X, V, b, activation, intercept)
+    tall = tall_lstsq(F, Y)  # large and of full rank: row blocks on the method's threads
+    if tall is not None:
+        Ut, s = tall
+        return np.ascontiguousarray(Ut.T), float(s[0] / s[-1])
     with blas_threads(F.shape[0] * F.shape[1] ** 2):
         Ut, _, rank, sv = scipy.linalg.lstsq(F, Y, lapack_driver="gelsy")
         cond = float(np.inf) if rank < F.shape[1] else float(np.linalg.cond(F))

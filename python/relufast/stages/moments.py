@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from .._blas import crossprod, matmul, single_threaded_blas
+from .._blas import block_rows, blocked, crossprod, matmul, single_threaded_blas, thread_map
 from .._native import core
 from .._validation import check_positive_int, check_xy, resolve_n_jobs
 from .reduce import allreduce_state, is_dask, row_blocks
@@ -277,6 +277,24 @@ def _whitened_tensor(acc, whitener):
     return np.einsum("ab,ibc,cd->iad", whitener, raw, whitener) - ybar[:, None, None] * np.eye(d)
 
 
+def _controlled(Y, Q, ybar, Z, G):
+    """``Y Q - ybar - Z G^T`` (``Q`` None: Y) by row blocks on the method's threads, each
+    block's products and differences written into one result; the blocks of
+    :func:`relufast._blas.matmul` for Z G^T, so the result does not depend on the thread
+    count. (Three whole-array passes on one thread took 0.27 s at n = 2e5, m = k = 128.)"""
+    n, r = Z.shape[0], G.shape[0]
+    out = np.empty((n, r))
+    rows = block_rows(Z.shape[1] * r) if blocked(n, n * Z.shape[1] * r) else max(n, 1)
+
+    def part(a):
+        Yq = Y[a : a + rows] if Q is None else Y[a : a + rows] @ Q
+        np.subtract(Yq, ybar, out=out[a : a + rows])
+        out[a : a + rows] -= Z[a : a + rows] @ G.T
+
+    thread_map(part, range(0, n, rows))
+    return out
+
+
 def _projected_moment(X, Y, Pm, Q, threads, block_size, control=None):
     """``P[i] = mean_s (Y Q)_si (z_s z_s^T - I)`` with ``z = Pm^T x`` (Pm (d, k)), over the
     arrays (X, Y) or every block and rank of a Samples X.
@@ -299,10 +317,7 @@ def _projected_moment(X, Y, Pm, Q, threads, block_size, control=None):
     for Xb, Yb in blocks:
         Z = np.ascontiguousarray(matmul(np.asarray(Xb, dtype=np.float64), Pm))
         if control is not None:
-            Yq = np.asarray(Yb, dtype=np.float64)
-            if Q is not None:
-                Yq = matmul(Yq, Q)
-            Yb = np.ascontiguousarray(Yq - ybar - matmul(Z, G.T))
+            Yb = _controlled(np.asarray(Yb, dtype=np.float64), Q, ybar, Z, G)
         acc.add(Z, Yb)
     if isinstance(X, Samples) and X.comm is not None:
         acc.set_state(X.reduce(acc.state()))

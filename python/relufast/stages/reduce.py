@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._blas import take_rows
 from .._native import core
 
 __all__ = [
@@ -114,7 +115,7 @@ class GrowingSample:
         count = self.size if count is None else min(int(count), self.n)
         if count > self.drawn:
             Xn, Yn = self.data.take(self.stream.grow(count))
-            bad = int(np.count_nonzero(~np.isfinite(Xn)) + np.count_nonzero(~np.isfinite(Yn)))
+            bad = count_nonfinite(Xn) + count_nonfinite(Yn)
             if bad:
                 raise ValueError(
                     f"X and Y must contain only finite values; found {bad} NaN or infinite entries {self._where}"
@@ -403,8 +404,13 @@ class Samples:
         if contiguous and self.comm is None and not self.lazy and idx[-1] < self.n_local:
             # A run of rows in one in-memory array (a head): one contiguous copy, no sort.
             a, z = int(idx[0]), int(idx[-1]) + 1
-            Ys = np.array(self.Y[a:z], dtype=np.float64, order="C").reshape(z - a, self.m)
-            return np.array(self.X[a:z], dtype=np.float64, order="C"), Ys
+            return take_rows(self.X, None, a, z), take_rows(self.Y, None, a, z).reshape(z - a, self.m)
+        if self.comm is None and not self.lazy and type(self.X) is np.ndarray and type(self.Y) is np.ndarray:
+            # In memory: one gather in the given order on the method's threads (the sort below
+            # is for memmaps, read in file order, and for the ranks' shares).
+            if len(idx) and (idx.min() < 0 or idx.max() >= self.n_local):
+                raise IndexError(f"sample indices must lie in [0, {self.n_local}); got {idx.min()}..{idx.max()}")
+            return take_rows(self.X, idx), take_rows(self.Y, idx).reshape(len(idx), self.m)
         order = np.argsort(idx, kind="stable")
         sidx = idx[order]
         lo, hi = np.searchsorted(sidx, [self.offset, self.offset + self.n_local])

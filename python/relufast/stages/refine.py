@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._blas import blas_threads
+from .._blas import blas_threads, tall_svd
 from .._deadline import check as check_deadline
 from .._native import core
 from ..activations import RELU
@@ -58,6 +58,9 @@ def output_basis(Y, k):
     Q : ndarray of shape (m, k)
         Top right singular vectors: ``Y @ Q`` compresses the outputs to k columns.
     """
+    if Y.shape[0] >= Y.shape[1]:
+        Uk, s, Vt = tall_svd(Y, k)  # row blocks on the method's threads
+        return np.ascontiguousarray(Uk.T), s, np.ascontiguousarray(Vt[:k].T)
     with blas_threads(4 * Y.shape[0] * Y.shape[1] ** 2):
         Uy, s, Vt = np.linalg.svd(Y, full_matrices=False)
     return np.ascontiguousarray(Uy[:, :k].T), s, np.ascontiguousarray(Vt[:k].T)

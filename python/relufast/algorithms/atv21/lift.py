@@ -3,6 +3,7 @@ Algorithm 5 in its margin form (rows from samples where one unit is confidently 
 
 import numpy as np
 
+from ..._blas import matmul
 from ...activations import RELU
 from ...stages.fit import fit_output_layer, relative_residual
 from ...stages.levmar import fold_linear, levenberg_marquardt, lm_rows
@@ -72,7 +73,7 @@ def _lifted_fit(Xs, Ys, V, b, rounds=0):
     Xs, Ys = Xs[:LIFT_FIT_ROWS], Ys[:LIFT_FIT_ROWS]
     Uc, _ = fit_output_layer(Xs, Ys, V, b=b, intercept=True)
     U, c = Uc[:, :-1], Uc[:, -1]
-    R = Ys - (np.maximum(Xs @ V.T + b, 0.0) @ U.T + c)
+    R = Ys - (matmul(np.maximum(matmul(Xs, V.T) + b, 0.0), U.T) + c)  # on the method's threads
     residual = float(np.linalg.norm(R) / max(np.linalg.norm(Ys), 1e-300))
     return RegionRefinement(U, V, b, c, residual, (residual,), rounds, (), 0, len(Xs), 0)
 
