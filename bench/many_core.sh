@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Thread scaling on a many-core machine, in one unattended run (for a machine held for
-# minutes): installs relufast from this checkout into a folder, then runs the moment
-# kernel against dgemm, the thread-scaling benchmark (1, 2, 4, ... all cores; and the
-# (784, 128, 128) cases at 2 threads and at all cores), a profile of the largest case and
-# the kernels' tests on every core.
+# minutes): installs relufast from this checkout into a folder, then runs the thread-scaling
+# benchmark ((784, 128, 128) cases at 2 threads and at all cores; the default cases at 1, 2,
+# 4, ... all cores), the moment kernel against dgemm, one chosen-query extraction of a
+# planted 784-64-64-10 (bench/chosen_once.py), a profile of the largest case and the
+# kernels' tests on every core.
 # Every step has a time limit; logs and pytest-benchmark JSON go to $OUT (default
 # ./many_core_out), each file written directly (a step killed at its limit keeps its log).
 #
-# SKIP="moments tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases'
+# SKIP="moments chosen tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases'
 # thread counts (default 2 and every core), SMALL_THREADS those of the default cases.
 #
 # Offline: WHEELS=folder holding highspy, cmeel and cmeel-eigen wheels for this Python
@@ -52,13 +53,15 @@ export PYTHONPATH="$WORK/rf${PYTHONPATH:+:$PYTHONPATH}"
 step import 60 $PY -c "import relufast, relufast._native as n; print(relufast.__version__, relufast.BACKEND, n.core.__file__, n.core.hardware_threads())"
 
 BENCH=(-p no:cacheprovider -o addopts= --benchmark-only -s -q)
-step moments 150 $PY -m pytest bench/test_bench_moments.py -k "test_relufast_moment" "${BENCH[@]}" \
-  --benchmark-json="$OUT/moments.json"
-step threads 240 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" ${SMALL_THREADS:+--threads-list "$SMALL_THREADS"} \
-  --benchmark-json="$OUT/threads.json"
-step threads_large 300 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" --threads-large -k "784" \
+# The issue's figures first (the large cases at 2 threads and every core), then the rest.
+step threads_large 240 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" --threads-large -k "784" \
   --threads-list "${LARGE_THREADS:-2,$NCORES}" --benchmark-json="$OUT/threads_large.json"
-step profile 120 $PY bench/profile_recovery.py 784 128 128 200000 --threads "$NCORES" --top 30
-step tests 150 $PY -m pytest -p no:cacheprovider -o addopts= -q -x tests/test_cp_kernels.py tests/test_tensor.py \
+step threads 180 $PY -m pytest bench/test_bench_threads.py "${BENCH[@]}" ${SMALL_THREADS:+--threads-list "$SMALL_THREADS"} \
+  --benchmark-json="$OUT/threads.json"
+step moments 90 $PY -m pytest bench/test_bench_moments.py -k "test_relufast_moment" "${BENCH[@]}" \
+  --benchmark-json="$OUT/moments.json"
+step chosen 90 $PY bench/chosen_once.py 784 64,64 10
+step profile 90 $PY bench/profile_recovery.py 784 128 128 200000 --threads "$NCORES" --top 30
+step tests 120 $PY -m pytest -p no:cacheprovider -o addopts= -q -x tests/test_cp_kernels.py tests/test_tensor.py \
   tests/test_kernel_faults.py tests/test_kernels_property.py tests/test_units.py
 log "done"
