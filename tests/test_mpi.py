@@ -43,6 +43,9 @@ def run_two_ranks(args, out, timeout=MPI_TIMEOUT):
         PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         OMP_NUM_THREADS="1",
         OPENBLAS_NUM_THREADS="1",
+        # A system Open MPI's mpiexec refuses to start as root without these (MPICH ignores them).
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
     )
     proc = subprocess.run(
         [exe, "-n", "2", sys.executable, *args, str(out)],

@@ -339,6 +339,14 @@ def _whiten_in_place(X, comm):
         try:
             import dask.array as da
         except ImportError:
+            from ._result import warn
+
+            warn(
+                "X is not standard Gaussian (mean and covariance off (0, I)) and should be whitened, but "
+                f"{'a memmap' if file_backed(X) else 'this array'} is whitened in place through dask, which is "
+                "not installed: the method runs on X as given (pip install 'relufast[dask]', or pass X "
+                "as an in-memory array)"
+            )
             return None
         from .stages.reduce import BLOCK_ROWS
 
