@@ -122,6 +122,61 @@ def test_blocked_products_match_numpy_on_any_number_of_threads(n):
     assert np.array_equal(one[0], three[0]) and np.array_equal(one[1], three[1])
 
 
+def test_row_gathers_match_numpy_on_any_number_of_threads():
+    from relufast._blas import take_rows
+
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((30000, 300))  # 72 MB: gathered by blocks on the threads
+    idx = rng.permutation(30000)[:20000]
+    for threads in (1, 3):
+        with thread_budget(threads):
+            assert np.array_equal(take_rows(X, idx), X[idx])
+            assert np.array_equal(take_rows(X, None, 100, 25000), X[100:25000])
+            got = take_rows(X.astype(np.float32), idx[:50])
+            assert got.dtype == np.float64 and np.array_equal(got, X.astype(np.float32)[idx[:50]])
+            assert np.array_equal(take_rows(X[:, 0], idx), X[idx, 0])  # one-dimensional
+
+
+def test_tall_factorisations_match_lapack_and_do_not_depend_on_threads():
+    import scipy.linalg
+
+    from relufast._blas import tall_lstsq, tall_svd
+
+    rng = np.random.default_rng(8)
+    Y = rng.standard_normal((20000, 40)) @ rng.standard_normal((40, 60))  # rank 40 of 60
+    F = np.maximum(rng.standard_normal((60000, 41)), 0.0)
+    F[:, -1] = 1.0
+    T = F @ rng.standard_normal((41, 5))
+    out = {}
+    for threads in (1, 3):
+        with thread_budget(threads):
+            out[threads] = tall_svd(Y, 40), tall_lstsq(F, T)
+    (U, s, Vt), (Xs, sf) = out[1]
+    s0 = np.linalg.svd(Y, compute_uv=False)
+    np.testing.assert_allclose(s, s0, rtol=0, atol=1e-13 * s0[0])
+    assert s[40] < 1e-14 * s[0]  # the rank is seen as LAPACK sees it
+    np.testing.assert_allclose(U.T @ U, np.eye(40), atol=1e-13)
+    np.testing.assert_allclose((U * s[:40]) @ Vt[:40], Y, atol=1e-12 * np.abs(Y).max())
+    np.testing.assert_allclose(Xs, scipy.linalg.lstsq(F, T)[0], rtol=1e-11, atol=1e-12)
+    assert abs(sf[0] / sf[-1] - np.linalg.cond(F)) < 1e-8 * np.linalg.cond(F)
+    for a, b in zip(out[1][0] + out[1][1], out[3][0] + out[3][1]):
+        assert np.array_equal(a, b)
+    F[:, 3] = F[:, 4]  # rank-deficient: left to the caller's pivoted QR
+    assert tall_lstsq(F, T) is None
+
+
+def test_null_space_test_by_the_gram_matrix():
+    from relufast.stages.diagnostics import _surely_full_rank, input_null_space
+
+    rng = np.random.default_rng(9)
+    X = rng.standard_normal((4000, 100))
+    assert _surely_full_rank(X[:400]) and input_null_space(X).shape == (0, 100)
+    X[:, 7] = X[:, 8]  # one direction unseen: the SVD decides, and finds it
+    assert not _surely_full_rank(X[:400])
+    N = input_null_space(X)
+    assert N.shape == (1, 100) and abs(abs(N[0, 7]) - np.sqrt(0.5)) < 1e-12
+
+
 def test_recovery_is_the_same_on_one_thread_and_on_two():
     """End to end through the blocked products (n x d x k above 2^24) and CP-ALS's kernels:
     n_jobs changes the threads, not the numbers."""

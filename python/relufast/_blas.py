@@ -299,7 +299,7 @@ def tall_svd(A, k):
     does not depend on the thread count. Falls back to ``np.linalg.svd`` for small or wide A."""
     A = np.asarray(A, dtype=np.float64)
     n, p = A.shape
-    if n < 2 * max(MATMUL_ROWS, 2 * p) or _budget_threads() <= 1 and n * p * p < MATMUL_MIN_WORK:
+    if n < 2 * max(MATMUL_ROWS, 2 * p) or n * p * p < MATMUL_MIN_WORK:  # from the shapes only
         U, s, Vt = np.linalg.svd(A, full_matrices=False)
         return U[:, :k], s, Vt
     starts, ends = _tall_blocks(n, p)
