@@ -163,6 +163,8 @@ def test_tall_factorisations_match_lapack_and_do_not_depend_on_threads():
         assert np.array_equal(a, b)
     F[:, 3] = F[:, 4]  # rank-deficient: left to the caller's pivoted QR
     assert tall_lstsq(F, T) is None
+    U, s, _ = tall_svd(Y[:, :30], 40)  # more asked than there are columns: all of them
+    assert U.shape == (20000, 30) and s.shape == (30,)
 
 
 def test_null_space_test_by_the_gram_matrix():
