@@ -58,7 +58,8 @@ def main(argv=None):
     method = "bjw19-gaussian" if args.bias is None else "atv21"
     with threadpool_limits(args.threads, user_api="blas"), warnings.catch_warnings():
         warnings.simplefilter("ignore", rf.RelufastWarning)
-        rf.recover(X[:2000], Y[:2000], n_hidden=args.k, method=method, n_jobs=args.threads, random_state=0)  # imports
+        warm = min(args.n, max(2000, 25 * args.k, 3 * (args.d + 1)))  # enough rows for atv21 (20 k)
+        rf.recover(X[:warm], Y[:warm], n_hidden=args.k, method=method, n_jobs=args.threads, random_state=0)  # imports
         profile = cProfile.Profile()
         t = time.perf_counter()
         profile.enable()
