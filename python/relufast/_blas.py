@@ -340,11 +340,12 @@ def tall_lstsq(F, Y, rcond=None):
     (below TALL_LSTSQ_MIN_WORK), not tall, or rank-deficient (``s[-1] <= rcond s[0]``,
     default ``eps max(n, p)`` as LAPACK's least-squares drivers use): the caller then solves
     it the usual way. LAPACK's pivoted QR (``gelsy``) runs mostly on one core: 1.2 s of the
-    2-thread time of a biased (784, 128, 128) recovery on 50,000 x 129 features."""
+    2-thread time of a biased (784, 128, 128) recovery on 50,000 x 129 features; on 10,000 x
+    100 it took 0.134 s with the condition number's SVD, this 0.055 s on one thread."""
     F = np.asarray(F, dtype=np.float64)
     Y = np.asarray(Y, dtype=np.float64)
     n, p = F.shape
-    if n * p * p < TALL_LSTSQ_MIN_WORK or n < 4 * max(MATMUL_ROWS, 2 * p):
+    if n * p * p < TALL_LSTSQ_MIN_WORK or n < 2 * max(MATMUL_ROWS, 2 * p):
         return None
     Y2 = Y.reshape(n, -1)
     starts, ends = _tall_blocks(n, p)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.linalg.lapack
 
-from ._blas import matmul, thread_map
+from ._blas import block_rows, blocked, thread_map
 from .stages.diagnostics import RANK_TOL
 from .stages.fit import max_abs, power_of_two_scale, scaled_norm
 from .stages.precision import resolve_precision
@@ -421,6 +421,29 @@ SPAN_GRAM_EXTRA = 16
 SPAN_GRAM_RATIO = 1e-8
 
 
+def _head_activity(Xh, V, b):
+    """(A, count, sq) of the head rows: where each unit is active (Z = Xh V^T + b > 0), its
+    active count and ``sum relu(Z)^2``; by the row blocks of :func:`relufast._blas.matmul` on
+    the method's threads, the sums added in block order (the same bits on any number of
+    threads; the whole-array passes on one thread took 0.1-0.2 s at 65,536 x 100)."""
+    n, k = Xh.shape[0], V.shape[0]
+    A = np.empty((n, k), dtype=bool)
+    rows = block_rows(Xh.shape[1] * k) if blocked(n, n * Xh.shape[1] * k) else max(n, 1)
+
+    def part(a):
+        Z = Xh[a : a + rows] @ V.T
+        Z += b
+        Ab = np.greater(Z, 0, out=A[a : a + rows])
+        return Ab.sum(axis=0), (np.where(Ab, Z, 0.0) ** 2).sum(axis=0)
+
+    parts = thread_map(part, range(0, n, rows)) or [(np.zeros(k, dtype=np.int64), np.zeros(k))]
+    count, sq = parts[0]
+    for c, q in parts[1:]:
+        count = count + c
+        sq = sq + q
+    return A, np.asarray(count, dtype=np.float64), sq
+
+
 def undetermined_units(
     samples, U, V, b=None, c=None, *, y_norm, threshold, intercept=None, input_rank=None, rank_tol=1e-10
 ):
@@ -458,11 +481,7 @@ def undetermined_units(
     n = samples.n
     head_n = min(n, UNIT_HEAD_ROWS)
     Xh, Yh = samples.take(np.arange(head_n))
-    Z = matmul(Xh, V.T)  # UNIT_HEAD_ROWS x d x k, on the method's threads
-    Z += b
-    A = Z > 0
-    count = A.sum(axis=0).astype(np.float64)
-    sq = (np.where(A, Z, 0.0) ** 2).sum(axis=0)
+    A, count, sq = _head_activity(Xh, V, b)
     y_head = scaled_norm(Yh)  # the head's own outputs (the same rows on every rank)
     need = (d if input_rank is None else int(input_rank)) + int(intercept)
     weak = {
