@@ -205,7 +205,7 @@ MATMUL_ROWS = 4096
 MATMUL_MIN_WORK = 1 << 24
 
 
-def block_rows(width):
+def _block_rows(width):
     """Rows a block of a product with ``width`` multiply-adds a row: at least MATMUL_ROWS, and
     at least MATMUL_MIN_WORK multiply-adds (narrow products in small blocks spend their time
     on the pool: 1e6 x 50 by 50 x 10 on one thread took 0.102 s in blocks of 4096 rows,
@@ -213,7 +213,7 @@ def block_rows(width):
     return max(MATMUL_ROWS, -(-MATMUL_MIN_WORK // max(int(width), 1)))
 
 
-def blocked(n, work):
+def _blocked(n, work):
     """Whether a product with n rows to split and ``work`` multiply-adds goes by blocks. The
     answer depends on the shapes only, never on the thread count, so that a result is the
     same on any number of threads."""
@@ -231,12 +231,29 @@ def matmul(A, B):
     """
     A = np.asarray(A)
     B = np.asarray(B)
-    if A.ndim != 2 or B.ndim != 2 or not blocked(A.shape[0], A.shape[0] * A.shape[1] * B.shape[1]):
+    if A.ndim != 2 or B.ndim != 2 or not _blocked(A.shape[0], A.shape[0] * A.shape[1] * B.shape[1]):
         return A @ B
     out = np.empty((A.shape[0], B.shape[1]), dtype=np.result_type(A, B))
-    rows = block_rows(A.shape[1] * B.shape[1])
+    rows = _block_rows(A.shape[1] * B.shape[1])
     thread_map(lambda a: np.matmul(A[a : a + rows], B, out=out[a : a + rows]), range(0, len(A), rows))
     return out
+
+
+def product_blocks(n, width):
+    """``(rows, starts)`` of the row blocks of :func:`matmul` for n rows of ``width``
+    multiply-adds each (one block when it would not split): for work that does a product and
+    more per block on the method's threads, with the same bits on any number of threads."""
+    rows = _block_rows(width) if _blocked(n, n * width) else max(n, 1)
+    return rows, range(0, n, rows)
+
+
+def add_in_order(parts):
+    """Element-wise sums of the tuples of arrays in ``parts`` (the results of the blocks of a
+    :func:`thread_map`), added in list order: the same bits on any number of threads."""
+    total = tuple(parts[0])
+    for part in parts[1:]:
+        total = tuple(a + b for a, b in zip(total, part))
+    return total
 
 
 def crossprod(A, B):
@@ -245,9 +262,9 @@ def crossprod(A, B):
     A = np.asarray(A)
     B = np.asarray(B)
     n = A.shape[0]
-    if A.ndim != 2 or B.ndim != 2 or not blocked(n, n * A.shape[1] * B.shape[1]):
+    if A.ndim != 2 or B.ndim != 2 or not _blocked(n, n * A.shape[1] * B.shape[1]):
         return A.T @ B
-    rows = block_rows(A.shape[1] * B.shape[1])
+    rows = _block_rows(A.shape[1] * B.shape[1])
     parts = thread_map(lambda a: A[a : a + rows].T @ B[a : a + rows], range(0, n, rows))
     out = parts[0]
     for part in parts[1:]:

@@ -273,7 +273,7 @@ def _shifted_sums(Xb, shift):
     non-finite entry; by sub-blocks of rows on the method's threads, summed in block order
     (the sub-blocks depend on the shape only). One thread took 0.3-0.5 s for the finiteness
     test, the shifted copy and the products of 20,000 x 784 inputs."""
-    from ._blas import MATMUL_ROWS, thread_map
+    from ._blas import MATMUL_ROWS, add_in_order, thread_map
 
     d = Xb.shape[1]
     rows = max(MATMUL_ROWS, -(-(1 << 24) // max(d * d, 1)))
@@ -287,13 +287,7 @@ def _shifted_sums(Xb, shift):
     if not np.all(np.isfinite(shift)):
         return None
     parts = thread_map(sums, range(0, len(Xb), rows))
-    if any(p is None for p in parts):
-        return None
-    s1, s2 = parts[0]
-    for p1, p2 in parts[1:]:
-        s1 = s1 + p1
-        s2 = s2 + p2
-    return s1, s2
+    return None if any(p is None for p in parts) else add_in_order(parts)
 
 
 def _whiten_in_place(X, comm):

@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import scipy.linalg
 
-from .._blas import blas_threads, block_rows, blocked, tall_lstsq, thread_map
+from .._blas import blas_threads, product_blocks, tall_lstsq, thread_map
 from .._native import core
 from ..activations import RELU
 
@@ -49,7 +49,7 @@ def _features(X, V, b, activation, intercept):
     X = np.asarray(X)
     n, k = X.shape[0], V.shape[0]
     F = np.empty((n, k + int(bool(intercept))))
-    rows = block_rows(X.shape[1] * k) if blocked(n, n * X.shape[1] * k) else max(n, 1)
+    rows, starts = product_blocks(n, X.shape[1] * k)
 
     def part(a):
         Z = X[a : a + rows] @ V.T
@@ -57,7 +57,7 @@ def _features(X, V, b, activation, intercept):
             Z += b
         F[a : a + rows, :k] = activation(Z)
 
-    thread_map(part, range(0, n, rows))
+    thread_map(part, starts)
     if intercept:
         F[:, k] = 1.0
     return F

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from .._blas import block_rows, blocked, crossprod, matmul, single_threaded_blas, thread_map
+from .._blas import crossprod, matmul, product_blocks, single_threaded_blas, thread_map
 from .._native import core
 from .._validation import check_positive_int, check_xy, resolve_n_jobs
 from .reduce import allreduce_state, is_dask, row_blocks
@@ -284,14 +284,14 @@ def _controlled(Y, Q, ybar, Z, G):
     count. (Three whole-array passes on one thread took 0.27 s at n = 2e5, m = k = 128.)"""
     n, r = Z.shape[0], G.shape[0]
     out = np.empty((n, r))
-    rows = block_rows(Z.shape[1] * r) if blocked(n, n * Z.shape[1] * r) else max(n, 1)
+    rows, starts = product_blocks(n, Z.shape[1] * r)
 
     def part(a):
         Yq = Y[a : a + rows] if Q is None else Y[a : a + rows] @ Q
         np.subtract(Yq, ybar, out=out[a : a + rows])
         out[a : a + rows] -= Z[a : a + rows] @ G.T
 
-    thread_map(part, range(0, n, rows))
+    thread_map(part, starts)
     return out
 
 
