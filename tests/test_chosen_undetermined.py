@@ -125,10 +125,27 @@ def test_long_lines_stop_where_the_model_stops_answering():
 
 
 def test_low_precision_stall_is_not_taken_for_missing_units():
-    """float32: a stalled first-layer search means kinks too weak or normals too coarse to
-    verify (40-20-1 of random_state 0: two units with output weights 9e-4 and 0.016), not
-    units the function lacks; the run ends naming the stage, with no network built on the
-    units found (float32 784-64-64-10 trained: before, 14 of 64 units and minutes spent)."""
+    """float32: a stalled first-layer search means kinks too weak to see (40-20-1 of
+    random_state 0: a unit with output weight 9e-4), not units the function lacks. With most
+    units found the run goes on and the certificate says how far the network without the
+    others misses: `approximate`, never `exact`, the missing units counted and named as too
+    weak for the precision (before: `failed` with no network)."""
+    f = P.relu_function(*P.deep_relu(40, (20,), 1, random_state=0), np.float32)
+    with pytest.warns(relufast.RelufastWarning):
+        res = relufast.extract(f, n_features=40, n_hidden=20, queries="chosen", random_state=0)
+    assert res.status == "approximate", res.message
+    assert len(res.undetermined_units) == 1 and "showed on no search line" in res.message
+    assert "too weak for the precision" in res.message
+    assert res.residual < 1e-3
+
+
+def test_low_precision_stall_with_few_units_fails_at_the_first_layer(monkeypatch):
+    """float32 with fewer than SATURATED_LOW of the first layer found: the run ends naming
+    the stage, with no network built on the units found (a trained float32 784-64-64-10 went
+    on for minutes with 14 of its 64 units). Forced here by asking for every unit."""
+    from relufast.chosen import driver
+
+    monkeypatch.setattr(driver, "SATURATED_LOW", 1.01)
     f = P.relu_function(*P.deep_relu(40, (20,), 1, random_state=0), np.float32)
     with pytest.warns(relufast.RelufastWarning):
         res = relufast.extract(f, n_features=40, n_hidden=20, queries="chosen", random_state=0)

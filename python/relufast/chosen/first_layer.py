@@ -12,6 +12,13 @@ Lines are drawn in batches until the given number of units is verified; kinks al
 verified unit cost no further queries; kinks that fail the test are kept for the deeper
 layers (:mod:`.deep`).
 
+At low precision (float32 outputs) a normal from finite differences is 1e-2 off at d = 784
+(0.1-1 for a unit whose slope jump is small): the window test walks from the kink towards
+each far point, correcting the plane on the way (:func:`_verify_far`), and a verified row is
+refitted at once through kinks on segments around its kink
+(:func:`.refit.anchored_rows`), so that later kinks of the unit are recognised and the
+deeper layers get rows to ~1e-5.
+
 References
 ----------
 .. [CJM20] N. Carlini, M. Jagielski, I. Mironov, "Cryptanalytic Extraction of Neural Network
@@ -25,8 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import NonFiniteOutputs
-from .hyperplanes import Normals, jump_normals
+from .hyperplanes import LOW_PRECISION, Normals, jump_normals
 from .lines import find_kinks, window_kinks
+from .refit import anchored_rows
 
 __all__ = ["KinkPool", "first_layer", "random_lines"]
 
@@ -136,6 +144,55 @@ def _verify(oracle, n, c, x, rng):
     return hit.reshape(K, VERIFY_POINTS).sum(axis=1)
 
 
+def _verify_far(oracle, n, c, x, rng):
+    """Low precision: hits of window tests at VERIFY_POINTS standard normal points projected
+    on each measured plane (those of :func:`_verify`), the plane first corrected towards each.
+
+    A normal measured by finite differences is ~1e-2 off at d = 784 in float32 (the rounding
+    of d + 1 differences; 0.1 for a unit whose slope jump is small), so the projected point
+    misses the model's boundary by far more than a window. On the line from the kink x
+    towards the point, the kink is found at each radius of VERIFY_NEAR (each window within
+    the error left by the last), the line turned through it, and the far point taken on
+    that line: a plane through x and the near kinks, exact for a first-layer unit and missed
+    by a deeper unit, whose boundary bends at the first layer's. A point counts when every
+    near window and the far one hold a kink."""
+    K, d = n.shape
+    Z = rng.standard_normal((K, VERIFY_POINTS, d))
+    Z -= (np.einsum("kpd,kd->kp", Z, n) + c[:, None])[:, :, None] * n[:, None, :]
+    V = (Z - x[:, None, :]).reshape(-1, d)
+    far = np.linalg.norm(V, axis=1)
+    step = V / far[:, None]  # the plane's direction so far, per unit of radius
+    origin = np.repeat(x, VERIFY_POINTS, axis=0)
+    N = np.repeat(n, VERIFY_POINTS, axis=0)
+    alive = np.arange(len(origin))
+    for r, half in [*zip(VERIFY_NEAR, VERIFY_NEAR_HALF * oracle.window()), (None, VERIFY_FAR_HALF * oracle.window())]:
+        rr = far[alive] if r is None else np.full(len(alive), r)
+        pts = origin[alive] + rr[:, None] * step[alive]
+        got, kinks = window_kinks(oracle, pts, N[alive] * half, 1.0, VERIFY_CELLS)
+        # The kink of each window nearest its centre (its offset along the normal).
+        off = np.full(len(pts), np.inf)
+        np.minimum.at(off, kinks.line, np.abs(kinks.t))
+        best = np.abs(kinks.t) == off[kinks.line]
+        at = np.zeros(len(pts))
+        at[kinks.line[best]] = kinks.t[best]
+        step[alive] += (at * half / rr)[:, None] * N[alive]
+        alive = alive[got]
+    hit = np.zeros(len(origin), dtype=bool)
+    hit[alive] = True
+    return hit.reshape(K, VERIFY_POINTS).sum(axis=1)
+
+
+#: Radii (input units) of the near windows of :func:`_verify_far` (each eight times the last:
+#: the position error of a kink found is carried to the next radius times that), and their
+#: half-widths in units of :meth:`Oracle.window` (the kink of a unit with a small slope jump
+#: bends a wider cell more), and the far window's.
+VERIFY_NEAR, VERIFY_NEAR_HALF, VERIFY_FAR_HALF = (1 / 128, 1 / 16, 1 / 2), np.array([4.0, 4.0, 2.0]), 2.0
+#: Points of each window (the typical second difference of 16 sets the kink threshold at
+#: low precision, :data:`.lines.LOW_GRID`: a unit with a small output weight bends the line
+#: below the fixed bound far from the origin).
+VERIFY_CELLS = 16
+
+
 def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     """Hyperplanes ``(W (k, d) unit rows, b (k,))`` of the first layer, signs open.
 
@@ -186,10 +243,12 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         H = np.hstack([nrm.n, c[:, None]])
         H /= np.linalg.norm(H, axis=1, keepdims=True)
         first = _dedupe(H, tol_dup)
-        hits = _verify(oracle, nrm.n[first], c[first], nrm.x[first], rng)
+        coarse = oracle.eps > LOW_PRECISION
+        hits = (_verify_far if coarse else _verify)(oracle, nrm.n[first], c[first], nrm.x[first], rng)
         good = first[hits >= VERIFY_HITS]
         bad = np.setdiff1d(np.arange(len(nrm.keep)), good)
         pool.add(nrm.x[bad], nrm.n[bad], nrm.error[bad])
+        added = []
         for i in good:
             if len(W) >= k:
                 break
@@ -198,6 +257,17 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
             if len(W) and np.max(np.abs(Hk @ h) / np.linalg.norm(Hk, axis=1) / np.linalg.norm(h)) >= 1 - tol_dup:
                 continue
             W, b = np.vstack([W, nrm.n[i]]), np.append(b, c[i])
+            added.append(i)
+        if coarse and added:
+            # Low precision: the new rows through kinks around their own (coarse normals
+            # would put later kinks of the same unit off its plane, and the refit's far
+            # boundary points off the model's boundary); rows no pass confirms are dropped.
+            rows = np.arange(len(W) - len(added), len(W))
+            W, b, done = anchored_rows(oracle, (W, b), rows, nrm.x[added], rng)
+            drop = rows[~done]
+            if len(drop):
+                W, b = np.delete(W, drop, axis=0), np.delete(b, drop)
+                pool.add(nrm.x[added][~done], nrm.n[added][~done], nrm.error[added][~done])
     if len(W) and len(pool):
         pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
     return W, b, rounds, stalled >= STALL_ROUNDS * top

@@ -102,7 +102,16 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     # near zero is computed from terms as large as the others (a threshold from its own
     # size flags its rounding as kinks and rejects true kinks located on it).
     thr = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2))[:, None, None] + 1e-300  # (L, 1, 1)
-    D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:]) / thr  # (L, G - 2, m), > 1: not collinear
+    D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:])
+    if oracle.eps > LOW_EPS and G >= LOW_GRID:
+        # Low precision: NOISE_FACTOR eps is a bound for deep, wide forward passes; the
+        # typical second difference of the line (most cells hold no kink) measures its own
+        # rounding, a few eps of its largest output in a one-layer float32 network, where
+        # units with small output weights bend the line by 10-500 eps (a float32 100-32-1
+        # lost 5 of its 32 units under the bound).
+        typical = LOW_MEDIAN * np.median(D2.max(axis=2), axis=1)[:, None, None]
+        thr = np.minimum(thr, np.maximum(typical, LOW_FLOOR * oracle.eps * np.abs(Y).max(axis=(1, 2))[:, None, None]))
+    D2 = D2 / thr  # (L, G - 2, m), > 1: not collinear
     level = D2.max(axis=2)
     i = np.arange(2, G - 3)
     # A kink in cell i bends the two second differences beside it, and not the next ones out.
@@ -125,17 +134,98 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     good = np.isfinite(tau) & (tau > 0) & (tau < 1)
     li, cell, tau, o = li[good], cell[good], tau[good], o[good]
     step = float(t_grid[1] - t_grid[0])
+    pred = Y[li, cell, o] + sL[good] * tau
+    jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
+    if oracle.eps > LOW_EPS and G >= HINGE_GRID:
+        hl, hc, htau, ho, hpred, hjump = _hinge_kinks(Y, level, thr[:, 0, 0])
+        li, cell, tau, o = (np.concatenate([a, b]) for a, b in ((li, hl), (cell, hc), (tau, htau), (o, ho)))
+        pred, jump = np.concatenate([pred, hpred]), np.vstack([jump, hjump / step])
     t = t_grid[cell] + tau * step
     x = base[li] + t[:, None] * dirs[li]
     if len(t):
         # Two kinks in one cell look like one whose two outer pieces meet where the model
         # is not: one query at each kink (one call for all) tells them apart.
         at = oracle(x)[np.arange(len(t)), o]
-        pred = Y[li, cell, o] + sL[good] * tau
         single = np.abs(at - pred) <= thr[li, 0, 0]
-        li, cell, t, x = li[single], cell[single], t[single], x[single]
-    jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
+        li, t, x, jump = li[single], t[single], x[single], jump[single]
     return Kinks(li, t, x, dirs[li], step, jump)
+
+
+#: Low precision (unit roundoff above LOW_EPS), lines of LOW_GRID points or more: the
+#: threshold of a kink is LOW_MEDIAN times the line's median second difference, at least
+#: LOW_FLOOR eps times its largest output (and at most the bound of :meth:`Oracle.zero_factor`).
+LOW_EPS, LOW_GRID, LOW_MEDIAN, LOW_FLOOR = 1e-10, 16, 16.0, 16.0
+
+
+#: Low precision, lines of HINGE_GRID points or more: stretches of HINGE_MIN points or more
+#: whose second differences are all below the threshold are fitted by a line, and by two
+#: lines meeting at a kink where the line leaves a residual above HINGE_NOISE times the
+#: rounding (estimated from the line's typical second difference) and the two lines bring it
+#: down to HINGE_FIT times the rounding (:func:`_hinge_kinks`); the kink keeps HINGE_SIDE
+#: points on each side.
+HINGE_GRID, HINGE_MIN, HINGE_NOISE, HINGE_FIT, HINGE_SIDE = 256, 12, 6.0, 2.0, 4
+
+
+def _hinge_kinks(Y, level, thr):
+    """Kinks too weak for the second differences of one cell: a unit with a small output
+    weight bends a line by less than the rounding of a cell (float32 784-128-1: units with
+    output weights up to 0.26 of its 128 went unseen on a 4,096-point grid) but the stretch
+    between the kinks beside it, tens of cells long, by far more than the rounding of a line
+    fitted to all of its points.
+
+    ``Y`` (L, G, m) outputs on the grid, ``level`` (L, G - 2) second differences over the
+    threshold ``thr`` (L,). Returns (line, cell, tau, output, value at the kink, slope jump
+    per grid step (K, m)) of the kinks found, as :func:`find_kinks` locates its own."""
+    L, G, m = Y.shape
+    out: list = [[] for _ in range(6)]
+    D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:]).max(axis=2)
+    for line in range(L):
+        flat = level[line] <= 1.0  # centred at points 1..G-2
+        sigma = float(np.median(D2[line][flat])) / 0.6745 / np.sqrt(6.0) if flat.any() else 0.0
+        if sigma <= 0:
+            continue
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], flat.astype(np.int8), [0]])))
+        for a, b in zip(edges[::2], edges[1::2]):  # flat centred points a+1 .. b: linear on a .. b+1
+            lo, hi = a, b + 2  # points lo .. hi - 1
+            n = hi - lo
+            if n < HINGE_MIN:
+                continue
+            y = Y[line, lo:hi]  # (n, m)
+            tt = np.arange(n, dtype=np.float64)
+            sse_line = _line_sse(tt, y)
+            if sse_line <= (HINGE_NOISE * sigma) ** 2 * n * m:
+                continue
+            best, at = np.inf, -1
+            for k in range(HINGE_SIDE, n - HINGE_SIDE + 1):  # left points :k, right k:
+                sse = _line_sse(tt[:k], y[:k]) + _line_sse(tt[k:], y[k:])
+                if sse < best:
+                    best, at = sse, k
+            if at < 0 or best > (HINGE_FIT * sigma) ** 2 * n * m:
+                continue
+            cl, cr = _line_coef(tt[:at], y[:at]), _line_coef(tt[at:], y[at:])  # (2, m): intercept, slope
+            ds = cr[1] - cl[1]
+            o = int(np.argmax(np.abs(ds)))
+            t0 = (cl[0, o] - cr[0, o]) / ds[o]  # in points from lo
+            cell = int(np.floor(t0))
+            if not (at - 1 - HINGE_SIDE // 2 <= t0 <= at + HINGE_SIDE // 2) or cell < 2 or lo + cell > G - 4:
+                continue
+            for lst, v in zip(out, (line, lo + cell, t0 - cell, o, cl[0, o] + cl[1, o] * t0, ds)):
+                lst.append(v)
+    if not out[0]:
+        return np.zeros(0, int), np.zeros(0, int), np.zeros(0), np.zeros(0, int), np.zeros(0), np.zeros((0, m))
+    return tuple(np.array(v) for v in out)
+
+
+def _line_coef(t, y):
+    """Least-squares line through (t, y) for every column of y: (2, m) intercept and slope."""
+    A = np.stack([np.ones_like(t), t], axis=1)
+    return np.linalg.lstsq(A, y, rcond=None)[0]
+
+
+def _line_sse(t, y):
+    A = np.stack([np.ones_like(t), t], axis=1)
+    r = y - A @ np.linalg.lstsq(A, y, rcond=None)[0]
+    return float(np.sum(r * r))
 
 
 def _stretches(t_grid, cells, mask):
@@ -155,11 +245,13 @@ def _stretches(t_grid, cells, mask):
     return out
 
 
-def window_kinks(oracle, points, normals, half_width):
+def window_kinks(oracle, points, normals, half_width, cells=6):
     """For each point, whether the model has a kink within ``half_width`` of it along its
     normal (a six-point window, one model call for all points): the test that a predicted
-    hyperplane is a hyperplane of the model there. Returns (bool array, Kinks)."""
-    t_grid = half_width * np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5])
+    hyperplane is a hyperplane of the model there. ``cells``: points of the window, spaced
+    by ``half_width`` (more: a wider window whose typical second difference sets the kink
+    threshold at low precision, :data:`LOW_GRID`). Returns (bool array, Kinks)."""
+    t_grid = half_width * (np.arange(cells) - (cells - 1) / 2)
     kinks = find_kinks(oracle, points, normals, t_grid)
     hit = np.zeros(len(points), dtype=bool)
     hit[kinks.line] = True

@@ -37,7 +37,7 @@ import scipy.linalg
 from .._validation import NonFiniteOutputs
 from .net import activation_pattern, pre_activations
 
-__all__ = ["refit_layer"]
+__all__ = ["anchored_rows", "refit_layer"]
 
 #: Segments per unit beyond 5/4 of the fan-in; half-length of a segment (input space);
 #: largest rms residual of a side's affine fit in units of eps * max |output| (averaged
@@ -51,6 +51,9 @@ REFIT_RESIDUAL_LOW, REFIT_RESIDUAL_DOUBLE = 4.0, 64.0
 REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE, REFIT_SAMPLES_LAST = 16, 3, 2
 #: Innermost sample of a side, as a fraction of REFIT_HALF (float64; low precision).
 REFIT_INNER_DOUBLE, REFIT_INNER_LOW = 1 / 64, 1 / 8
+#: Low precision: a side's rms residual may be NOISE_SPREAD times the median over the
+#: segments of a batch (at least NOISE_MIN_SEGMENTS of them), where that is above the fixed bar.
+NOISE_SPREAD, NOISE_MIN_SEGMENTS = 4.0, 16
 #: Memory of one batch of refit queries (bytes of float64 inputs).
 REFIT_BATCH_BYTES = 64 * 2**20
 #: Scales of the random points brought onto a boundary; and of more points for a deeper
@@ -100,14 +103,16 @@ def _unit_gradient(known, w, Z):
     return np.ascontiguousarray(g)
 
 
-def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF):
+def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=False):
     """Kinks of the model on the segments ``X0 + t G`` (|t| <= REFIT_HALF); returns the
-    kinks (P, d) and a mask of the usable ones."""
+    kinks (P, d) and a mask of the usable ones. ``coarse``: S evenly spaced samples a side
+    from ``half / 8`` and a kink anywhere within ``half / 8`` of X0 (the passes of
+    :func:`anchored_rows`, whose estimates are off by up to that)."""
     P, d = X0.shape
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
     # plane fit); closer in, fewer do. Low precision keeps 1/8 (estimates are ~1e-3 off).
-    inner = REFIT_INNER_LOW if S == REFIT_SAMPLES_LOW else REFIT_INNER_DOUBLE
+    inner = REFIT_INNER_LOW if S == REFIT_SAMPLES_LOW or coarse else REFIT_INNER_DOUBLE
     side = np.linspace(half / 8, half, S)
     if S == REFIT_SAMPLES_LAST:  # a line through two points: the innermost and the farthest
         side = np.array([half * inner, half])
@@ -138,29 +143,39 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF):
     ds = hi[:, 1] + lo[:, 1]  # slope_hi - slope_lo in t (lo's slope is in -t)
     jump = np.linalg.norm(ds, axis=1)
     t0 = -np.einsum("pm,pm->p", da, ds) / np.maximum(jump**2, 1e-300)
+    low = S == REFIT_SAMPLES_LOW or coarse
     noise = (REFIT_RESIDUAL_LOW if S == REFIT_SAMPLES_LOW else REFIT_RESIDUAL_DOUBLE) * oracle.eps * scale
-    ok = clear & (rms_lo <= noise) & (rms_hi <= noise) & (jump * half > 1e3 * noise) & (np.abs(t0) < half * inner)
+    if coarse:
+        noise = COARSE_RESIDUAL * oracle.eps * scale
+    if low and P >= NOISE_MIN_SEGMENTS:
+        # The rounding of a low-precision forward pass is that of its largest terms, which
+        # can be a hundred times eps * |output| where the units' contributions cancel (a
+        # float32 100-32-1): the rms of the batch's typical side sets the bar.
+        typical = float(np.median(np.maximum(rms_lo, rms_hi) / np.maximum(scale, 1e-300)))
+        noise = np.maximum(noise, NOISE_SPREAD * typical * scale)
+    detect = COARSE_DETECT if coarse else 1e3  # slope jump over a half segment, in units of the bar
+    ok = clear & (rms_lo <= noise) & (rms_hi <= noise) & (jump * half > detect * noise) & (np.abs(t0) < half * inner)
     return X0 + t0[:, None] * G, ok
 
 
-def _kinks_across(oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF):
+def _kinks_across(oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF, coarse=False):
     """:func:`_segment_kinks` on the segments through X0 along G, ``batch`` segments a model
     call; returns (kinks, usable mask)."""
     found = [
-        _answered_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S, half)
+        _answered_kinks(oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S, half, coarse=coarse)
         for i in range(0, len(X0), batch)
     ]
     return np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
 
-def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4):
+def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=False):
     """:func:`_segment_kinks`; where the model does not answer far out (a classifier's
     logits read from saturated probabilities), the segments beyond half the largest norm
     are left out (not usable), up to ``tries`` times."""
     keep = np.ones(len(X0), dtype=bool)
     for attempt in range(tries + 1):
         try:
-            pts, ok = _segment_kinks(oracle, known, layer, j, X0[keep], G[keep], S, half)
+            pts, ok = _segment_kinks(oracle, known, layer, j, X0[keep], G[keep], S, half, coarse)
             break
         except NonFiniteOutputs:
             if attempt == tries or not keep.any():
@@ -378,3 +393,108 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
         else:
             count("kinks off a hyperplane" if _near(fit, w, c0, tol) else "far from the estimate")
     return W2, b2, refitted, why
+
+
+#: Passes of :func:`anchored_rows`: the first radius (input space) of the boundary points
+#: around the anchor, the factor by which the radius falls after a pass that failed (the
+#: plane is too far off there), the largest factor by which it grows after one that held,
+#: the last radius and the smallest, and the most passes a row gets.
+COARSE_START, COARSE_DOWN, COARSE_GROWTH, COARSE_TOP, COARSE_FLOOR, COARSE_PASSES = 0.1, 10.0, 300.0, 30.0, 5e-4, 8
+#: Fraction of the segments' inner eighth that the plane's estimated error may reach at the
+#: next radius.
+COARSE_MARGIN = 0.25
+#: Samples a side; half-lengths of the segments, in the order tried (shorter ones where
+#: boundaries of later layers are dense, longer ones for a unit whose slope jump is small);
+#: rms residual of a side's line allowed (units of eps * max |output|); slope jump over a
+#: half segment needed (units of that bar); largest change of the unit normal a pass may make.
+COARSE_SAMPLES, COARSE_HALF, COARSE_RESIDUAL, COARSE_DETECT, COARSE_AGREE = 4, (0.05, 0.0125, 0.25), 8.0, 64.0, 1.5
+#: Clean fraction of a pass's segments above which more segments are asked, not shorter ones.
+COARSE_MIN = 0.2
+
+
+def _around(a, w, c, rho, n, rng):
+    """``n`` points of the plane ``w.x + c = 0`` at distance ~rho from the point a on it
+    (random directions in the plane; a is on the model's boundary, the plane an estimate)."""
+    V = rng.standard_normal((n, len(w)))
+    V -= np.outer(V @ w, w)
+    X = a + rho * V / np.linalg.norm(V, axis=1, keepdims=True)
+    return X - np.outer(X @ w + c, w)
+
+
+def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch):
+    """One pass of :func:`anchored_rows`: the plane (w, c) of row j refitted through kinks on
+    segments along w at about P points of it at distance ``rho`` from the anchor a. Returns
+    (w, c, estimated angle error) or None (too few clean segments, or a plane the kinks do
+    not fit)."""
+    d = W.shape[1]
+    Wj, bj = W.copy(), b.copy()
+    Wj[j], bj[j] = w, c
+
+    def kinks(X, half):
+        G = np.broadcast_to(w, X.shape)
+        return _kinks_across(oracle, [], (Wj, bj), j, X, G, COARSE_SAMPLES, batch, half, coarse=True)
+
+    target = d + 2 + max(32, d // 4)  # the plane's unknowns, and rows to spare for its trimming
+    X0 = _around(a, w, c, rho, P, rng)
+    for half in COARSE_HALF:
+        pts, ok = kinks(X0, half)
+        if COARSE_MIN * len(ok) <= ok.sum() < target:  # more segments, as many as the clean fraction says
+            n = int(np.ceil(SPARSE_SLACK * (target - ok.sum()) / ok.mean()))
+            p1, ok1 = kinks(_around(a, w, c, rho, n, rng), half)
+            pts, ok = np.vstack([pts, p1]), np.concatenate([ok, ok1])
+        if ok.sum() > d + 2:
+            break
+    if ok.sum() <= d + 2:
+        return None
+    fit = _plane_through(pts[ok], w, oracle.eps)
+    if fit is None or fit[2] > REFIT_FIT * oracle.eps or np.linalg.norm(fit[0] - w) > COARSE_AGREE:
+        return None
+    # The plane's angle error from the spread of its kinks about it: n points on a sphere of
+    # radius rho in d - 1 dimensions fix each direction to sigma sqrt(d / n) / rho.
+    r = pts[ok] @ fit[0] + fit[1]
+    sigma = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    return fit[0], fit[1], sigma * d / (rho * np.sqrt(ok.sum()))
+
+
+def anchored_rows(oracle, layer, rows, anchors, rng):
+    """First-layer rows measured at low precision refitted through kinks around the kink each
+    was measured at (its anchor).
+
+    At d = 784 in float32 a normal from finite differences is ~1e-2 off (the rounding of
+    785 differences; 0.1-1 for a unit whose slope jump is small), so the estimated
+    boundary misses the model's by ~0.3 at the random boundary points of
+    :func:`refit_layer`, far outside its segments. Here the boundary points lie at distance
+    rho from the anchor, which is on the model's boundary, so the estimate is off there by
+    the angle error times rho: within the segments' inner eighth for rho = COARSE_START, or
+    after passes COARSE_DOWN times closer in. Each pass refits the plane through the kinks
+    located on its segments (:func:`_plane_through`), and the next pass goes as far out as
+    the new plane's estimated error allows (up to COARSE_GROWTH times farther), until a
+    pass at COARSE_TOP holds: 1e-6 to 2e-5 at d = 784 in float32, three or four passes of
+    ``5 d / 4 + REFIT_EXTRA`` segments (more where boundaries of later layers cross some), each
+    ``2 COARSE_SAMPLES`` queries.
+
+    Returns (W, b, done): the layer with the given rows replaced where a pass at COARSE_TOP
+    held (``done``, a bool per row of ``rows``).
+    """
+    W, b = np.array(layer[0], dtype=np.float64), np.array(layer[1], dtype=np.float64)
+    d = W.shape[1]
+    P = (5 * d) // 4 + REFIT_EXTRA
+    batch = max(1, int(REFIT_BATCH_BYTES // (2 * COARSE_SAMPLES * d * 8)))
+    done = np.zeros(len(rows), dtype=bool)
+    for i, (j, a) in enumerate(zip(rows, anchors)):
+        s = np.linalg.norm(W[j])
+        w, c = W[j] / s, b[j] / s
+        rho, passes = COARSE_START, 0
+        while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
+            passes += 1
+            fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch)
+            if fit is None:  # the plane is too far off at this radius (or too many crossings)
+                rho /= COARSE_DOWN
+                continue
+            w, c, theta = fit
+            if rho >= COARSE_TOP:
+                W[j], b[j] = w * s, c * s
+                done[i] = True
+                break
+            rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * COARSE_HALF[0] / 8 / max(theta, 1e-300))
+    return W, b, done
