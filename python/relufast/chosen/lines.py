@@ -207,7 +207,7 @@ def _hinge_kinks(Y, level, thr):
             o = int(np.argmax(np.abs(ds)))
             t0 = (cl[0, o] - cr[0, o]) / ds[o]  # in points from lo
             cell = int(np.floor(t0))
-            if not (at - 1 - HINGE_SIDE // 2 <= t0 <= at + HINGE_SIDE // 2) or cell < 2 or lo + cell > G - 4:
+            if not (at - 1 - HINGE_SIDE // 2 <= t0 <= at + HINGE_SIDE // 2) or not 2 <= lo + cell <= G - 4:
                 continue
             for lst, v in zip(out, (line, lo + cell, t0 - cell, o, cl[0, o] + cl[1, o] * t0, ds)):
                 lst.append(v)
@@ -223,6 +223,7 @@ def _line_coef(t, y):
 
 
 def _line_sse(t, y):
+    """Sum of squared residuals of :func:`_line_coef`'s lines."""
     A = np.stack([np.ones_like(t), t], axis=1)
     r = y - A @ np.linalg.lstsq(A, y, rcond=None)[0]
     return float(np.sum(r * r))
