@@ -402,7 +402,7 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
 COARSE_START, COARSE_DOWN, COARSE_GROWTH, COARSE_TOP, COARSE_FLOOR, COARSE_PASSES = 0.1, 10.0, 300.0, 30.0, 5e-4, 8
 #: Fraction of the segments' inner eighth that the plane's estimated error may reach at the
 #: next radius.
-COARSE_MARGIN = 0.5
+COARSE_MARGIN = 0.25
 #: Samples a side; half-lengths of the segments, in the order tried (shorter ones where
 #: boundaries of later layers are dense, longer ones for a unit whose slope jump is small);
 #: rms residual of a side's line allowed (units of eps * max |output|); slope jump over a
