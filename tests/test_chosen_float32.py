@@ -13,18 +13,7 @@ from relufast.chosen import lines
 from relufast.chosen.oracle import Oracle
 from relufast.chosen.refit import anchored_rows
 
-#: Function error of an extraction from float32 outputs, against the float64 network.
-F32_FUNC_TOL = 1e-5
-
-
-def _function_error(res, f, d, seed=123):
-    rng = np.random.default_rng(seed)
-    errs = []
-    for s in (1.0, 10.0):
-        X = s * rng.standard_normal((2000, d))
-        Y = f(X).reshape(len(X), -1)
-        errs.append(np.abs(res.predict(X) - Y).max() / np.abs(Y).max())
-    return max(errs)
+from .test_chosen import F32_FUNC_TOL, function_error
 
 
 #: Budgets in queries a weight (37, 52, 48 and 294 used at random_state 0 on this project's
@@ -58,7 +47,7 @@ def test_float32_wide_inputs_certified_at_float32(d, widths, m, per_weight):
         assert res.status in ("failed", "approximate")  # said, not hidden
     assert res.exact and res.status == "exact" and res.precision == "float32", res.message
     assert res.residual <= res.diagnostics["certificate_tolerance"]
-    assert _function_error(res, P.relu_function(hidden, out), d) <= F32_FUNC_TOL
+    assert function_error(res, P.relu_function(hidden, out), d) <= F32_FUNC_TOL
     assert "through kinks around their own" in res.diagnostics["refitted_rows"][0]
 
 
