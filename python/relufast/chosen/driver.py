@@ -222,9 +222,10 @@ def _stages(oracle, widths, rng, clock, diag, fit):
         diag["undetermined_units"] = widths[0] - len(W)
         widths = (len(W), *widths[1:])
     # At low precision the first layer's rows were refitted through kinks as they were found
-    # (:func:`.refit.anchored_rows`): to 1e-6-1e-5 at d = 784 in float32, where the float64
-    # refit's boundary points lie outside its segments for a third of the rows (a float32
-    # 784-32-1 certified at 7.7e-7 without it in 1.1 million queries, 2.6 million with it).
+    # (:func:`.refit.anchored_rows`): to 1e-6-2e-5 at d = 784 in float32, where the float64
+    # refit's boundary points fell outside its segments for 10 of 31 rows (ad-hoc runs of a
+    # float32 784-32-1: certified at 7.7e-7 without it in 1.1 million queries, 2.6 million
+    # with it).
     low = oracle.eps > LOW_PRECISION
     tent, _, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1", L == 1, anchored=low)
     known: list = []

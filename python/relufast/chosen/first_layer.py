@@ -195,10 +195,11 @@ def _verify_far(oracle, n, c, x, rng):
 #: the position error of a kink found is carried to the next radius times that), and the
 #: half-widths of their wide windows in units of :meth:`Oracle.window` (the narrow ones have
 #: one), and the far window's.
-VERIFY_NEAR, VERIFY_NEAR_HALF, VERIFY_FAR_HALF = (1 / 128, 1 / 16, 1 / 2), np.array([4.0, 4.0, 2.0]), 2.0
+VERIFY_NEAR, VERIFY_NEAR_HALF, VERIFY_FAR_HALF = (1 / 128, 1 / 16, 1 / 2), (4.0, 4.0, 2.0), 2.0
 #: Largest offset (units of the wide far window's half-width) of the far kink from where
 #: the plane through x and the near kinks puts it (a first-layer unit's: ~0.01-0.06 at
-#: d = 784 in float32; other kinks in the window, up to 7.5).
+#: d = 784 in float32; other kinks in the window, up to 7.5: an ad-hoc run on the trained
+#: 784-64-64-10 of bench/test_bench_trained.py).
 VERIFY_FAR_TOL = 0.25
 #: Points of each window (the typical second difference of 16 sets the kink threshold at
 #: low precision, :data:`.lines.LOW_GRID`: a unit with a small output weight bends the line

@@ -111,6 +111,7 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
         # lost 5 of its 32 units under the bound).
         typical = LOW_MEDIAN * np.median(D2.max(axis=2), axis=1)[:, None, None]
         thr = np.minimum(thr, np.maximum(typical, LOW_FLOOR * oracle.eps * np.abs(Y).max(axis=(1, 2))[:, None, None]))
+    raw = D2.max(axis=2)  # (L, G - 2), for the stretches' rounding (:func:`_hinge_kinks`)
     D2 = D2 / thr  # (L, G - 2, m), > 1: not collinear
     level = D2.max(axis=2)
     i = np.arange(2, G - 3)
@@ -137,7 +138,7 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     pred = Y[li, cell, o] + sL[good] * tau
     jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
     if oracle.eps > LOW_EPS and G >= HINGE_GRID:
-        hl, hc, htau, ho, hpred, hjump = _hinge_kinks(Y, level, thr[:, 0, 0])
+        hl, hc, htau, ho, hpred, hjump = _hinge_kinks(Y, level, raw)
         li, cell, tau, o = (np.concatenate([a, b]) for a, b in ((li, hl), (cell, hc), (tau, htau), (o, ho)))
         pred, jump = np.concatenate([pred, hpred]), np.vstack([jump, hjump / step])
     t = t_grid[cell] + tau * step
@@ -166,7 +167,7 @@ LOW_EPS, LOW_GRID, LOW_MEDIAN, LOW_FLOOR = 1e-10, 16, 16.0, 16.0
 HINGE_GRID, HINGE_MIN, HINGE_NOISE, HINGE_FIT, HINGE_SIDE = 256, 12, 6.0, 2.0, 4
 
 
-def _hinge_kinks(Y, level, thr):
+def _hinge_kinks(Y, level, D2):
     """Kinks too weak for the second differences of one cell: a unit with a small output
     weight bends a line by less than the rounding of a cell (float32 784-128-1 on a
     4,096-point grid: 113 of its 128 units found without this, 122 with it) but the stretch
@@ -174,11 +175,11 @@ def _hinge_kinks(Y, level, thr):
     fitted to all of its points.
 
     ``Y`` (L, G, m) outputs on the grid, ``level`` (L, G - 2) second differences over the
-    threshold ``thr`` (L,). Returns (line, cell, tau, output, value at the kink, slope jump
+    kink threshold, ``D2`` (L, G - 2) the second differences (largest over the outputs).
+    Returns (line, cell, tau, output, value at the kink, slope jump
     per grid step (K, m)) of the kinks found, as :func:`find_kinks` locates its own."""
     L, G, m = Y.shape
     out: list = [[] for _ in range(6)]
-    D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:]).max(axis=2)
     for line in range(L):
         flat = level[line] <= 1.0  # centred at points 1..G-2
         sigma = float(np.median(D2[line][flat])) / 0.6745 / np.sqrt(6.0) if flat.any() else 0.0
@@ -192,17 +193,15 @@ def _hinge_kinks(Y, level, thr):
                 continue
             y = Y[line, lo:hi]  # (n, m)
             tt = np.arange(n, dtype=np.float64)
-            sse_line = _line_sse(tt, y)
-            if sse_line <= (HINGE_NOISE * sigma) ** 2 * n * m:
+            if _line_fit(tt, y)[1] <= (HINGE_NOISE * sigma) ** 2 * n * m:
                 continue
-            best, at = np.inf, -1
+            best, at, cl, cr = np.inf, -1, None, None
             for k in range(HINGE_SIDE, n - HINGE_SIDE + 1):  # left points :k, right k:
-                sse = _line_sse(tt[:k], y[:k]) + _line_sse(tt[k:], y[k:])
-                if sse < best:
-                    best, at = sse, k
+                (left, sl), (right, sr) = _line_fit(tt[:k], y[:k]), _line_fit(tt[k:], y[k:])
+                if sl + sr < best:
+                    best, at, cl, cr = sl + sr, k, left, right  # (2, m): intercept, slope
             if at < 0 or best > (HINGE_FIT * sigma) ** 2 * n * m:
                 continue
-            cl, cr = _line_coef(tt[:at], y[:at]), _line_coef(tt[at:], y[at:])  # (2, m): intercept, slope
             ds = cr[1] - cl[1]
             o = int(np.argmax(np.abs(ds)))
             t0 = (cl[0, o] - cr[0, o]) / ds[o]  # in points from lo
@@ -216,17 +215,13 @@ def _hinge_kinks(Y, level, thr):
     return tuple(np.array(v) for v in out)
 
 
-def _line_coef(t, y):
-    """Least-squares line through (t, y) for every column of y: (2, m) intercept and slope."""
+def _line_fit(t, y):
+    """Least-squares lines through (t, y), one per column of y: ((2, m) intercepts and
+    slopes, sum of squared residuals)."""
     A = np.stack([np.ones_like(t), t], axis=1)
-    return np.linalg.lstsq(A, y, rcond=None)[0]
-
-
-def _line_sse(t, y):
-    """Sum of squared residuals of :func:`_line_coef`'s lines."""
-    A = np.stack([np.ones_like(t), t], axis=1)
-    r = y - A @ np.linalg.lstsq(A, y, rcond=None)[0]
-    return float(np.sum(r * r))
+    coef = np.linalg.lstsq(A, y, rcond=None)[0]
+    r = y - A @ coef
+    return coef, float(np.sum(r * r))
 
 
 def _stretches(t_grid, cells, mask):

@@ -112,7 +112,8 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
     # plane fit); closer in, fewer do. Low precision keeps 1/8 (estimates are ~1e-3 off).
-    inner = REFIT_INNER_LOW if S == REFIT_SAMPLES_LOW or coarse else REFIT_INNER_DOUBLE
+    low = S == REFIT_SAMPLES_LOW or coarse  # low precision
+    inner = REFIT_INNER_LOW if low else REFIT_INNER_DOUBLE
     side = np.linspace(half / 8, half, S)
     if S == REFIT_SAMPLES_LAST:  # a line through two points: the innermost and the farthest
         side = np.array([half * inner, half])
@@ -143,10 +144,10 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     ds = hi[:, 1] + lo[:, 1]  # slope_hi - slope_lo in t (lo's slope is in -t)
     jump = np.linalg.norm(ds, axis=1)
     t0 = -np.einsum("pm,pm->p", da, ds) / np.maximum(jump**2, 1e-300)
-    low = S == REFIT_SAMPLES_LOW or coarse
-    noise = (REFIT_RESIDUAL_LOW if S == REFIT_SAMPLES_LOW else REFIT_RESIDUAL_DOUBLE) * oracle.eps * scale
     if coarse:
         noise = COARSE_RESIDUAL * oracle.eps * scale
+    else:
+        noise = (REFIT_RESIDUAL_LOW if S == REFIT_SAMPLES_LOW else REFIT_RESIDUAL_DOUBLE) * oracle.eps * scale
     if low and P >= NOISE_MIN_SEGMENTS:
         # The rounding of a low-precision forward pass is that of its largest terms, which
         # can be a hundred times eps * |output| where the units' contributions cancel (a
@@ -469,7 +470,8 @@ def anchored_rows(oracle, layer, rows, anchors, rng):
     after passes COARSE_DOWN times closer in. Each pass refits the plane through the kinks
     located on its segments (:func:`_plane_through`), and the next pass goes as far out as
     the new plane's estimated error allows (up to COARSE_GROWTH times farther), until a
-    pass at COARSE_TOP holds: 1e-6 to 2e-5 at d = 784 in float32, three or four passes of
+    pass at COARSE_TOP holds: 1e-6 to 2e-5 at d = 784 in float32 (ad-hoc runs on planted
+    784-32-1; tests/test_chosen_float32.py checks 1e-4 at d = 100), three or four passes of
     ``5 d / 4 + REFIT_EXTRA`` segments (more where boundaries of later layers cross some), each
     ``2 COARSE_SAMPLES`` queries.
 
