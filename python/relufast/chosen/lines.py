@@ -195,13 +195,14 @@ def _hinge_kinks(Y, level, D2):
             tt = np.arange(n, dtype=np.float64)
             if _line_fit(tt, y)[1] <= (HINGE_NOISE * sigma) ** 2 * n * m:
                 continue
-            best, at, cl, cr = np.inf, -1, None, None
+            best, at = np.inf, -1
             for k in range(HINGE_SIDE, n - HINGE_SIDE + 1):  # left points :k, right k:
-                (left, sl), (right, sr) = _line_fit(tt[:k], y[:k]), _line_fit(tt[k:], y[k:])
-                if sl + sr < best:
-                    best, at, cl, cr = sl + sr, k, left, right  # (2, m): intercept, slope
+                sse = _line_fit(tt[:k], y[:k])[1] + _line_fit(tt[k:], y[k:])[1]
+                if sse < best:
+                    best, at = sse, k
             if at < 0 or best > (HINGE_FIT * sigma) ** 2 * n * m:
                 continue
+            cl, cr = _line_fit(tt[:at], y[:at])[0], _line_fit(tt[at:], y[at:])[0]  # (2, m): intercept, slope
             ds = cr[1] - cl[1]
             o = int(np.argmax(np.abs(ds)))
             t0 = (cl[0, o] - cr[0, o]) / ds[o]  # in points from lo
