@@ -43,8 +43,9 @@ from .._validation import NonFiniteOutputs
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
 from .hyperplanes import jump_normals
-from .lines import find_kinks, screened_kinks, window_kinks
+from .lines import find_kinks, screened_kinks
 from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
+from .verify import verified
 from .walk import SCREEN_EPS, downstream_basis, known_breaks, walk_step, zeta
 
 __all__ = ["next_layer", "downstream_basis"]
@@ -292,85 +293,6 @@ def _complete(oracle, known, tent, partial, pool):
 STALL = 8
 
 
-def _crossings(known, tent, Theta, rng, d):
-    """For each row of Theta, a point where its zeta changes sign on a random line, and the
-    line's unit direction (computed, no query): bisection on the piecewise-linear zeta."""
-    P, U = np.full((len(Theta), d), np.nan), np.zeros((len(Theta), d))
-    t = np.linspace(-3.0, 3.0, 1024)
-    for i, theta in enumerate(Theta):
-        for _ in range(CROSSING_TRIES):
-            a, u = 0.5 * rng.standard_normal(d), rng.standard_normal(d)
-            z = zeta(known, tent, a + t[:, None] * u, theta[None])[:, 0]
-            ch = np.nonzero(np.sign(z[:-1]) * np.sign(z[1:]) < 0)[0]
-            if len(ch):
-                j = ch[rng.integers(len(ch))]
-                lo, hi = t[j], t[j + 1]
-                for _ in range(60):
-                    mid = 0.5 * (lo + hi)
-                    zm = zeta(known, tent, (a + mid * u)[None], theta[None])[0, 0]
-                    lo, hi = (mid, hi) if np.sign(zm) == np.sign(z[j]) else (lo, mid)
-                P[i], U[i] = a + 0.5 * (lo + hi) * u, u / np.linalg.norm(u)
-                break
-    return P, U
-
-
-#: Random lines (computed, no query) tried for a crossing of a predicted boundary: a unit
-#: that switches in a small part of the region needs many.
-CROSSING_TRIES = 64
-
-
-def _hits(oracle, known, tent, Theta, rng):
-    """(hits, tries) per row of Theta: on VERIFY_LINES random lines where its zeta changes
-    sign (tries), the lines with a kink of the model there (hits)."""
-    d = oracle.d
-    Ps, Us, owner = [], [], []
-    for _ in range(VERIFY_LINES):
-        P, U = _crossings(known, tent, Theta, rng, d)
-        ok = np.isfinite(P[:, 0])
-        Ps.append(P[ok]), Us.append(U[ok]), owner.append(np.nonzero(ok)[0])
-    P, U, owner = np.vstack(Ps), np.vstack(Us), np.concatenate(owner)
-    if len(P) == 0:
-        return np.zeros(len(Theta), dtype=int), np.zeros(len(Theta), dtype=int)
-    hit, _ = window_kinks(oracle, P, U, oracle.window())
-    return np.bincount(owner[hit], minlength=len(Theta)), np.bincount(owner, minlength=len(Theta))
-
-
-def _verified(oracle, known, tent, Theta, rng, carry, tol):
-    """Rows of Theta whose predicted boundary is a boundary of the model at random places:
-    a kink where zeta changes sign on each of VERIFY_LINES random lines (VERIFY_HITS hits),
-    and over every test of the same row (kept in ``carry``) kinks at MIN_HIT_RATE of its
-    predicted crossings or more.
-
-    A piece of a deeper unit's boundary fits a hyperplane of this layer where the layer's
-    pattern does not change; the grouping and the clustering propose such pieces every
-    round, and one round's four lines pass one of them now and then (the trained digits
-    64-16-8-8-10 got a wrong second-layer unit that way: tests/test_extract_defaults.py).
-    A true unit misses where no unit downstream reads it (often on planted 8-8-6-4-1
-    draws), so its rate is not near 1 either: the record only stops the pieces whose rate
-    stays below it."""
-    rec = carry.setdefault("verify", [np.zeros((0, Theta.shape[1])), np.zeros(0, int), np.zeros(0, int)])
-    idx = np.empty(len(Theta), dtype=int)
-    for i, theta in enumerate(Theta):
-        u = theta / np.linalg.norm(theta)
-        j = np.nonzero(np.abs(rec[0] @ u) > 1 - tol)[0]
-        if len(j):
-            idx[i] = j[0]
-        else:
-            idx[i] = len(rec[0])
-            rec[0], rec[1], rec[2] = np.vstack([rec[0], u]), np.append(rec[1], 0), np.append(rec[2], 0)
-    hits, tries = _hits(oracle, known, tent, Theta, rng)
-    np.add.at(rec[1], idx, hits)
-    np.add.at(rec[2], idx, tries)
-    return (hits >= VERIFY_HITS) & (rec[1][idx] >= MIN_HIT_RATE * rec[2][idx])
-
-
-#: Random lines on which a deeper unit's predicted boundary is tested, and hits needed.
-VERIFY_LINES, VERIFY_HITS = 4, 4
-#: Share of a row's predicted crossings over all its tests that must show a kink
-#: (:func:`_verified`).
-MIN_HIT_RATE = 0.35
-
-
 def _null_tol(oracle):
     """Relative singular value below which the chain's equations count as satisfied: the
     finite-difference accuracy of the normals at this precision (:meth:`Oracle.normal_tol`
@@ -528,8 +450,11 @@ DRY_LINES = 64
 
 
 #: Largest angle between two restrictions of one unit (:func:`.cluster.cluster_units`), in
-#: units of the null tolerance.
-ANGLE = 1000.0
+#: units of the null tolerance; at low precision LINK_LOW radians, where the null tolerance
+#: is capped (float32: 1000 of it is 0.17 rad, and on a float32 64-32-32-10 kinks of 21
+#: units linked into one component of 502; same-unit angles were 7e-5 in the median and
+#: 7e-3 at the 99th percentile, and at 0.01 every component was one unit's).
+ANGLE, LINK_LOW = 1000.0, 0.01
 
 
 #: Kinks of the pool (the newest) that the grouping, quadratic in their number, looks at.
@@ -732,8 +657,10 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta, carry)
         if delta is not None:
             cap = ASKS_PER_UNIT * (k - len(Theta)) + 8
+            low = oracle.eps >= SCREEN_EPS
+            angle = min(ANGLE * _null_tol(oracle), LINK_LOW) if low else ANGLE * _null_tol(oracle)
             found, asks = cluster_units(
-                known, tent, delta, pool.x, pool.n, ntol, ANGLE * _null_tol(oracle), rng, max_asks=cap, min_size=size
+                known, tent, delta, pool.x, pool.n, ntol, angle, rng, max_asks=cap, min_size=size, trim=low
             )
             if asks:
                 base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
@@ -741,7 +668,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
-            Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng, carry, tol)], k, tol)
+            Theta = carry["Theta"] = _add(Theta, found[verified(oracle, known, tent, found, rng, carry, tol)], k, tol)
         if len(Theta) >= k:
             break
     return Theta
@@ -787,7 +714,7 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
         if found is None:
             continue
-        Theta = carry["Theta"] = _add(Theta, found[_verified(oracle, known, tent, found, rng, carry, tol)], k, tol)
+        Theta = carry["Theta"] = _add(Theta, found[verified(oracle, known, tent, found, rng, carry, tol)], k, tol)
         if len(Theta) >= k or (signs_open and _signs(tent, Theta, carry) is not None):
             break
     return Theta

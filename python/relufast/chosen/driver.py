@@ -311,6 +311,8 @@ def _probed(cert):
         where += f", {n['boundaries']} beside the first-layer boundaries"
     if n.get("deep boundaries"):
         where += f", {n['deep boundaries']} beside deeper ones"
+    if n.get("co-active"):
+        where += f", {n['co-active']} where a deeper unit and one of the layer before it are both active"
     if n.get("wedges"):
         where += f", {n['wedges']} in the wedges between nearly parallel ones"
     return where + f", in {cert['calls']} calls"
@@ -320,6 +322,7 @@ def _probed(cert):
 PLACES = {
     "boundaries": "beside a first-layer boundary",
     "deep boundaries": "beside a deeper boundary",
+    "co-active": "where a deeper unit and a unit of the layer before it are both active",
     "wedges": "in a wedge between nearly parallel boundaries",
     "repeats": "on a point asked in every call",
 }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .hyperplanes import LOW_PRECISION
 from .net import pre_activations, preact_jacobians
 from .refit import _boundary_points
 
@@ -33,8 +34,14 @@ __all__ = ["wiggle_signs"]
 #: boundary (along Delta) that the step takes.
 WIGGLE_POINTS, WIGGLE_STEP = 6, 0.25
 #: A side moves when its change is above MOVE times the rounding of the outputs, and is
-#: still when below STILL times it.
+#: still when below STILL times it. At low precision (where the rounding bound, 256 eps of
+#: the largest output, is ~100x what a float32 forward pass rounds by) a side moves above
+#: MOVE_LOW times the bound and RATIO_LOW times the other side's change: a float32
+#: 64-32-32-10 left a first-layer unit open whose moving side changed by 58-529 times the
+#: bound and whose still side by 0.005-0.016 times it (its kinks were then grouped with
+#: the signs open: 400,000 of the 1.3 million queries of the run).
 MOVE, STILL = 1e3, 1.0
+MOVE_LOW, RATIO_LOW = 16.0, 1e3
 
 
 def _wiggle(known, layer, j, x, settled):
@@ -136,11 +143,16 @@ def _round(oracle, known, layer, todo, settled, rng, n_points=WIGGLE_POINTS, sca
     noise = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2)) + 1e-300
     up = np.abs(Y[:, 1] - Y[:, 0]).max(axis=1) / noise
     down = np.abs(Y[:, 2] - Y[:, 0]).max(axis=1) / noise
+    if oracle.eps > LOW_PRECISION:
+        move_up = (up > MOVE_LOW) & (up > RATIO_LOW * down)
+        move_down = (down > MOVE_LOW) & (down > RATIO_LOW * up)
+    else:
+        move_up, move_down = up > MOVE, down > MOVE
     votes = np.zeros((k, 2), dtype=int)  # [keep, flip]
     for i, j in enumerate(owners):
-        if up[i] > MOVE and down[i] <= STILL:
+        if move_up[i] and down[i] <= STILL:
             active_positive = orient[i] > 0  # z_j > 0 on the + side in the current orientation
-        elif down[i] > MOVE and up[i] <= STILL:
+        elif move_down[i] and up[i] <= STILL:
             active_positive = orient[i] < 0
         else:
             continue
