@@ -132,6 +132,37 @@ def _unit_gradients(hidden, li, unit, X):
     return Z[li][rows, unit], G
 
 
+def _least_norm(Gu, Gj, ru, rj):
+    """Per row, the least-norm x with ``Gu . x = ru`` and ``Gj . x = rj`` (a tiny ridge for
+    parallel gradients; zero where both gradients vanish)."""
+    a, b, c = np.einsum("nd,nd->n", Gu, Gu), np.einsum("nd,nd->n", Gu, Gj), np.einsum("nd,nd->n", Gj, Gj)
+    ridge = 1e-12 * (a + c)
+    a, c = a + ridge, c + ridge
+    det = a * c - b * b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = np.where(det > 0, (c * ru - b * rj) / det, 0.0)
+        beta = np.where(det > 0, (a * rj - b * ru) / det, 0.0)
+    return alpha[:, None] * Gu + beta[:, None] * Gj
+
+
+def _pair_gradients(hidden, li, u, j, X):
+    """Pre-activations (n, 2) of unit ``u`` of layer ``li`` and unit ``j`` of layer ``li - 1``
+    at the rows of X (one pair per row) and their gradients in x (n, d) each: one forward
+    pass, two backward passes through each row's activation pattern."""
+    Z, _ = pre_activations(hidden[: li + 1], X)
+    rows = np.arange(len(X))
+    Gu = (hidden[li][0][u] * (Z[li - 1] > 0)) @ hidden[li - 1][0]
+    Gj = hidden[li - 1][0][j]
+    for i in range(li - 2, -1, -1):
+        Gu = (Gu * (Z[i] > 0)) @ hidden[i][0]
+        Gj = (Gj * (Z[i] > 0)) @ hidden[i][0]
+    return (
+        np.stack([Z[li][rows, u], Z[li - 1][rows, j]], axis=1),
+        Gu,
+        np.ascontiguousarray(np.broadcast_to(Gj, Gu.shape)),
+    )
+
+
 def _deep(hidden, scales, rng):
     """Both sides of the boundaries of deeper units, reached by Newton steps on the extracted
     network from Gaussian points at scale 1 (points the steps did not bring onto the boundary, or
@@ -179,26 +210,24 @@ def _co_active(hidden, scales, rng):
         u, j = np.repeat(np.arange(k), kp), np.tile(np.arange(kp), k)
         for s0 in [s for s in CO_ACTIVE_STARTS if s <= scales[-1]]:  # not past the readable scale
             X = s0 * rng.standard_normal((len(u), d))
-            for _ in range(NEWTON_STEPS + 1):
-                zu, Gu = _unit_gradients(hidden, li, u, X)
-                zj, Gj = _unit_gradients(hidden, li - 1, j, X)
-                G = np.stack([Gu, Gj], axis=1)  # (n, 2, d)
-                P = np.linalg.pinv(G, rcond=1e-10)  # (n, d, 2)
-                if _ == NEWTON_STEPS:
+            for step in range(CO_ACTIVE_NEWTON + 1):
+                z, Gu, Gj = _pair_gradients(hidden, li, u, j, X)
+                if step == CO_ACTIVE_NEWTON:
                     break
-                X = X - np.einsum("ndk,nk->nd", P, np.stack([zu, zj], axis=1))
-            D = P.sum(axis=2)  # raises z_u and z_j by one each, to first order
+                X = X - _least_norm(Gu, Gj, z[:, 0], z[:, 1])
+            # The direction that raises z_u and z_j by one each, to first order.
+            D = _least_norm(Gu, Gj, np.ones(len(X)), np.ones(len(X)))
             norm = np.linalg.norm(D, axis=1)
             live = norm > 0
             X, D, ul, jl = X[live], D[live] / norm[live, None], u[live], j[live]
             # The longest step that stays where both are active (an error in the coefficient
             # grows with z_j there).
             best, found = np.zeros_like(X), np.zeros(len(X), dtype=bool)
-            for step in CO_ACTIVE_STEPS:
-                Y = X + step * s0 * D
-                zu, _ = _unit_gradients(hidden, li, ul, Y)
-                zj, _ = _unit_gradients(hidden, li - 1, jl, Y)
-                new = (zu > 0) & (zj > 0) & ~found
+            for length in CO_ACTIVE_STEPS:
+                Y = X + length * s0 * D
+                Z, _ = pre_activations(hidden[: li + 1], Y)
+                rows = np.arange(len(Y))
+                new = (Z[li][rows, ul] > 0) & (Z[li - 1][rows, jl] > 0) & ~found
                 best[new], found = Y[new], found | new
             X = best[found]
             pts.append(X)
@@ -211,6 +240,9 @@ def _co_active(hidden, scales, rng):
 #: step of 0.05 alone the 10-15-15-1 above missed by 1.4e-5 (tolerance 1.2e-5).
 CO_ACTIVE_STARTS = (1.0, 10.0)
 CO_ACTIVE_STEPS = (0.5, 0.05)
+#: Newton steps towards the meeting of the two boundaries (exact in one step within a
+#: linear region; a point that did not get there may still land where both are active).
+CO_ACTIVE_NEWTON = 3
 
 
 def _wedges(W, b, rng):

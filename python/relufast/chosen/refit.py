@@ -411,6 +411,8 @@ COARSE_MARGIN = 0.25
 COARSE_SAMPLES, COARSE_HALF, COARSE_RESIDUAL, COARSE_DETECT, COARSE_AGREE = 4, (0.05, 0.0125, 0.25), 8.0, 64.0, 1.5
 #: Clean fraction of a pass's segments above which more segments are asked, not shorter ones.
 COARSE_MIN = 0.2
+#: A pass whose estimated error is above COARSE_STALL times the last one's made no progress.
+COARSE_STALL = 0.7
 
 
 def _around(a, w, c, rho, n, rng):
@@ -422,7 +424,7 @@ def _around(a, w, c, rho, n, rng):
     return X - np.outer(X @ w + c, w)
 
 
-def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch):
+def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves=None):
     """One pass of :func:`anchored_rows`: the plane (w, c) of row j refitted through kinks on
     segments along w at about P points of it at distance ``rho`` from the anchor a. Returns
     (w, c, estimated angle error) or None (too few clean segments, or a plane the kinks do
@@ -437,7 +439,7 @@ def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch):
 
     target = d + 2 + max(32, d // 4)  # the plane's unknowns, and rows to spare for its trimming
     X0 = _around(a, w, c, rho, P, rng)
-    for half in COARSE_HALF:
+    for half in halves or COARSE_HALF:
         pts, ok = kinks(X0, half)
         if COARSE_MIN * len(ok) <= ok.sum() < target:  # more segments, as many as the clean fraction says
             n = int(np.ceil(SPARSE_SLACK * (target - ok.sum()) / ok.mean()))
@@ -486,10 +488,10 @@ def anchored_rows(oracle, layer, rows, anchors, rng):
     for i, (j, a) in enumerate(zip(rows, anchors)):
         s = np.linalg.norm(W[j])
         w, c = W[j] / s, b[j] / s
-        rho, passes = COARSE_START, 0
+        rho, passes, last, halves = COARSE_START, 0, np.inf, None
         while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
             passes += 1
-            fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch)
+            fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves)
             if fit is None:  # the plane is too far off at this radius (or too many crossings)
                 rho /= COARSE_DOWN
                 continue
@@ -498,5 +500,12 @@ def anchored_rows(oracle, layer, rows, anchors, rng):
                 W[j], b[j] = w * s, c * s
                 done[i] = True
                 break
-            rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * COARSE_HALF[0] / 8 / max(theta, 1e-300))
+            if halves is None and theta > COARSE_STALL * last:
+                # No progress: the kinks' spread on short segments (a weak unit of a trained
+                # float32 784-64-64-10: 6e-5) holds the plane's error where the next radius
+                # cannot grow (2.5e-4 at 5.8, pass after pass): long segments from now on.
+                halves = COARSE_HALF[::-1]
+            last = theta
+            reach = (halves or COARSE_HALF)[0]
+            rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * reach / 8 / max(theta, 1e-300))
     return W, b, done
