@@ -130,3 +130,40 @@ def test_outlier_kinks_of_a_component_are_dropped():
     ang[3, :] = ang[:, 3] = 5e-3 + ang[3, :]
     ang[3, 3] = 0.0
     assert list(np.nonzero(_outliers(ang))[0]) == [3]
+
+
+def test_open_signs_are_clustered_under_each_choice(monkeypatch):
+    """A first-layer sign the wiggles leave open (forced here on unit 0): the second layer's
+    kinks are clustered under both choices for it (``deep._hypotheses``) rather than grouped
+    by null spaces, which float32 normals resolve poorly (a trained float32 784-64-64-10
+    found no second-layer unit that way)."""
+    from relufast.chosen import deep, driver
+
+    real = driver.wiggle_signs
+    seen = []
+
+    def one_open(oracle, known, layer, rng):
+        flip, settled = real(oracle, known, layer, rng)
+        if not known:
+            settled = settled.copy()
+            settled[0] = False
+        return flip, settled
+
+    real_hyp = deep._hypotheses
+
+    def hyp(settled):
+        out = real_hyp(settled)
+        seen.append(len(out))
+        return out
+
+    monkeypatch.setattr(driver, "wiggle_signs", one_open)
+    monkeypatch.setattr(deep, "_hypotheses", hyp)
+    assert len(real_hyp(np.array([True, False, True]))) == 2 and real_hyp(np.zeros(3, dtype=bool)) == []
+    d, widths, m = 64, (32, 32), 10
+    hidden, out = P.deep_relu(d, widths, m, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", relufast.RelufastWarning)
+        res = relufast.extract(P.relu_function(hidden, out, np.float32), d, widths, queries="chosen", random_state=0)
+    assert seen and seen[0] == 2
+    assert res.exact and res.status == "exact", res.message
+    assert function_error(res, P.relu_function(hidden, out), d) <= F32_FUNC_TOL

@@ -599,7 +599,7 @@ def _prune(pool, known, tent, Theta, tol):
     pool.keep(keep)
 
 
-def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, oriented=False, carry=None):
+def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, oriented=False, carry=None, settled=None):
     """The units of the layer after ``tent`` as hyperplanes in phi-space.
 
     ``oriented``: every unit of ``tent`` has its true sign already (:mod:`.signs`), so the
@@ -608,6 +608,10 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
 
     ``carry``: a dict kept between searches for the same layer (the units found so far
     are kept there, so a new search does not start from none).
+
+    ``settled``: the units of ``tent`` oriented already (bool per unit); with at most
+    OPEN_SIGNS of them open, the kinks are clustered under each choice of their signs
+    (:func:`_hypotheses`) until the units found fix them.
 
     Returns (coef (k, k_tent), beta (k, k_prev), const (k,)) or None when fewer than k
     units were determined in ``max_rounds`` rounds. Kinks explained by the layers so far
@@ -622,7 +626,7 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
         # Grouping (signs open) or clustering (signs known) of single kinks; then chains.
         # Chains of a layer with open signs are needed only until the units they find fix
         # those signs (_signs): then the clustering takes over (once).
-        Theta = _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size)
+        Theta = _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size, settled)
         if len(Theta) >= k:
             break
         delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta, carry)
@@ -635,9 +639,33 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
     return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
 
 
-def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size):
+def _hypotheses(settled):
+    """Flips of the tentative layer to cluster under while its signs are open: every choice
+    for the units the wiggles left open when they are OPEN_SIGNS or fewer (the others are
+    oriented already), else none."""
+    if settled is None or np.all(settled):
+        return []
+    open_units = np.nonzero(~np.asarray(settled, dtype=bool))[0]
+    if len(open_units) > OPEN_SIGNS:
+        return []
+    out = []
+    for bits in range(2 ** len(open_units)):
+        flip = np.zeros(len(settled), dtype=bool)
+        flip[open_units] = [(bits >> i) & 1 for i in range(len(open_units))]
+        out.append(flip)
+    return out
+
+
+#: Most units left open by the wiggles for which every choice of signs is clustered (a
+#: trained float32 784-64-64-10 left one of 63 open: its second layer was grouped with the
+#: signs open, by null spaces that float32 normals at d = 784 do not resolve, and found none).
+OPEN_SIGNS = 2
+
+
+def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size, settled=None):
     """Units (rows of Theta) from single kinks of random lines: grouped by null spaces while
-    the signs of ``tent`` are open, clustered by restricted rows once they are known."""
+    the signs of ``tent`` are open, clustered by restricted rows once they are known (or
+    under each choice for the few the wiggles left open, :func:`_hypotheses`)."""
     layers = [*known, tent]
     tol = 0.5 * oracle.window()
     lines = GROUP_LINES
@@ -645,7 +673,9 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
     # more units than GROUP_CAP / GROUP_SHARE the grouping finds none (the trained digits
     # 64-100-100-10 spent most of its budget there) and a few rounds fill the pool for the
     # chains.
-    rounds = GROUP_ROUNDS if oriented or _signs(tent, Theta, carry) is not None or GROUP_SHARE * k <= GROUP_CAP else 2
+    hyps = [] if oriented or oracle.eps < SCREEN_EPS else _hypotheses(settled)  # low precision only
+    many = GROUP_SHARE * k > GROUP_CAP
+    rounds = GROUP_ROUNDS if oriented or hyps or _signs(tent, Theta, carry) is not None or not many else 2
     for _ in range(rounds):
         _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)
         _prune(pool, known, tent, Theta, tol)
@@ -655,16 +685,23 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         lines = min(2 * lines, DRY_LINES) if len(pool) == 0 else max(GROUP_LINES, lines // 2)
         ntol = _null_tol(oracle) * NULL_GROWTH ** len(known)
         delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta, carry)
-        if delta is not None:
-            cap = ASKS_PER_UNIT * (k - len(Theta)) + 8
+        deltas = [delta] if delta is not None else hyps
+        if deltas:
             low = oracle.eps >= SCREEN_EPS
             angle = min(ANGLE * _null_tol(oracle), LINK_LOW) if low else ANGLE * _null_tol(oracle)
-            found, asks = cluster_units(
-                known, tent, delta, pool.x, pool.n, ntol, angle, rng, max_asks=cap, min_size=size, trim=low
-            )
-            if asks:
-                base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
-                _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=size == 1)
+            cap = max(1, (ASKS_PER_UNIT * (k - len(Theta)) + 8) // len(deltas))
+            parts = []
+            for flip in deltas:
+                rows, asks = cluster_units(
+                    known, tent, flip, pool.x, pool.n, ntol, angle, rng, max_asks=cap, min_size=size, trim=low
+                )
+                parts.append(rows)
+                if asks:
+                    base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
+                    _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=size == 1)
+            found = np.vstack(parts)
+            if delta is None:  # rows under each choice of the open signs: the choice whose rows hold
+                found = _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol)
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
@@ -672,6 +709,23 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         if len(Theta) >= k:
             break
     return Theta
+
+
+def _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol):
+    """The rows clustered under the choice of open signs (``hyps[i]``, rows ``parts[i]``) that
+    verifies HYPOTHESIS_LEAD times as many rows as any other, at least HYPOTHESIS_MIN; that
+    choice is then the tentative layer's flips (``carry["delta"]``). None chosen yet: no rows."""
+    good = [int(verified(oracle, known, tent, R, rng, carry, tol).sum()) if len(R) else 0 for R in parts]
+    order = np.argsort(good)[::-1]
+    best, second = good[order[0]], (good[order[1]] if len(good) > 1 else 0)
+    if best >= HYPOTHESIS_MIN and best >= HYPOTHESIS_LEAD * second:
+        carry["delta"] = hyps[order[0]]
+        return parts[order[0]]
+    return np.zeros((0, parts[0].shape[1]))
+
+
+#: Verified rows a choice of open signs needs, and its lead over every other choice.
+HYPOTHESIS_MIN, HYPOTHESIS_LEAD = 3, 2
 
 
 #: Kinks of the grouping's pool a unit of the next layer needs on average (see _gathered).

@@ -148,8 +148,8 @@ FIT_BYTES = 64 * 2**20
 def _refit(oracle, known, tent, rng, clock, diag, name, last, anchored=False):
     """The layer refitted through precise kinks (:mod:`.refit`) and oriented where the
     wiggles settle its signs (:mod:`.signs`); returns (layer, every row confirmed by its
-    kinks (refitted whole, or in part where a unit before it is never active there),
-    oriented). ``anchored``: the rows were refitted through kinks already
+    kinks (refitted whole, or in part where a unit before it is never active there), the
+    units whose sign the wiggles settled). ``anchored``: the rows were refitted through kinks already
     (:func:`.refit.anchored_rows`, a first layer at low precision), only oriented."""
     # Its own random stream (spawned, no draw taken from rng): the searches for the next
     # layer see the same lines whatever the refit drew.
@@ -166,18 +166,22 @@ def _refit(oracle, known, tent, rng, clock, diag, name, last, anchored=False):
         flip, settled = wiggle_signs(oracle, known, (W, b), sub)
     diag.setdefault("signs_by_wiggle", []).append(f"{name}: {int(settled.sum())} of {len(W)}")
     s = np.where(flip, -1.0, 1.0)
-    return (W * s[:, None], b * s), n + why.get("in part", 0) == len(W), bool(settled.all())
+    return (W * s[:, None], b * s), n + why.get("in part", 0) == len(W), settled
 
 
-def _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, tries):
+def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, tries):
     """Layer ``li + 1`` found after the final ``known`` layers and the tentative ``tent``
     (:func:`.deep.next_layer`, ``tries`` searches), ``tent``'s signs settled (by the wiggles
-    when ``oriented``, else by the new layer's linear term) and the new layer refitted.
-    Returns (tent final, new tentative layer, its rows confirmed, oriented, signs ok) or None."""
+    where ``settled`` holds for every unit, else by the new layer's linear term) and the new
+    layer refitted. Returns (tent final, new tentative layer, its rows confirmed, the units
+    of it whose signs the wiggles settled, signs ok) or None."""
+    oriented = bool(np.all(settled))
     found, carry = None, {}
     with clock.stage(f"layer_{li + 1}"):
         for _ in range(tries):  # each try draws new lines; the kink pool and units found are kept
-            found = next_layer(oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented, carry=carry)
+            found = next_layer(
+                oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented, carry=carry, settled=settled
+            )
             if found is not None:
                 break
     if found is None:
@@ -189,10 +193,10 @@ def _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, tri
         ok &= bool(np.array_equal(np.sign(W), np.sign(tent[0])))
         W, b, Wn, bn = tent[0], tent[1], coef, const
     s = np.linalg.norm(Wn, axis=1)
-    nxt, done, nxt_oriented = _refit(
+    nxt, done, nxt_settled = _refit(
         oracle, known + [(W, b)], (Wn / s[:, None], bn / s), rng, clock, diag, f"layer {li + 1}", li + 1 == len(widths)
     )
-    return (W, b), nxt, done, nxt_oriented, ok
+    return (W, b), nxt, done, nxt_settled, ok
 
 
 def _spawn(rng):
@@ -227,19 +231,22 @@ def _stages(oracle, widths, rng, clock, diag, fit):
     # float32 784-32-1: certified at 7.7e-7 without it in 1.1 million queries, 2.6 million
     # with it).
     low = oracle.eps > LOW_PRECISION
-    tent, _, oriented = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1", L == 1, anchored=low)
+    tent, _, settled = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1", L == 1, anchored=low)
+    oriented = bool(settled.all())
     known: list = []
     signs_ok = True
     for li in range(1, L):
-        peeled = _peel(oracle, known, tent, oriented, li, widths, rng, pool, clock, diag, LAYER_TRIES)
+        peeled = _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, LAYER_TRIES)
         if peeled is not None and oriented and not peeled[2]:
             # A unit the clustering of oriented kinks proposed that no segment confirms
             # (its kinks do not fit it): search again with the signs open.
             diag.setdefault("layer_searches_again", []).append(li + 1)
-            peeled = _peel(oracle, known, tent, False, li, widths, rng, pool, clock, diag, 1)
+            no_signs = np.zeros(len(tent[0]), dtype=bool)
+            peeled = _peel(oracle, known, tent, no_signs, li, widths, rng, pool, clock, diag, 1)
         if peeled is None:
             return None, None, False, f"layer {li + 1}: fewer than {widths[li]} units found"
-        layer, tent, _, oriented, ok = peeled
+        layer, tent, _, settled, ok = peeled
+        oriented = bool(settled.all())
         signs_ok &= ok
         known = known + [layer]
     m = oracle.n_outputs
