@@ -112,7 +112,7 @@ def test_weak_kinks_found_at_low_precision(monkeypatch):
     both = found()
     monkeypatch.setattr(lines, "HINGE_GRID", 10**9)
     median = found()
-    monkeypatch.setattr(lines, "LOW_EPS", 1.0)
+    monkeypatch.setattr(lines, "LOW_GRID", 10**9)
     bound = found()
     assert bound < 20 and median > 3 * bound and both > median
 

@@ -673,7 +673,9 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
     # more units than GROUP_CAP / GROUP_SHARE the grouping finds none (the trained digits
     # 64-100-100-10 spent most of its budget there) and a few rounds fill the pool for the
     # chains.
-    hyps = [] if oriented or oracle.eps < SCREEN_EPS else _hypotheses(settled)  # low precision only
+    low = oracle.low_precision
+    hyps = _hypotheses(settled) if low and not oriented else []
+    angle = min(ANGLE * _null_tol(oracle), LINK_LOW) if low else ANGLE * _null_tol(oracle)
     many = GROUP_SHARE * k > GROUP_CAP
     rounds = GROUP_ROUNDS if oriented or hyps or _signs(tent, Theta, carry) is not None or not many else 2
     for _ in range(rounds):
@@ -686,9 +688,8 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         ntol = _null_tol(oracle) * NULL_GROWTH ** len(known)
         delta = np.zeros(tent[0].shape[0], dtype=bool) if oriented else _signs(tent, Theta, carry)
         deltas = [delta] if delta is not None else hyps
+        hold = None  # rows of found verified already
         if deltas:
-            low = oracle.eps >= SCREEN_EPS
-            angle = min(ANGLE * _null_tol(oracle), LINK_LOW) if low else ANGLE * _null_tol(oracle)
             cap = max(1, (ASKS_PER_UNIT * (k - len(Theta)) + 8) // len(deltas))
             parts = []
             for flip in deltas:
@@ -701,11 +702,12 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
                     _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=size == 1)
             found = np.vstack(parts)
             if delta is None:  # rows under each choice of the open signs: the choice whose rows hold
-                found = _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol)
+                found, hold = _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol)
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
-            Theta = carry["Theta"] = _add(Theta, found[verified(oracle, known, tent, found, rng, carry, tol)], k, tol)
+            hold = verified(oracle, known, tent, found, rng, carry, tol) if hold is None else hold
+            Theta = carry["Theta"] = _add(Theta, found[hold], k, tol)
         if len(Theta) >= k:
             break
     return Theta
@@ -714,14 +716,16 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
 def _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol):
     """The rows clustered under the choice of open signs (``hyps[i]``, rows ``parts[i]``) that
     verifies HYPOTHESIS_LEAD times as many rows as any other, at least HYPOTHESIS_MIN; that
-    choice is then the tentative layer's flips (``carry["delta"]``). None chosen yet: no rows."""
-    good = [int(verified(oracle, known, tent, R, rng, carry, tol).sum()) if len(R) else 0 for R in parts]
+    choice is then the tentative layer's flips (``carry["delta"]``). Returns (those rows,
+    which of them verified); none while no choice leads."""
+    hold = [verified(oracle, known, tent, R, rng, carry, tol) if len(R) else np.zeros(0, dtype=bool) for R in parts]
+    good = [int(h.sum()) for h in hold]
     order = np.argsort(good)[::-1]
     best, second = good[order[0]], (good[order[1]] if len(good) > 1 else 0)
     if best >= HYPOTHESIS_MIN and best >= HYPOTHESIS_LEAD * second:
         carry["delta"] = hyps[order[0]]
-        return parts[order[0]]
-    return np.zeros((0, parts[0].shape[1]))
+        return parts[order[0]], hold[order[0]]
+    return np.zeros((0, parts[0].shape[1])), np.zeros(0, dtype=bool)
 
 
 #: Verified rows a choice of open signs needs, and its lead over every other choice.

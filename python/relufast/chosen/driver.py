@@ -36,7 +36,6 @@ from .._validation import NonFiniteOutputs, check_random_state
 from .deep import next_layer
 from .first_layer import LINE_SCALES, KinkPool, first_layer
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
-from .hyperplanes import LOW_PRECISION
 from .net import forward, pre_activations
 from .oracle import BudgetSpent, Oracle
 from .probes import certificate_probes
@@ -131,9 +130,8 @@ def _beside(w, b, n, rng):
     return g + side[:, None] * u[None, :]
 
 
-#: Unit roundoff under which a saturated first-layer search goes on with the units it found.
-SATURATED_EPS = 1e-12
-#: Above it, the fraction of the first layer's units found with which it goes on.
+#: The fraction of the first layer's units found with which a saturated search goes on at
+#: low precision (in float64 it goes on with the units it found).
 SATURATED_LOW = 0.75
 #: Extra batches of fit points drawn for rarely active units.
 FIT_ROUNDS = 3
@@ -219,7 +217,7 @@ def _stages(oracle, widths, rng, clock, diag, fit):
     # At low precision it goes on only with most of the units (SATURATED_LOW of them): units
     # whose output weights are below the rounding (a float32 784-128-1 with output weights
     # 0.001 and 0.008 of 128 units); the certificate then says how far the rest misses.
-    enough = oracle.eps < SATURATED_EPS or len(W) >= SATURATED_LOW * widths[0]
+    enough = not oracle.low_precision or len(W) >= SATURATED_LOW * widths[0]
     if len(W) < widths[0] and not (saturated and len(W) and enough):
         return None, None, False, f"found {len(W)} of the {widths[0]} first-layer units"
     if len(W) < widths[0]:  # no line shows the others: extract the function, report them
@@ -230,7 +228,7 @@ def _stages(oracle, widths, rng, clock, diag, fit):
     # refit's boundary points fell outside its segments for 10 of 31 rows (ad-hoc runs of a
     # float32 784-32-1: certified at 7.7e-7 without it in 1.1 million queries, 2.6 million
     # with it).
-    low = oracle.eps > LOW_PRECISION
+    low = oracle.low_precision
     tent, _, settled = _refit(oracle, [], (W, b), rng, clock, diag, "layer 1", L == 1, anchored=low)
     oriented = bool(settled.all())
     known: list = []

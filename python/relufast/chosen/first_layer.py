@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import NonFiniteOutputs
-from .hyperplanes import LOW_PRECISION, Normals, jump_normals
+from .hyperplanes import Normals, jump_normals
 from .lines import find_kinks, window_kinks
 from .refit import anchored_rows
 
@@ -257,7 +257,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         H = np.hstack([nrm.n, c[:, None]])
         H /= np.linalg.norm(H, axis=1, keepdims=True)
         first = _dedupe(H, tol_dup)
-        coarse = oracle.eps > LOW_PRECISION
+        coarse = oracle.low_precision
         hits = (_verify_far if coarse else _verify)(oracle, nrm.n[first], c[first], nrm.x[first], rng)
         good = first[hits >= VERIFY_HITS]
         bad = np.setdiff1d(np.arange(len(nrm.keep)), good)

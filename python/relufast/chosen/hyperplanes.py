@@ -139,7 +139,7 @@ def jump_normals(oracle, kinks, rng, basis=None):
     rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(K, dtype=bool)
     keep = np.nonzero((err <= tol) & rank1 & (s[:, 0] > 0))[0]
     n = n[keep]
-    if oracle.eps > LOW_PRECISION and len(keep):
+    if oracle.low_precision and len(keep):
         n = _refine(oracle, kinks.x[keep], n, basis)
         n = _affine_refine(oracle, kinks.x[keep], n, rng, basis)
     return Normals(keep, kinks.x[keep], n, err[keep])
@@ -150,8 +150,6 @@ def jump_normals(oracle, kinks, rng, basis=None):
 FD_BATCH_BYTES = 64 * 2**20
 
 
-#: Unit roundoff above which normals get a second, wider finite-difference pass.
-LOW_PRECISION = 1e-10
 #: Distance of that pass from the boundary, and its step (inputs of unit scale).
 REFINE_OFFSET, REFINE_STEP = 0.02, 0.01
 

@@ -103,7 +103,7 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     # size flags its rounding as kinks and rejects true kinks located on it).
     thr = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2))[:, None, None] + 1e-300  # (L, 1, 1)
     D2 = np.abs(Y[:, :-2] - 2 * Y[:, 1:-1] + Y[:, 2:])
-    if oracle.eps > LOW_EPS and G >= LOW_GRID:
+    if oracle.low_precision and G >= LOW_GRID:
         # Low precision: NOISE_FACTOR eps is a bound for deep, wide forward passes; the
         # typical second difference of the line (most cells hold no kink) measures its own
         # rounding, a few eps of its largest output in a one-layer float32 network, where
@@ -137,7 +137,7 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     step = float(t_grid[1] - t_grid[0])
     pred = Y[li, cell, o] + sL[good] * tau
     jump = ((Y[li, cell + 2] - Y[li, cell + 1]) - (Y[li, cell] - Y[li, cell - 1])) / step
-    if oracle.eps > LOW_EPS and G >= HINGE_GRID:
+    if oracle.low_precision and G >= HINGE_GRID:
         hl, hc, htau, ho, hpred, hjump = _hinge_kinks(Y, level, raw)
         li, cell, tau, o = (np.concatenate([a, b]) for a, b in ((li, hl), (cell, hc), (tau, htau), (o, ho)))
         pred, jump = np.concatenate([pred, hpred]), np.vstack([jump, hjump / step])
@@ -152,10 +152,10 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None):
     return Kinks(li, t, x, dirs[li], step, jump)
 
 
-#: Low precision (unit roundoff above LOW_EPS), lines of LOW_GRID points or more: the
+#: Low precision (:attr:`.oracle.Oracle.low_precision`), lines of LOW_GRID points or more: the
 #: threshold of a kink is LOW_MEDIAN times the line's median second difference, at least
 #: LOW_FLOOR eps times its largest output (and at most the bound of :meth:`Oracle.zero_factor`).
-LOW_EPS, LOW_GRID, LOW_MEDIAN, LOW_FLOOR = 1e-10, 16, 16.0, 16.0
+LOW_GRID, LOW_MEDIAN, LOW_FLOOR = 16, 16.0, 16.0
 
 
 #: Low precision, lines of HINGE_GRID points or more: stretches of HINGE_MIN points or more

@@ -124,6 +124,13 @@ class Oracle:
         """Unit roundoff of the outputs (float64 until the first answer)."""
         return 2.0**-53 if self.precision is None else self.precision.eps
 
+    @property
+    def low_precision(self) -> bool:
+        """Whether the outputs round above LOW_PRECISION (float32 and coarser): the
+        low-precision rules of the search (thresholds from the lines' own rounding, affine
+        normals, anchored first-layer rows, ...) apply."""
+        return self.eps > LOW_PRECISION
+
     # Derived step sizes and tolerances (all relative to the scale of the inputs, ~1).
     def zero_factor(self) -> float:
         """Rounding noise of an output value, relative to the largest output on a line."""
@@ -147,6 +154,8 @@ class Oracle:
         return float(max(1e-3, 2.0 * self.eps ** (1.0 / 3.0)))
 
 
+#: Unit roundoff above which the outputs count as low precision (:attr:`Oracle.low_precision`).
+LOW_PRECISION = 1e-10
 #: Rounding noise of the outputs on a line: NOISE_FACTOR * eps * max |output| (deep float32
 #: forward passes round to a few eps * sqrt(width); 256 leaves a margin for widths up to ~1000).
 NOISE_FACTOR = 256.0

@@ -112,7 +112,7 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
     # plane fit); closer in, fewer do. Low precision keeps 1/8 (estimates are ~1e-3 off).
-    low = S == REFIT_SAMPLES_LOW or coarse  # low precision
+    low = oracle.low_precision
     inner = REFIT_INNER_LOW if low else REFIT_INNER_DOUBLE
     side = np.linspace(half / 8, half, S)
     if S == REFIT_SAMPLES_LAST:  # a line through two points: the innermost and the farthest
@@ -363,7 +363,7 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False):
     k, kin = W.shape
     tol = REFIT_AGREE if tol is None else tol
     P = (5 * kin) // 4 + REFIT_EXTRA
-    S = (REFIT_SAMPLES_LAST if last else REFIT_SAMPLES_DOUBLE) if oracle.eps < 1e-12 else REFIT_SAMPLES_LOW
+    S = REFIT_SAMPLES_LOW if oracle.low_precision else (REFIT_SAMPLES_LAST if last else REFIT_SAMPLES_DOUBLE)
     W2, b2 = W.copy(), b.copy()
     refitted = 0
     why: dict = {}
@@ -453,7 +453,8 @@ def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves=None):
     if fit is None or fit[2] > REFIT_FIT * oracle.eps or np.linalg.norm(fit[0] - w) > COARSE_AGREE:
         return None
     # The plane's angle error from the spread of its kinks about it: n points on a sphere of
-    # radius rho in d - 1 dimensions fix each direction to sigma sqrt(d / n) / rho.
+    # radius rho in d - 1 dimensions fix each direction to sigma sqrt(d / n) / rho, the
+    # normal (d directions) to sigma d / (rho sqrt(n)).
     r = pts[ok] @ fit[0] + fit[1]
     sigma = 1.4826 * float(np.median(np.abs(r - np.median(r))))
     return fit[0], fit[1], sigma * d / (rho * np.sqrt(ok.sum()))

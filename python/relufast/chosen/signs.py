@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .hyperplanes import LOW_PRECISION
 from .net import pre_activations, preact_jacobians
 from .refit import _boundary_points
 
@@ -143,7 +142,7 @@ def _round(oracle, known, layer, todo, settled, rng, n_points=WIGGLE_POINTS, sca
     noise = oracle.zero_factor() * np.abs(Y).max(axis=(1, 2)) + 1e-300
     up = np.abs(Y[:, 1] - Y[:, 0]).max(axis=1) / noise
     down = np.abs(Y[:, 2] - Y[:, 0]).max(axis=1) / noise
-    if oracle.eps > LOW_PRECISION:
+    if oracle.low_precision:
         move_up = (up > MOVE_LOW) & (up > RATIO_LOW * down)
         move_down = (down > MOVE_LOW) & (down > RATIO_LOW * up)
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lines import window_kinks
-from .walk import SCREEN_EPS, zeta
+from .walk import zeta
 
 __all__ = ["verified"]
 
@@ -50,7 +50,7 @@ def _hits(oracle, known, tent, Theta, rng):
     :func:`.lines.find_kinks`) and the kink must lie within one window unit of the
     crossing; a row one hit short is tried on VERIFY_LINES more lines."""
     d = oracle.d
-    low = oracle.eps >= SCREEN_EPS
+    low = oracle.low_precision
     hits, tries = np.zeros(len(Theta), dtype=int), np.zeros(len(Theta), dtype=int)
     rows = np.arange(len(Theta))
     for again in range(2 if low else 1):
