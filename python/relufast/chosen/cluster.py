@@ -184,9 +184,10 @@ def _outliers(ang):
 
 #: A kink's median angle to the rest of its component, over the component's median of
 #: these, above which it is dropped at low precision; and the floor (radians). On a
-#: float32 64-32-32-10, a unit's kinks agreed within 1e-4 but one in 6 to 40 had a normal
-#: 4e-3 to 1e-2 off: the stacked equations had no null vector (smallest singular values
-#: 1.5e-4 to 5e-4 of the largest, tolerance 1.7e-4) and 1e-5 to 4e-5 without it.
+#: float32 64-32-32-10 (a diagnostic run against its weights), a unit's kinks agreed
+#: within 1e-4 but one in 6 to 40 had a normal 4e-3 to 1e-2 off: the stacked equations had
+#: no null vector (smallest singular values 1.5e-4 to 5e-4 of the largest, tolerance
+#: 1.7e-4) and 1e-5 to 4e-5 without it.
 OUTLIER, OUTLIER_FLOOR = 4.0, 1e-3
 
 

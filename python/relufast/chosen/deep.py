@@ -451,9 +451,10 @@ DRY_LINES = 64
 
 #: Largest angle between two restrictions of one unit (:func:`.cluster.cluster_units`), in
 #: units of the null tolerance; at low precision LINK_LOW radians, where the null tolerance
-#: is capped (float32: 1000 of it is 0.17 rad, and on a float32 64-32-32-10 kinks of 21
-#: units linked into one component of 502; same-unit angles were 7e-5 in the median and
-#: 7e-3 at the 99th percentile, and at 0.01 every component was one unit's).
+#: is capped (float32: 1000 of it is 0.17 rad; in a diagnostic run on a float32
+#: 64-32-32-10 the kinks of 21 units linked into one component of 502; same-unit angles
+#: were 7e-5 in the median and 7e-3 at the 99th percentile, and at 0.01 every component was
+#: one unit's).
 ANGLE, LINK_LOW = 1000.0, 0.01
 
 

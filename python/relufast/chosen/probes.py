@@ -200,7 +200,8 @@ def _co_active(hidden, scales, rng):
     the longest of CO_ACTIVE_STEPS (times the start's scale) after which the extracted
     network has both units active (computed, no query), the point dropped if none does.
 
-    A float32 10-15-15-1 was certified `exact` with one second-layer row 2e-4 off (a
+    A float32 10-15-15-1 (bench/test_bench_chosen.py, seed 3; its error measured in a
+    diagnostic run) was certified `exact` with one second-layer row 2e-4 off (a
     coefficient its refit never saw active): the function differed on 0.2-0.5% of Gaussian
     points at scales 3-30, where no probe of the other families went."""
     d = hidden[0][0].shape[1]
@@ -237,7 +238,7 @@ def _co_active(hidden, scales, rng):
 
 #: Start scales of the co-activity probes (:func:`_co_active`), and their steps into the
 #: region where both units are active (times the start's scale), longest first. With a
-#: step of 0.05 alone the 10-15-15-1 above missed by 1.4e-5 (tolerance 1.2e-5).
+#: step of 0.05 alone the 10-15-15-1 above missed by 1.4e-5 (tolerance 1.2e-5; one run).
 CO_ACTIVE_STARTS = (1.0, 10.0)
 CO_ACTIVE_STEPS = (0.5, 0.05)
 #: Newton steps towards the meeting of the two boundaries (exact in one step within a

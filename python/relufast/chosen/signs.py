@@ -36,7 +36,7 @@ WIGGLE_POINTS, WIGGLE_STEP = 6, 0.25
 #: still when below STILL times it. At low precision (where the rounding bound, 256 eps of
 #: the largest output, is ~100x what a float32 forward pass rounds by) a side moves above
 #: MOVE_LOW times the bound and RATIO_LOW times the other side's change: a float32
-#: 64-32-32-10 left a first-layer unit open whose moving side changed by 58-529 times the
+#: 64-32-32-10 (a diagnostic run) left a first-layer unit open whose moving side changed by 58-529 times the
 #: bound and whose still side by 0.005-0.016 times it (its kinks were then grouped with
 #: the signs open: 400,000 of the 1.3 million queries of the run).
 MOVE, STILL = 1e3, 1.0

@@ -113,9 +113,9 @@ def verified(oracle, known, tent, Theta, rng, carry, tol):
 #: Random lines on which a deeper unit's predicted boundary is tested, and hits needed.
 VERIFY_LINES, VERIFY_HITS = 4, 4
 #: Points of a test window at low precision (spaced by the window unit). On a float32
-#: 64-32-32-10 the six-point windows showed the kinks of true second-layer units at 92% of
-#: their predicted crossings, these at 96%; with all four needed, half of the true rows
-#: the clustering proposed were rejected, round after round.
+#: 64-32-32-10 (a diagnostic run) the six-point windows showed the kinks of true
+#: second-layer units at 92% of their predicted crossings, these at 96%; with all four
+#: needed, half of the true rows the clustering proposed were rejected, round after round.
 HIT_CELLS_LOW = 16
 #: Share of a row's predicted crossings over all its tests that must show a kink
 #: (:func:`verified`).
