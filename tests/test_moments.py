@@ -127,12 +127,13 @@ def _variants():
 
     found = [("baseline", _core)]
     for name, ok in (("avx2", _core.cpu_has_avx2_fma()), ("avx512", _core.cpu_has_avx512())):
+        if not ok:  # importing a variant the CPU lacks can fault in its static initialisers
+            continue  # (the AVX-512 build on an AMD EPYC with AVX2 only: Illegal instruction)
         try:
             mod = importlib.import_module(f"relufast._core_{name}")
         except ImportError:
             continue
-        if ok:
-            found.append((name, mod))
+        found.append((name, mod))
     return found
 
 
