@@ -700,7 +700,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
                 parts.append(rows)
                 if asks:
                     base, dirs = np.array([a for a, _ in asks]), np.array([u for _, u in asks])
-                    _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=size == 1)
+                    _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=True)
             found = np.vstack(parts)
             if delta is None:  # rows under each choice of the open signs: the choice whose rows hold
                 found, hold = _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol)

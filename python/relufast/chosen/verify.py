@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lines import window_kinks
+from .net import pre_activations
 from .walk import zeta
 
 __all__ = ["verified"]
@@ -36,6 +37,17 @@ def _crossings(known, tent, Theta, rng, d):
                 P[i], U[i] = a + 0.5 * (lo + hi) * u, u / np.linalg.norm(u)
                 break
     return P, U
+
+
+def _normals(known, tent, P, Theta):
+    """Unit gradients in x of each row's zeta (on ``[phi, 1]``) at its point (rows of P and
+    Theta): the row pushed back through the units active there (no Jacobian matrices)."""
+    kt = tent[0].shape[0]
+    Z, _ = pre_activations([*known, tent], P)
+    g = (Theta[:, :kt] * (Z[-1] > 0)) @ tent[0] + Theta[:, kt:-1]  # d zeta / d h_l
+    for li in range(len(known) - 1, -1, -1):
+        g = (g * (Z[li] > 0)) @ known[li][0]
+    return g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
 
 
 #: Random lines (computed, no query) tried for a crossing of a predicted boundary: a unit
@@ -68,6 +80,11 @@ def _hits(oracle, known, tent, Theta, rng):
             continue
         w = oracle.window()
         if low:
+            # Along the predicted normal (a random line in d = 784 meets the boundary at a
+            # grazing angle, magnifying a row's error), on a finer window (fewer kinks of
+            # other units within two points, which hide the one sought).
+            U = _normals(known, tent, P, Theta[owner])
+            w *= HIT_SPACING_LOW
             _, kinks = window_kinks(oracle, P, U, w, cells=HIT_CELLS_LOW)
             hit = np.zeros(len(P), dtype=bool)
             hit[kinks.line[np.abs(kinks.t) <= w]] = True
@@ -117,6 +134,8 @@ VERIFY_LINES, VERIFY_HITS = 4, 4
 #: second-layer units at 92% of their predicted crossings, these at 96%; with all four
 #: needed, half of the true rows the clustering proposed were rejected, round after round.
 HIT_CELLS_LOW = 16
+#: Spacing of those points at low precision, in window units (:meth:`.oracle.Oracle.window`).
+HIT_SPACING_LOW = 0.25
 #: Share of a row's predicted crossings over all its tests that must show a kink
 #: (:func:`verified`).
 MIN_HIT_RATE = 0.35

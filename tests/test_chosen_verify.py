@@ -1,0 +1,48 @@
+"""The test of a deeper unit's predicted boundary at low precision (relufast.chosen.verify).
+
+At d = 784 in float32 the rows the clustering proposes for a second-layer unit are ~2e-4
+off (a diagnostic run on a trained 784-64-64-10). On random lines, which meet a boundary
+at a grazing angle in 784 dimensions, such an error moved the predicted crossing far
+outside its window, and true rows were rejected round after round; along the predicted
+normal, in a finer window, they pass, and rows that are not units' still fail.
+"""
+
+import numpy as np
+import pytest
+
+import relufast as rf
+from relufast.chosen.oracle import Oracle
+from relufast.chosen.verify import verified
+
+
+@pytest.fixture(scope="module")
+def second_layer():
+    d, k1, k2 = 784, 64, 32
+    hidden, out = rf.planted.deep_relu(d, [k1, k2], 10, random_state=0)
+    oracle = Oracle(rf.planted.relu_function(hidden, out, dtype=np.float32), d)
+    (W1, b1), (W2, b2) = hidden
+    s = np.linalg.norm(W1, axis=1)
+    tent = (W1 / s[:, None], b1 / s)  # the first layer as the search holds it (unit rows)
+    rows = np.hstack([W2 * s, np.zeros((k2, d)), b2[:, None]])  # on [relu(z~), h_0, 1]
+    return oracle, tent, rows / np.linalg.norm(rows[:, :k1], axis=1, keepdims=True)
+
+
+def test_rows_near_the_units_verify_in_float32_at_d_784(second_layer):
+    oracle, tent, rows = second_layer
+    rng = np.random.default_rng(1)
+    oracle(rng.standard_normal((2, oracle.d)))  # the precision is read from the answers
+    assert oracle.low_precision
+    k1 = tent[0].shape[0]
+    noise = rng.standard_normal(rows.shape)
+    noise[:, k1:-1] = 0.0
+    near = rows + 2e-4 * noise / np.linalg.norm(noise, axis=1, keepdims=True)
+    ok = verified(oracle, [], tent, near, rng, {}, 1e-6)
+    assert ok.sum() >= 28, ok.sum()  # 31 of 32 here; 2 of 32 on random lines
+
+
+def test_rows_of_no_unit_fail(second_layer):
+    oracle, tent, rows = second_layer
+    rng = np.random.default_rng(2)
+    oracle(rng.standard_normal((2, oracle.d)))
+    wrong = 0.5 * (rows + np.roll(rows, 1, axis=0))  # each the mean of two units' rows
+    assert not verified(oracle, [], tent, wrong, rng, {}, 1e-6).any()
