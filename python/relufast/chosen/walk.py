@@ -58,13 +58,13 @@ def downstream_basis(layers):
         def basis(x, r):
             return np.linalg.qr(np.swapaxes(W[order(x)[:, :r]], 1, 2))[0]  # (c, d, r)
 
-        return Spans(lambda x: (x @ W.T + b > 0).sum(axis=1), basis)
+        return Spans(lambda x: (x @ W.T + b > 0).sum(axis=1), basis, layers)
 
     def svd(x):  # right singular vectors of the active Jacobian, and its rank
         _, s, Vt = np.linalg.svd(active_jacobian(layers, x), full_matrices=False)
         return Vt, (s > SPAN_RANK * np.maximum(s[:, :1], 1e-300)).sum(axis=1)
 
-    return Spans(lambda x: svd(x)[1], lambda x, r: np.swapaxes(svd(x)[0][:, :r], 1, 2))
+    return Spans(lambda x: svd(x)[1], lambda x, r: np.swapaxes(svd(x)[0][:, :r], 1, 2), layers)
 
 
 #: Relative singular value of the active Jacobian under which a direction is not in its span.
