@@ -113,7 +113,12 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
         Q = np.linalg.qr(rng.standard_normal((d, d)))[0]
         basis = lambda x: np.broadcast_to(Q, (len(x), d, d))  # noqa: E731
     side = kinks.step * kinks.u  # one grid step along the line: linear up to there
-    h = oracle.fd_fraction() * kinks.step * np.linalg.norm(kinks.u, axis=1)
+    if layers is not None and oracle.low_precision:
+        # Drawn in to AFFINE_CLEAR of the room along the line before a known boundary (a
+        # step beyond it measures another region's map), to SIDE_FLOOR of a step at least.
+        room = np.minimum(_crossing(layers, kinks.x, side), _crossing(layers, kinks.x, -side))
+        side = side * np.clip(AFFINE_CLEAR * room, SIDE_FLOOR, 1.0)[:, None]
+    h = oracle.fd_fraction() * np.linalg.norm(side, axis=1)
     r = basis(kinks.x[:1]).shape[2]
     chunk = max(1, int(FD_BATCH_BYTES // (2 * (r + 1) * d * 8)))  # kinks per model call
     jumps, fscale = [], []
@@ -217,6 +222,9 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
         last[todo] = offs[todo]
     return n
 
+
+#: Least share of a grid step kept between a kink and its finite-difference points.
+SIDE_FLOOR = 1 / 16
 
 #: Share of the distance to the nearest known boundary (along the normal) that a box's
 #: offset may reach, and of the distance to a known boundary that a box point may; an
