@@ -132,8 +132,8 @@ def test_wiggle_signs_never_guess_on_a_wide_layer():
 
 
 def test_chosen_queries_have_a_default_budget(monkeypatch):
-    # Without max_queries a chosen-query run is bounded (100 queries a hidden weight, at
-    # least 2 million); a run that spends it ends failed and names max_queries.
+    # Without max_queries a chosen-query run is bounded (100 queries a hidden weight, 250 in
+    # float32, at least 2 million); a run that spends it ends failed and names max_queries.
     from relufast import extraction
 
     assert extraction.chosen_budget(784, (32,)) == 100 * 32 * 785
@@ -147,6 +147,14 @@ def test_chosen_queries_have_a_default_budget(monkeypatch):
     assert res.status == "failed" and not res.exact
     assert "max_queries=3000" in res.message
     assert res.counts["queries"] <= 3000
+    # float32 answers (read from the first one) take the low-precision budget.
+    assert extraction.chosen_budget(784, (32,), low_precision=True) == 250 * 32 * 785
+    monkeypatch.setattr(extraction, "CHOSEN_BUDGET_PER_WEIGHT_LOW", 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", rf.RelufastWarning)
+        f32 = rf.planted.relu_function(hidden, out, dtype=np.float32)
+        res = rf.extract(f32, 12, (8, 6), queries="chosen", random_state=0)
+    assert res.status == "failed" and "max_queries=7900" in res.message  # 50 x 158 hidden weights
 
 
 def test_plane_fit_drops_a_misplaced_kink_of_high_leverage():
@@ -280,3 +288,21 @@ def test_deeper_normals_measured_in_the_span_of_the_active_units():
     g = J[np.arange(len(unit)), unit]
     g /= np.linalg.norm(g, axis=1, keepdims=True)
     assert np.abs(np.abs(np.einsum("kd,kd->k", g, nrm.n)) - 1).max() < 1e-8
+
+
+def test_kink_equations_without_the_projector_matrix():
+    # deep._constraints forms (I - n n^T) A^T without the (d, d) projector (d^2 D flops a
+    # kink at d = 784, where chains and their completion build it kink after kink).
+    from relufast.chosen.deep import _constraints
+    from relufast.chosen.net import feature_jacobians
+
+    rng = np.random.default_rng(5)
+    hidden, _ = rf.planted.deep_relu(30, [12, 8], 2, random_state=5)
+    x, n = rng.standard_normal((7, 30)), rng.standard_normal((7, 30))
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    M = _constraints(hidden[:1], hidden[1], x, n)
+    A = feature_jacobians(hidden[:1], hidden[1], x)
+    P = np.eye(30)[None] - n[:, :, None] * n[:, None, :]
+    assert M.shape == (7, 31, 12 + 8 + 1)
+    np.testing.assert_allclose(M[:, :30, :-1], P @ np.swapaxes(A, 1, 2), atol=1e-12)
+    assert np.all(M[:, :30, -1] == 0)

@@ -312,8 +312,9 @@ def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, 
     from .chosen.driver import extract_chosen
 
     batch_size = check_positive_int(batch_size, "batch_size")
+    low = None
     if max_queries is None:
-        max_queries = chosen_budget(d, widths)
+        max_queries, low = chosen_budget(d, widths), chosen_budget(d, widths, low_precision=True)
     max_queries = check_positive_int(max_queries, "max_queries")
     f, dtype_name = as_query_function(model)
     hint = (
@@ -332,6 +333,7 @@ def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, 
         progress=progress,
         batch_size=batch_size,
         readable=getattr(f, "readable", None),
+        max_queries_low=low,
     )
 
 
@@ -359,15 +361,19 @@ def _refuse_random_options(why, n_queries, method, n_jobs):
 
 #: Default query budget of chosen queries: CHOSEN_BUDGET_PER_WEIGHT queries a hidden weight,
 #: at least CHOSEN_BUDGET_MIN (the networks of the benchmarks that end exact use 11-60 a
-#: weight; a run that cannot succeed ends with a message instead of running for an hour).
-CHOSEN_BUDGET_PER_WEIGHT, CHOSEN_BUDGET_MIN = 100, 2_000_000
+#: weight; a run that cannot succeed ends with a message instead of running for an hour);
+#: CHOSEN_BUDGET_PER_WEIGHT_LOW where the outputs are float32 (or coarser), whose searches
+#: cost more (a trained float32 784-64-64-10: about 160 a weight).
+CHOSEN_BUDGET_PER_WEIGHT, CHOSEN_BUDGET_MIN, CHOSEN_BUDGET_PER_WEIGHT_LOW = 100, 2_000_000, 250
 
 
-def chosen_budget(d, widths):
-    """The default ``max_queries`` of chosen queries for hidden widths ``widths`` after d inputs."""
+def chosen_budget(d, widths, low_precision=False):
+    """The default ``max_queries`` of chosen queries for hidden widths ``widths`` after d inputs
+    (``low_precision``: for float32 outputs, known from the model's first answer)."""
     dims = [int(d), *map(int, widths)]
     weights = sum(dims[i + 1] * (dims[i] + 1) for i in range(len(dims) - 1))
-    return max(CHOSEN_BUDGET_MIN, CHOSEN_BUDGET_PER_WEIGHT * weights)
+    per = CHOSEN_BUDGET_PER_WEIGHT_LOW if low_precision else CHOSEN_BUDGET_PER_WEIGHT
+    return max(CHOSEN_BUDGET_MIN, per * weights)
 
 
 def _with_plan(res, widths, widths_from, mode, why):
@@ -463,8 +469,8 @@ def extract(
         refuse it (``ValueError``): each step takes what it needs, bounded by ``max_queries``.
     max_queries : int or None
         Budget of queries (None: 2,000,000 for random queries; for chosen ones 100 a hidden weight,
-        at least 2,000,000: :func:`chosen_budget`). A chosen-query run that spends it ends `failed`
-        with a message naming max_queries.
+        250 where the model answers in float32, at least 2,000,000: :func:`chosen_budget`). A
+        chosen-query run that spends it ends `failed` with a message naming max_queries.
     precision : None, str or float
         Precision of the outputs (default: from the model's output dtype; torch float32
         modules are certified at float32).

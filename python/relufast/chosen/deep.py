@@ -56,8 +56,8 @@ def _constraints(known, tent, x, n):
     A = feature_jacobians(known, tent, x)  # (K, D, d)
     Phi, _ = features(known, tent, x)
     K, d = x.shape
-    P = np.eye(d)[None] - n[:, :, None] * n[:, None, :]
-    T = np.einsum("kij,kDj->kiD", P, A)
+    # (I - n n^T) A^T without the (d, d) projector (d^2 D flops a kink at d = 784)
+    T = np.swapaxes(A, 1, 2) - n[:, :, None] * np.einsum("kj,kDj->kD", n, A)[:, None, :]
     tan = np.concatenate([T, np.zeros((K, d, 1))], axis=2)
     pt = np.concatenate([Phi, np.ones((K, 1))], axis=1)[:, None, :]
     return np.concatenate([tan, pt], axis=1)
@@ -162,6 +162,10 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
             X[c], N[c] = Xn[j], Nn[j]
             pats[c].append(activation_pattern(layers, Xn[j : j + 1])[0])
             M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])], axis=1)
+            if M[c].nbytes > CHAIN_BYTES and M[c].shape[1] > M[c].shape[2]:
+                # Only the null space is used: the triangular factor keeps it (d + 1 rows a
+                # step, 5 MB at d = 784: a trained float32 784-64-64-10 held 8.6 GB in chains).
+                M[c] = np.asarray(np.linalg.qr(M[c][0], mode="r"))[None]
             if _targets(pats[c], n_tent, n_last, delta):
                 continue  # phi has null directions until every unit was crossed
             theta = _solve(M[c], _null_tol(oracle))
@@ -180,6 +184,10 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
     ]
     return (np.array(found) if found else None), unfinished
 
+
+#: Size of a chain's stacked equations above which they are reduced to a triangular factor;
+#: memory of one block of a pool's equations in :func:`_complete` (bytes).
+CHAIN_BYTES, COMPLETE_BYTES = 32 * 2**20, 256 * 2**20
 
 #: A chain left with this many boundaries or fewer never crossed is completed from the pool.
 PARTIAL = 4
@@ -263,29 +271,41 @@ def _complete(oracle, known, tent, partial, pool):
     dimension the hyperplane is found."""
     if not partial or len(pool) == 0:
         return []
-    Mp = _constraints(known, tent, pool.x, pool.n)
-    scale = np.linalg.norm(Mp, axis=(1, 2))
     P = activation_pattern([*known, tent], pool.x)
     tol = _null_tol(oracle)
-    out = []
+    chains = []  # [null rows K, units todo, done] per chain, each walked through the pool in order
     for Mc, _, _, todo in partial:
         K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol)
-        if len(K) != len(todo) + 1:
-            continue
-        for i in range(len(pool)):
-            near = [u for u, sign in todo if P[i, u] != (sign > 0)]
-            if len(near) == len(todo):
-                continue  # on the chain's side of every missed boundary: tells nothing
-            sv, Wt = _right_svd(Mp[i] @ K.T)
-            keep = sv <= tol * scale[i]
-            if keep.sum() != len(near) + 1:
-                continue  # another unit's kink
-            K = Wt[keep] @ K
-            K /= np.linalg.norm(K, axis=1, keepdims=True)
-            todo = [(u, sign) for u, sign in todo if u in near]
-            if len(K) == 1:
-                out.append(K[0] / np.linalg.norm(K[0, :-1]))
-                break
+        if len(K) == len(todo) + 1:
+            chains.append([K, todo, False])
+    out = []
+    # A kink's equations are (d + 1) x (D + 1), 5 MB at d = 784: the pool's in blocks (the
+    # whole pool of a trained float32 784-64-64-10 asked for 7.6 GiB at once).
+    d = pool.x.shape[1]
+    block = max(1, int(COMPLETE_BYTES // (8 * (d + 1) * (tent[0].shape[0] + tent[0].shape[1] + 1))))
+    for lo in range(0, len(pool), block):
+        if all(c[2] for c in chains):
+            break
+        Mp = _constraints(known, tent, pool.x[lo : lo + block], pool.n[lo : lo + block])
+        scale = np.linalg.norm(Mp, axis=(1, 2))
+        for chain in chains:
+            for j in range(len(Mp)):
+                K, todo, done = chain
+                if done:
+                    break
+                near = [u for u, sign in todo if P[lo + j, u] != (sign > 0)]
+                if len(near) == len(todo):
+                    continue  # on the chain's side of every missed boundary: tells nothing
+                sv, Wt = _right_svd(Mp[j] @ K.T)
+                keep = sv <= tol * scale[j]
+                if keep.sum() != len(near) + 1:
+                    continue  # another unit's kink
+                K = Wt[keep] @ K
+                K /= np.linalg.norm(K, axis=1, keepdims=True)
+                chain[0], chain[1] = K, [(u, sign) for u, sign in todo if u in near]
+                if len(K) == 1:
+                    out.append(K[0] / np.linalg.norm(K[0, :-1]))
+                    chain[2] = True
     return out
 
 

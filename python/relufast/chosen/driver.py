@@ -527,6 +527,7 @@ def extract_chosen(
     progress=None,
     batch_size=None,
     readable=None,
+    max_queries_low=None,
 ):
     """Extract a ReLU network with ``len(widths)`` hidden layers from a query function.
 
@@ -539,6 +540,8 @@ def extract_chosen(
     widths : tuple of int
         Hidden widths (k_1, ..., k_L).
     max_queries : int or None
+    max_queries_low : int or None
+        The budget instead of ``max_queries`` where the outputs are low precision (float32).
     dtype_name : str or None
         Output dtype when known before the first call (torch modules).
     precision : None, str or float
@@ -576,9 +579,12 @@ def extract_chosen(
     def report(oracle, stage=None, force=False):
         stage = stage or (clock.current or "").replace("_", " ")
         spent = time.perf_counter() - clock.t_start
+        bar.total = oracle.max_queries or bar.total  # the low-precision budget once the outputs show it
         bar.update(oracle.n_queries, f"{stage}: {oracle.n_queries:,} queries, {spent:.0f} s   ", force)
 
-    oracle = Oracle(f, n_features, max_queries, dtype_name, precision, batch_size, report if bar.enabled else None)
+    oracle = Oracle(
+        f, n_features, max_queries, dtype_name, precision, batch_size, report if bar.enabled else None, max_queries_low
+    )
     diag: dict = {}
     if getattr(readable, "reads", None):
         diag["outputs_read_from"] = readable.reads

@@ -44,6 +44,9 @@ class Oracle:
         calls (None: one call).
     on_answer : callable or None
         Called with the oracle after every answered request (progress reports).
+    max_queries_low : int or None
+        The budget that replaces ``max_queries`` once the first answer shows low-precision
+        outputs (float32 searches cost several times the queries of float64 ones).
 
     A ``time_limit`` set around the extraction (:func:`relufast._deadline.limit`) is checked
     before every request: once it has passed, the request raises
@@ -51,9 +54,18 @@ class Oracle:
     """
 
     def __init__(
-        self, f, n_features, max_queries=None, dtype_name=None, precision=None, batch_size=None, on_answer=None
+        self,
+        f,
+        n_features,
+        max_queries=None,
+        dtype_name=None,
+        precision=None,
+        batch_size=None,
+        on_answer=None,
+        max_queries_low=None,
     ):
         self.f = f
+        self.max_queries_low = max_queries_low
         self.batch_size = batch_size
         self.on_answer = on_answer
         self.d = int(n_features)
@@ -100,6 +112,8 @@ class Oracle:
             name = self._dtype or Y.dtype.name
             probe = np.empty(0, dtype=name if name in ("float32", "float16") else np.float64)
             self.precision = resolve_precision(probe, self._precision_arg)
+            if self.low_precision and self.max_queries_low is not None:
+                self.max_queries = self.max_queries_low
         got = Y.dtype.name
         if Y.size % max(len(X), 1):
             raise ValueError(
