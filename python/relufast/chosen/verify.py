@@ -3,7 +3,8 @@ predicted boundary must be a boundary of the model at random places.
 
 A row of Theta (on ``[phi, 1]`` of the tentative layer, :func:`.walk.zeta`) predicts where
 its unit switches on any line (computed, no query); a window around such a crossing on a
-few random lines must show a kink of the model (:func:`.lines.window_kinks`).
+few random lines must show a kink of the model (:func:`.lines.window_kinks`), the window
+along the predicted normal at low precision.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ CROSSING_TRIES = 64
 def _hits(oracle, known, tent, Theta, rng):
     """(hits, tries) per row of Theta: on VERIFY_LINES random lines where its zeta changes
     sign (tries), the lines with a kink of the model there (hits). At low precision the
-    window has HIT_CELLS_LOW points (its threshold from the line's own second differences,
-    :func:`.lines.find_kinks`) and the kink must lie within one window unit of the
-    crossing; a row one hit short is tried on VERIFY_LINES more lines."""
+    window runs along the row's predicted normal at the crossing, with HIT_CELLS_LOW points
+    HIT_SPACING_LOW window units apart (its threshold from the line's own second
+    differences, :func:`.lines.find_kinks`), the kink must lie within one spacing of the
+    crossing, and a row one hit short is tried on VERIFY_LINES more lines."""
     d = oracle.d
     low = oracle.low_precision
     hits, tries = np.zeros(len(Theta), dtype=int), np.zeros(len(Theta), dtype=int)
