@@ -209,7 +209,7 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
     boxes of 0.008 and more crossed them and left normals 0.1-0.3 off)."""
     done = np.zeros(len(x), dtype=bool)
     n = n.copy()
-    cap = np.full(len(x), np.inf) if layers is None else AFFINE_CLEAR * _room(layers, x, n)
+    cap = np.full(len(x), np.inf) if layers is None else AFFINE_CLEAR * _clearance(layers, x, n)
     last = np.full(len(x), np.inf)
     for off in AFFINE_OFFSETS:
         offs = np.minimum(off, cap)
@@ -247,7 +247,7 @@ def _crossing(layers, X, D):
     return s
 
 
-def _room(layers, x, n):
+def _clearance(layers, x, n):
     """Distance from each kink along both signs of its normal to the nearest known boundary."""
     return np.minimum(_crossing(layers, x, n), _crossing(layers, x, -n))
 

@@ -95,4 +95,14 @@ def activation_pattern(layers, X):
     return np.hstack([z > 0 for z in Z])
 
 
-__all__ += ["preact_jacobians", "activation_pattern", "active_jacobian"]
+def pull_back(layers, G, Z):
+    """Rows of G (n, k_l): gradients with respect to the outputs of ``layers`` (l of them), as
+    gradients in x at points whose pre-activations are Z (:func:`pre_activations`, at least
+    the first l): each row pushed back through the units active there (n sum k_l k_(l-1)
+    flops, no Jacobian matrices)."""
+    for li in range(len(layers) - 1, -1, -1):
+        G = (G * (Z[li] > 0)) @ layers[li][0]
+    return G
+
+
+__all__ += ["preact_jacobians", "activation_pattern", "active_jacobian", "pull_back"]

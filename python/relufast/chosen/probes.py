@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .net import pre_activations
+from .net import pre_activations, pull_back
 
 __all__ = ["certificate_probes", "probe_errors", "reach", "magnitude", "send"]
 
@@ -126,10 +126,7 @@ def _unit_gradients(hidden, li, unit, X):
     per row), by one backward pass through the activation pattern of each row."""
     Z, _ = pre_activations(hidden[: li + 1], X)
     rows = np.arange(len(X))
-    G = hidden[li][0][unit]
-    for i in range(li - 1, -1, -1):
-        G = (G * (Z[i] > 0)) @ hidden[i][0]
-    return Z[li][rows, unit], G
+    return Z[li][rows, unit], pull_back(hidden[:li], hidden[li][0][unit], Z)
 
 
 def _least_norm(Gu, Gj, ru, rj):
@@ -151,11 +148,8 @@ def _pair_gradients(hidden, li, u, j, X):
     pass, two backward passes through each row's activation pattern."""
     Z, _ = pre_activations(hidden[: li + 1], X)
     rows = np.arange(len(X))
-    Gu = (hidden[li][0][u] * (Z[li - 1] > 0)) @ hidden[li - 1][0]
-    Gj = hidden[li - 1][0][j]
-    for i in range(li - 2, -1, -1):
-        Gu = (Gu * (Z[i] > 0)) @ hidden[i][0]
-        Gj = (Gj * (Z[i] > 0)) @ hidden[i][0]
+    Gu = pull_back(hidden[: li - 1], (hidden[li][0][u] * (Z[li - 1] > 0)) @ hidden[li - 1][0], Z)
+    Gj = pull_back(hidden[: li - 1], hidden[li - 1][0][j], Z)
     return (
         np.stack([Z[li][rows, u], Z[li - 1][rows, j]], axis=1),
         Gu,

@@ -35,7 +35,7 @@ import numpy as np
 import scipy.linalg
 
 from .._validation import NonFiniteOutputs
-from .net import activation_pattern, pre_activations
+from .net import activation_pattern, pre_activations, pull_back
 
 __all__ = ["anchored_rows", "refit_layer"]
 
@@ -97,10 +97,7 @@ def _unit_gradient(known, w, Z):
     layers are Z (a row vector pushed back through the active units: n sum k_l k_(l-1)
     flops, no Jacobian matrices)."""
     n = len(Z[0]) if Z else 0
-    g = np.broadcast_to(w, (n, len(w)))
-    for li in range(len(known) - 1, -1, -1):
-        g = (g * (Z[li] > 0)) @ known[li][0]
-    return np.ascontiguousarray(g)
+    return np.ascontiguousarray(pull_back(known, np.broadcast_to(w, (n, len(w))), Z))
 
 
 def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=False):

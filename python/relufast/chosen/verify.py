@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lines import window_kinks
-from .net import pre_activations
+from .net import pre_activations, pull_back
 from .walk import zeta
 
 __all__ = ["verified"]
@@ -45,9 +45,7 @@ def _normals(known, tent, P, Theta):
     Theta): the row pushed back through the units active there (no Jacobian matrices)."""
     kt = tent[0].shape[0]
     Z, _ = pre_activations([*known, tent], P)
-    g = (Theta[:, :kt] * (Z[-1] > 0)) @ tent[0] + Theta[:, kt:-1]  # d zeta / d h_l
-    for li in range(len(known) - 1, -1, -1):
-        g = (g * (Z[li] > 0)) @ known[li][0]
+    g = pull_back(known, (Theta[:, :kt] * (Z[-1] > 0)) @ tent[0] + Theta[:, kt:-1], Z)  # d zeta / d h_l, to x
     return g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
 
 
