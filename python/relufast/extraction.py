@@ -363,7 +363,8 @@ def _refuse_random_options(why, n_queries, method, n_jobs):
 #: at least CHOSEN_BUDGET_MIN (the networks of the benchmarks that end exact use 11-60 a
 #: weight; a run that cannot succeed ends with a message instead of running for an hour);
 #: CHOSEN_BUDGET_PER_WEIGHT_LOW where the outputs are float32 (or coarser), whose searches
-#: cost more (a trained float32 784-64-64-10: about 160 a weight).
+#: cost more (diagnostic runs of a trained float32 784-64-64-10: about 90 a weight for its
+#: first layer alone; it did not finish in 220).
 CHOSEN_BUDGET_PER_WEIGHT, CHOSEN_BUDGET_MIN, CHOSEN_BUDGET_PER_WEIGHT_LOW = 100, 2_000_000, 250
 
 
