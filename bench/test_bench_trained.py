@@ -22,7 +22,7 @@ from .test_bench_chosen_size import n_params, run_child
 
 pytest.importorskip("torch")
 
-CASES = [((64, 64), "float64", 300), ((128, 128), "float64", 400), ((64, 64), "float32", 400)]
+CASES = [((64, 64), "float64", 300), ((128, 128), "float64", 400), ((64, 64), "float32", 900)]
 
 CHILD = r"""
 import json, sys, time, warnings

@@ -167,3 +167,37 @@ def test_open_signs_are_clustered_under_each_choice(monkeypatch):
     assert seen and seen[0] == 2
     assert res.exact and res.status == "exact", res.message
     assert function_error(res, P.relu_function(hidden, out), d) <= F32_FUNC_TOL
+
+
+def test_anchored_rows_refuse_a_top_pass_outside_its_own_margin(monkeypatch):
+    """A pass at the last radius whose own error estimate puts its plane outside the
+    segments' margin there (kinks of other boundaries on long segments: rows of a trained
+    float32 784-64-64-10 ended 0.008-0.02 rad off) does not finish the row."""
+    from relufast.chosen import refit
+
+    d, k = 100, 32
+    hidden, out = P.deep_relu(d, (k,), 1, random_state=0)
+    W, b = hidden[0]
+    s = np.linalg.norm(W, axis=1)
+    W, b = W / s[:, None], b / s
+    oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
+    rng = np.random.default_rng(0)
+    a = _kink_on(W, b, 0, rng, d)
+    true_pass = refit._anchored_pass
+    tops = []
+
+    def off_at_the_top(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves=None):
+        fit = true_pass(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves)
+        if fit is None or rho < refit.COARSE_TOP:
+            return fit
+        tops.append(rho)
+        e = rng_.standard_normal(len(w))
+        e -= (e @ fit[0]) * fit[0]
+        v = fit[0] + 0.02 * e / np.linalg.norm(e)
+        return v / np.linalg.norm(v), fit[1], 5e-4  # 0.02 rad off, claiming 5e-4
+
+    monkeypatch.setattr(refit, "_anchored_pass", off_at_the_top)
+    W2, b2, done = anchored_rows(oracle, (W.copy(), b.copy()), [0], [a], rng)
+    assert tops, "no pass reached the last radius"
+    assert not done[0]
+    assert np.allclose(W2[0], W[0]) and b2[0] == b[0]
