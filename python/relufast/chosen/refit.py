@@ -471,7 +471,8 @@ def anchored_rows(oracle, layer, rows, anchors, rng):
     after passes COARSE_DOWN times closer in. Each pass refits the plane through the kinks
     located on its segments (:func:`_plane_through`), and the next pass goes as far out as
     the new plane's estimated error allows (up to COARSE_GROWTH times farther), until a
-    pass at COARSE_TOP holds: 1e-6 to 2e-5 at d = 784 in float32 (ad-hoc runs on planted
+    pass at COARSE_TOP holds (with its own estimated error inside the margin it was
+    measured with there; one outside counts as failed): 1e-6 to 2e-5 at d = 784 in float32 (ad-hoc runs on planted
     784-32-1; tests/test_chosen_float32.py checks 1e-4 at d = 100), three or four passes of
     ``5 d / 4 + REFIT_EXTRA`` segments (more where boundaries of later layers cross some), each
     ``2 COARSE_SAMPLES`` queries.
