@@ -63,16 +63,20 @@ def _kink_on(W, b, j, rng, d):
             return x0 + t * u
 
 
+def _unit_rows_and_oracle(d, k=32):
+    """A planted d-k-1 network's first layer as unit rows, and a float32 oracle of it."""
+    hidden, out = P.deep_relu(d, (k,), 1, random_state=0)
+    W, b = hidden[0]
+    s = np.linalg.norm(W, axis=1)
+    return W / s[:, None], b / s, Oracle(P.relu_function(hidden, out, np.float32), d)
+
+
 @pytest.mark.parametrize("angle", [2e-2, 0.3])
 def test_anchored_rows_refine_coarse_normals(angle):
     """Rows 2e-2 off (finite differences at d = 784) and 0.3 off (a unit with a small slope
     jump) come within 1e-4 of the model's rows through kinks around their anchors."""
-    d, k = 100, 32
-    hidden, out = P.deep_relu(d, (k,), 1, random_state=0)
-    W, b = hidden[0]
-    s = np.linalg.norm(W, axis=1)
-    W, b = W / s[:, None], b / s
-    oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
+    d = 100
+    W, b, oracle = _unit_rows_and_oracle(d)
     rng = np.random.default_rng(0)
     rows, anchors, Wl, bl = [0, 1, 2, 3], [], W.copy(), b.copy()
     for j in rows:
@@ -175,12 +179,8 @@ def test_anchored_rows_refuse_a_top_pass_outside_its_own_margin(monkeypatch):
     float32 784-64-64-10 ended 0.008-0.02 rad off) does not finish the row."""
     from relufast.chosen import refit
 
-    d, k = 100, 32
-    hidden, out = P.deep_relu(d, (k,), 1, random_state=0)
-    W, b = hidden[0]
-    s = np.linalg.norm(W, axis=1)
-    W, b = W / s[:, None], b / s
-    oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
+    d = 100
+    W, b, oracle = _unit_rows_and_oracle(d)
     rng = np.random.default_rng(0)
     a = _kink_on(W, b, 0, rng, d)
     true_pass = refit._anchored_pass
