@@ -92,3 +92,26 @@ def test_time_limit_stops_random_queries():
         res = rf.extract(slow, 10, 6, queries="random", n_queries=4000, batch_size=1000, time_limit=0.12)
     assert res.status == "failed" and res.diagnostics["stopped_by"] == "time_limit"
     assert "time_limit passed" in res.message and res.counts["queries"] < 4000
+
+
+@pytest.mark.parametrize("found,searches", [(0, 3), (40, 3), (63, 10)])
+def test_searches_past_three_only_for_the_last_units(monkeypatch, found, searches):
+    """At low precision a layer gets up to LAYER_TRIES_LOW searches, but only while 90% of
+    its units are found: a hopeless layer ends after LAYER_TRIES, as in float64."""
+    import numpy as np
+
+    from relufast._result import Run
+    from relufast.chosen import driver
+
+    calls = []
+
+    def no_layer(oracle, known, tent, k, widths, rng, pool, *, carry, **kw):
+        calls.append(1)
+        carry["Theta"] = np.zeros((found, 3))
+        return None
+
+    monkeypatch.setattr(driver, "next_layer", no_layer)
+    tent = (np.eye(4), np.zeros(4))
+    args = (None, [], tent, np.ones(4, dtype=bool), 1, (4, 64), None, None, Run("chosen"), {}, driver.LAYER_TRIES_LOW)
+    assert driver._peel(*args) is None
+    assert len(calls) == searches

@@ -53,6 +53,10 @@ __all__ = ["extract_chosen"]
 #: second-layer unit, active on 3% of Gaussian inputs, after 3.5 million queries; three
 #: searches ended at 2.1 million without it: diagnostic runs).
 LAYER_TRIES, LAYER_TRIES_LOW = 3, 10
+#: Share of a layer's units found after LAYER_TRIES searches below which the search ends
+#: there at any precision (a float32 784-128-128-10 whose first layer lacked 11 units
+#: proposed no second-layer unit in 32 minutes: a diagnostic run).
+LAST_UNITS = 0.9
 
 
 def _normalise(hidden, out):
@@ -180,12 +184,14 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
     oriented = bool(np.all(settled))
     found, carry = None, {}
     with clock.stage(f"layer_{li + 1}"):
-        for _ in range(tries):  # each try draws new lines; the kink pool and units found are kept
+        for i in range(tries):  # each try draws new lines; the kink pool and units found are kept
             found = next_layer(
                 oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented, carry=carry, settled=settled
             )
             if found is not None:
                 break
+            if i + 1 >= LAYER_TRIES and len(carry.get("Theta", ())) < LAST_UNITS * widths[li]:
+                break  # tries past LAYER_TRIES are for the last few units only
     if found is None:
         return None
     coef, beta, const = found
