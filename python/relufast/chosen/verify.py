@@ -109,7 +109,11 @@ def verified(oracle, known, tent, Theta, rng, carry, tol):
     64-16-8-8-10 got a wrong second-layer unit that way: tests/test_extract_defaults.py).
     A true unit misses where no unit downstream reads it (often on planted 8-8-6-4-1
     draws), so its rate is not near 1 either: the record only stops the pieces whose rate
-    stays below it."""
+    stays below it.
+
+    At low precision a row of Theta that some windows confirm and others miss may be
+    replaced in place by its refit (:func:`_refit_partial`), and the mask then judges the
+    refitted row."""
     rec = carry.setdefault("verify", [np.zeros((0, Theta.shape[1])), np.zeros(0, int), np.zeros(0, int)])
     idx = np.empty(len(Theta), dtype=int)
     for i, theta in enumerate(Theta):
