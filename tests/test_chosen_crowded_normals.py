@@ -64,3 +64,51 @@ def test_normals_beside_known_boundaries_are_refined():
     # Measured: all 20 within 2.1e-4 with the layers; 12 of 20 left at 0.03 without them.
     assert max(errors[True]) < 1e-3, errors[True]
     assert sum(e > 1e-2 for e in errors[False]) >= 5, errors[False]
+
+
+def _first_layer_kinks(d, dtype=np.float32, n=4, seed=0):
+    """Kinks of a planted d-16-1 network's first-layer unit 0, its normal, and the oracle."""
+    hidden, out = rf.planted.deep_relu(d, [16], 1, random_state=seed)
+    oracle = Oracle(rf.planted.relu_function(hidden, out, dtype=dtype), d)
+    rng = np.random.default_rng(seed)
+    oracle(rng.standard_normal((2, d)))
+    W, b = hidden[0]
+    w = W[0] / np.linalg.norm(W[0])
+    X = rng.standard_normal((n, d))
+    X -= ((X @ W[0] + b[0]) / (W[0] @ W[0]))[:, None] * W[0]
+    return oracle, X, w, rng
+
+
+def test_affine_pass_spends_no_queries_where_its_boxes_cannot_fit():
+    # 64 box points for d + 1 = 101 unknowns interpolate any answers: no normal is ever
+    # taken there (0 of 1,608 on a trained float32 784-64-64-10), so none is asked.
+    oracle, X, w, rng = _first_layer_kinks(100)
+    Q = np.linalg.qr(rng.standard_normal((100, 100)))[0]
+    first = np.tile(w, (len(X), 1))
+    before = oracle.n_queries
+    got = _affine_refine(oracle, X, first, rng, lambda x: np.broadcast_to(Q, (len(x), 100, 100)))
+    assert oracle.n_queries == before
+    np.testing.assert_array_equal(got, first)
+    # Where the boxes have more points than unknowns (d = 20), the pass runs and refines.
+    oracle, X, w, rng = _first_layer_kinks(20)
+    Q = np.linalg.qr(rng.standard_normal((20, 20)))[0]
+    p = rng.standard_normal(20)
+    p -= (p @ w) * w
+    first = np.tile(w + 0.03 * p / np.linalg.norm(p), (len(X), 1))
+    first /= np.linalg.norm(first, axis=1, keepdims=True)
+    before = oracle.n_queries
+    got = _affine_refine(oracle, X, first, rng, lambda x: np.broadcast_to(Q, (len(x), 20, 20)))
+    assert oracle.n_queries > before
+    # Measured: 3 of 4 refined from 0.03 rad to within 2e-4 (one box met another boundary).
+    assert (np.abs(got @ w) > 1.0 - 1e-6).sum() >= 3
+
+
+def test_derivatives_back_to_inputs_by_blas_match_the_einsum():
+    from relufast.chosen.hyperplanes import _directions, _to_inputs
+
+    rng = np.random.default_rng(1)
+    Q = np.linalg.qr(rng.standard_normal((30, 30)))[0]
+    for B in (np.broadcast_to(Q, (5, 30, 30)), rng.standard_normal((5, 30, 12))):
+        X = rng.standard_normal((5, B.shape[2], 3))
+        np.testing.assert_allclose(_to_inputs(B, X), np.einsum("kir,krm->kmi", B, X), atol=1e-13)
+        np.testing.assert_array_equal(_directions(B), np.swapaxes(B, 1, 2))

@@ -162,9 +162,10 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
             X[c], N[c] = Xn[j], Nn[j]
             pats[c].append(activation_pattern(layers, Xn[j : j + 1])[0])
             M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])], axis=1)
-            if M[c].nbytes > CHAIN_BYTES and M[c].shape[1] > M[c].shape[2]:
+            if M[c].shape[1] > 2 * M[c].shape[2] or (M[c].nbytes > CHAIN_BYTES and M[c].shape[1] > M[c].shape[2]):
                 # Only the null space is used: the triangular factor keeps it (d + 1 rows a
-                # step, 5 MB at d = 784: a trained float32 784-64-64-10 held 8.6 GB in chains).
+                # step, 5 MB at d = 784: a float32 784-64-64-10 held 8.6 GB in chains; the
+                # SVDs of the stacked rows took 36 of 58 s of a float32 64-32-32-10).
                 M[c] = np.asarray(np.linalg.qr(M[c][0], mode="r"))[None]
             if _targets(pats[c], n_tent, n_last, delta):
                 continue  # phi has null directions until every unit was crossed

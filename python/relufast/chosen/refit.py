@@ -29,8 +29,6 @@ References
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import scipy.linalg
 
@@ -117,7 +115,10 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     elif inner < 1 / 8:
         side = np.concatenate([[half * inner], np.linspace(half / 8, half, S - 1)])
     t = np.concatenate([-side[::-1], side])
-    X = X0[:, None, :] + t[None, :, None] * G[:, None, :]
+    if len(G) > 1 and G.strides[0] == 0:  # one direction for every segment (anchored passes)
+        X = X0[:, None, :] + (t[:, None] * G[0])[None]  # the same numbers, without a (P, 2S, d) temporary
+    else:
+        X = X0[:, None, :] + t[None, :, None] * G[:, None, :]
     # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
     others = np.ones(sum(W.shape[0] for W, _ in [*known, layer]), dtype=bool)
     others[sum(W.shape[0] for W, _ in known) + j] = False
@@ -173,7 +174,9 @@ def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=Fal
     keep = np.ones(len(X0), dtype=bool)
     for attempt in range(tries + 1):
         try:
-            pts, ok = _segment_kinks(oracle, known, layer, j, X0[keep], G[keep], S, half, coarse)
+            # A broadcast G stays one (its segments are built from one row).
+            X1, G1 = (X0, G) if keep.all() else (X0[keep], G[keep])
+            pts, ok = _segment_kinks(oracle, known, layer, j, X1, G1, S, half, coarse)
             break
         except NonFiniteOutputs:
             if attempt == tries or not keep.any():
@@ -220,46 +223,61 @@ def _plane_through(F, w, eps):
     G0[:q, :q] += P * np.outer(ws, ws)
 
     def solve(keep):
+        """The plane on the rows kept and the upper Cholesky factor of their normal matrix,
+        or (None, None) where it is not positive definite or its reciprocal condition is
+        below the machine epsilon (where scipy's solve warns)."""
         out = ~keep
         G = G0 - A[out].T @ A[out] if out.any() else G0
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", scipy.linalg.LinAlgWarning)
-                return scipy.linalg.solve(G, A[keep].T @ rhs[keep], assume_a="pos", check_finite=False)
-        except (np.linalg.LinAlgError, scipy.linalg.LinAlgWarning):
-            return None
+        U, info = scipy.linalg.lapack.dpotrf(G, lower=0, clean=1)
+        if info != 0:
+            return None, None
+        rcond, info = scipy.linalg.lapack.dpocon(U, np.abs(G).sum(axis=0).max())
+        if info != 0 or not rcond >= np.finfo(np.float64).eps:
+            return None, None
+        return scipy.linalg.cho_solve((U, False), A[keep].T @ rhs[keep], check_finite=False), U
 
     keep = np.ones(P, dtype=bool)
-    sol = solve(keep)
+    sol, U = solve(keep)
     if sol is None:
         return None
     r = np.abs(A @ sol - rhs)
     dropped = 0
     norm = max(float(np.median(np.linalg.norm(A, axis=1))), 1e-300)
     if r.max() > TRIM * np.median(r) or np.median(r) > ROUNDING * eps * norm:
-        Ginv = np.linalg.inv(G0)
-        b = A.T @ rhs
-        h = np.einsum("ij,ij->i", A @ Ginv, A)  # leverages (one GEMM; updated per drop)
+        # The inverse, the solution x and the residuals are updated per drop (the deleted row
+        # a: Ginv + u u^T / den, x + u (a.x - rhs_a) / den with u = Ginv a, den = 1 - a.u):
+        # two passes over Ginv and one over A a drop, Ginv updated in place (BLAS dger on its
+        # transpose, the same matrix: it is exactly symmetric). The inverse and the leverages
+        # a.Ginv.a = |U^-T a|^2 come from the Cholesky factor of the solve.
+        Ginv = scipy.linalg.lapack.dpotri(U, lower=0)[0]
+        Ginv = np.triu(Ginv) + np.triu(Ginv, 1).T
+        x = sol.copy()
+        resid = A @ x - rhs
+        Y = scipy.linalg.solve_triangular(U, A.T, trans="T", check_finite=False)  # U^-T a: a column a row
+        h = np.einsum("ij,ij->j", Y, Y)
+        floor = ROUNDING * eps * norm
         for _ in range(max(0, (P - q - 1) // 4)):
-            res = np.abs(A[keep] @ (Ginv @ b) - rhs[keep])
+            res = np.abs(resid[keep])
             # A row of leverage ~1 is the only support of some direction (a unit of the
             # layer before active at one kink): it cannot be judged, and is never dropped.
             lev = 1.0 - h[keep]
             rd = np.where(lev > LEVERAGE_FLOOR, res / np.sqrt(np.maximum(lev, LEVERAGE_FLOOR)), 0.0)
             worst = int(np.argmax(rd))
-            floor = ROUNDING * eps * norm
             if np.median(res) <= floor and rd[worst] <= max(TRIM * np.median(rd), floor):
                 break  # at the rounding, nothing standing out
             i = np.nonzero(keep)[0][worst]
             u = Ginv @ A[i]
             den = 1.0 - A[i] @ u
-            Ginv += np.outer(u, u) / den
-            h += (A @ u) ** 2 / den
-            b -= A[i] * rhs[i]
+            Au = A @ u
+            step = resid[i] / den
+            x += step * u
+            resid += step * Au
+            scipy.linalg.blas.dger(1.0 / den, u, u, a=Ginv.T, overwrite_a=True)
+            h += Au**2 / den
             keep[i] = False
             dropped += 1
         if dropped:
-            trimmed = solve(keep)
+            trimmed, _ = solve(keep)
             if trimmed is None:  # the rows left do not determine the plane: keep them all
                 keep[:], dropped = True, 0
             else:
