@@ -98,6 +98,8 @@ def test_time_limit_stops_random_queries():
 def test_searches_past_three_only_for_the_last_units(monkeypatch, found, searches):
     """At low precision a layer gets up to LAYER_TRIES_LOW searches, but only while 90% of
     its units are found: a hopeless layer ends after LAYER_TRIES, as in float64."""
+    import types
+
     import numpy as np
 
     from relufast._result import Run
@@ -112,6 +114,7 @@ def test_searches_past_three_only_for_the_last_units(monkeypatch, found, searche
 
     monkeypatch.setattr(driver, "next_layer", no_layer)
     tent = (np.eye(4), np.zeros(4))
-    args = (None, [], tent, np.ones(4, dtype=bool), 1, (4, 64), None, None, Run("chosen"), {}, driver.LAYER_TRIES_LOW)
+    oracle = types.SimpleNamespace(low_precision=False)  # no queries: no residual lines, no normals again
+    args = (oracle, [], tent, np.ones(4, dtype=bool), 1, (4, 64), None, None, Run("chosen"), {}, driver.LAYER_TRIES_LOW)
     assert driver._peel(*args) is None
     assert len(calls) == searches

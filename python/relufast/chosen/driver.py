@@ -34,12 +34,13 @@ from .._progress import Progress
 from .._result import RecoveryResult, Run, Status, warn
 from .._validation import NonFiniteOutputs, check_random_state
 from .deep import next_layer
-from .first_layer import LINE_SCALES, KinkPool, first_layer
+from .first_layer import LINE_SCALES, KinkPool, first_layer, measure_again
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
 from .net import forward, pre_activations
 from .oracle import BudgetSpent, Oracle
 from .probes import certificate_probes
 from .refit import refit_layer
+from .residual import residual_lines
 from .result import DeepResult
 from .signs import wiggle_signs
 
@@ -184,14 +185,23 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
     oriented = bool(np.all(settled))
     found, carry = None, {}
     with clock.stage(f"layer_{li + 1}"):
+        if li == 1 and oracle.low_precision and oriented:  # the pool's first normals, behind layer 1 now
+            diag["normals_again"] = measure_again(oracle, pool, [tent], rng)
         for i in range(tries):  # each try draws new lines; the kink pool and units found are kept
             found = next_layer(
                 oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented, carry=carry, settled=settled
             )
             if found is not None:
                 break
-            if i + 1 >= LAYER_TRIES and len(carry.get("Theta", ())) < LAST_UNITS * widths[li]:
+            have = len(carry.get("Theta", ()))
+            if i + 1 >= LAYER_TRIES and have < LAST_UNITS * widths[li]:
                 break  # tries past LAYER_TRIES are for the last few units only
+            if oracle.low_precision and li + 1 == len(widths) and have >= LAST_UNITS * widths[li]:
+                # The last units switch on few random lines: lines where the outputs' fit on
+                # the units found misses (.residual), for the next search's pool.
+                diag["residual_lines"] = diag.get("residual_lines", 0) + residual_lines(
+                    oracle, known, tent, carry["Theta"], rng, pool
+                )
     if found is None:
         return None
     coef, beta, const = found

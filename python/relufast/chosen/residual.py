@@ -1,0 +1,117 @@
+"""Lines towards the units of the last hidden layer that the searches have not found, from
+the residual of the output fit on the units found (low precision).
+
+The outputs are an affine function of the last hidden layer's units. With most of them
+found (rows ``theta`` in phi-space, signs open), the least-squares fit of the outputs on
+``relu(z)`` and ``relu(-z)`` of the units found (either sign) misses the model exactly
+where a unit not found is active: a rarely active unit (3% of Gaussian inputs, the 64th
+second-layer unit of a trained float32 784-64-64-10) switches on few random lines, and
+searches of several hundred thousand queries each came back without it. Gaussian points
+whose residual stands out are on its active side, points that fit on the other; between
+such a pair its boundary is located by bisection on the residual, its normal measured from
+the jump of the model's Jacobian across the last bracket, and an entry line along that
+normal (half-width ENTRY_WIDTH) gives its kink nearest the bracket for the pool
+(:func:`.deep._search`), with its normal measured again there behind the known layers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._validation import NonFiniteOutputs
+from .deep import ENTRY_WIDTH, _search
+from .hyperplanes import jump_normals
+from .lines import Kinks
+from .walk import downstream_basis, zeta
+
+__all__ = ["residual_lines"]
+
+#: Gaussian points of the fit (half at scale 1, half at scale 3); lines at most; bisection
+#: steps along each pair (the bracket shrinks 2^-steps of the pair's distance).
+RESIDUAL_POINTS, RESIDUAL_LINES, RESIDUAL_STEPS = 2048, 32, 12
+#: Farthest the bracket's inner end is moved back past the extrapolated crossing (bracket lengths).
+RESIDUAL_BACK = 16.0
+#: A point stands out when its residual exceeds RESIDUAL_OUT times the median one of the
+#: half it fits best and RESIDUAL_FLOOR times eps * max |output| (the rounding of the
+#: outputs); fits on the best half at most.
+RESIDUAL_OUT, RESIDUAL_FLOOR, RESIDUAL_FITS = 20.0, 1e3, 16
+
+
+def _fit_residual(known, tent, Theta, X, Y, floor):
+    """Row norms of the residual of the least-squares fit of Y on relu(+-z) of the rows of
+    Theta at X (and a constant), and the bar above which a point stands out: the fit is
+    made again on the half of the points it fits best until that half settles (at most
+    RESIDUAL_FITS times: a unit not found biases a fit on its points, and its points near
+    its boundary, with small residuals, leave the half only gradually), then once more on
+    every point within the bar. Returns (residuals, coefficients, bar)."""
+    F = _design(known, tent, Theta, X)
+    use = np.ones(len(X), dtype=bool)
+    for _ in range(RESIDUAL_FITS):
+        coef = np.linalg.lstsq(F[use], Y[use], rcond=None)[0]
+        r = np.linalg.norm(Y - F @ coef, axis=1)
+        best = r <= np.median(r)
+        if np.array_equal(best, use):
+            break
+        use = best
+    bar = max(RESIDUAL_OUT * float(np.median(r[use])), floor)
+    coef = np.linalg.lstsq(F[r <= bar], Y[r <= bar], rcond=None)[0]
+    return np.linalg.norm(Y - F @ coef, axis=1), coef, bar
+
+
+def _design(known, tent, Theta, X):
+    z = zeta(known, tent, X, Theta)
+    return np.hstack([np.maximum(z, 0.0), np.maximum(-z, 0.0), np.ones((len(X), 1))])
+
+
+def residual_lines(oracle, known, tent, Theta, rng, pool):
+    """Kinks into ``pool`` on lines across the boundaries of last-layer units not found
+    (rows of Theta are the units found). Returns the number of lines searched (0 where no
+    point stands out, no bracket's jump is of rank one, or the model does not answer at
+    these points)."""
+    d = oracle.d
+    n = RESIDUAL_POINTS
+    X = np.vstack([rng.standard_normal((n // 2, d)), 3.0 * rng.standard_normal((n - n // 2, d))])
+    try:
+        Y = oracle(X)
+    except NonFiniteOutputs:
+        return 0
+    r, coef, bar = _fit_residual(known, tent, Theta, X, Y, RESIDUAL_FLOOR * oracle.eps * float(np.abs(Y).max()))
+    out, fit = np.nonzero(r > bar)[0], np.nonzero(r <= bar)[0]
+    if len(out) == 0 or len(fit) == 0:
+        return 0
+    a = rng.choice(out, size=min(RESIDUAL_LINES, len(out)), replace=False)  # active side
+    b = rng.choice(fit, size=len(a))
+    lo, hi, r_lo, r_hi = X[b], X[a].copy(), r[b], r[a]
+    for _ in range(RESIDUAL_STEPS):
+        mid = 0.5 * (lo + hi)
+        try:
+            ym = oracle(mid)
+        except NonFiniteOutputs:
+            return 0
+        rm = np.linalg.norm(ym - _design(known, tent, Theta, mid) @ coef, axis=1)
+        stands = rm > bar
+        hi, r_hi = np.where(stands[:, None], mid, hi), np.where(stands, rm, r_hi)
+        lo, r_lo = np.where(stands[:, None], lo, mid), np.where(stands, r_lo, rm)
+    # The residual grows linearly from the boundary into the active side, so the bar is
+    # crossed inside it (0.009 from the boundary for a weak unit of the trained
+    # 784-64-64-10, whose brackets then lay wholly on its active side): the crossing is
+    # extrapolated from the two ends' residuals and the bracket's inner end set one bracket
+    # length beyond it (at most RESIDUAL_BACK lengths back from where it was).
+    t0 = -r_lo / np.maximum(r_hi - r_lo, 1e-300)
+    back = np.clip(t0 - 1.0, -RESIDUAL_BACK, -1.0)
+    lo = lo + back[:, None] * (hi - lo)
+    # The bracket's ends lie on the two sides of the boundary: the jump of the model's
+    # Jacobian between them is its normal (in the span of the known layer's units active
+    # there). A line along the pair meets the boundary at a grazing angle at large d (a slope
+    # jump of 0.016 per unit length on the trained 784-64-64-10's unit above: lost in the
+    # rounding); the entry line goes along that normal.
+    layers = [*known, tent]
+    half = 0.5 * np.linalg.norm(hi - lo, axis=1)
+    u = (hi - lo) / np.maximum(2.0 * half, 1e-300)[:, None]
+    kinks = Kinks(
+        np.arange(len(a)), np.zeros(len(a)), 0.5 * (lo + hi), u, float(half.max()), np.full((len(a), 1), np.nan)
+    )
+    nrm = jump_normals(oracle, kinks, rng, downstream_basis(layers))
+    if len(nrm.keep):
+        _search(oracle, layers, nrm.x, nrm.n, rng, pool, ENTRY_WIDTH, Theta, nearest=True)
+    return len(nrm.keep)
