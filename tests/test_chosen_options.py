@@ -118,3 +118,32 @@ def test_searches_past_three_only_for_the_last_units(monkeypatch, found, searche
     args = (oracle, [], tent, np.ones(4, dtype=bool), 1, (4, 64), None, None, Run("chosen"), {}, driver.LAYER_TRIES_LOW)
     assert driver._peel(*args) is None
     assert len(calls) == searches
+
+
+def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch):
+    """At low precision, with 90% of the last hidden layer found, the residual lines run
+    between its searches (not after the last one)."""
+    import types
+
+    import numpy as np
+
+    from relufast._result import Run
+    from relufast.chosen import driver
+
+    def no_layer(oracle, known, tent, k, widths, rng, pool, *, carry, **kw):
+        carry["Theta"] = np.zeros((63, 3))
+        return None
+
+    lines = []
+    monkeypatch.setattr(driver, "next_layer", no_layer)
+    monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
+    monkeypatch.setattr(driver, "residual_lines", lambda *a: lines.append(1) or 32)
+    oracle = types.SimpleNamespace(low_precision=True)
+    tent = (np.eye(4), np.zeros(4))
+    diag: dict = {}
+    settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LOW
+    assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), diag, tries) is None
+    assert len(lines) == tries - 1 and diag["residual_lines"] == 32 * len(lines)
+    lines.clear()  # a layer before the last: none
+    assert driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), None, None, Run("chosen"), {}, tries) is None
+    assert not lines

@@ -196,9 +196,11 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
             have = len(carry.get("Theta", ()))
             if i + 1 >= LAYER_TRIES and have < LAST_UNITS * widths[li]:
                 break  # tries past LAYER_TRIES are for the last few units only
-            if oracle.low_precision and li + 1 == len(widths) and have >= LAST_UNITS * widths[li]:
+            last_layer = li + 1 == len(widths)
+            if oracle.low_precision and last_layer and have >= LAST_UNITS * widths[li] and i + 1 < tries:
                 # The last units switch on few random lines: lines where the outputs' fit on
-                # the units found misses (.residual), for the next search's pool.
+                # the units found misses (.residual), for the next search's pool (none after
+                # the last search).
                 diag["residual_lines"] = diag.get("residual_lines", 0) + residual_lines(
                     oracle, known, tent, carry["Theta"], rng, pool
                 )
