@@ -244,15 +244,15 @@ def _plane_through(F, w, eps):
     dropped = 0
     norm = max(float(np.median(np.linalg.norm(A, axis=1))), 1e-300)
     if r.max() > TRIM * np.median(r) or np.median(r) > ROUNDING * eps * norm:
-        # The inverse, the solution x and the residuals are updated per drop (the deleted row
-        # a: Ginv + u u^T / den, x + u (a.x - rhs_a) / den with u = Ginv a, den = 1 - a.u):
+        # The inverse and the residuals are updated per drop (the deleted row a: Ginv +
+        # u u^T / den, residuals + (A u) r_a / den with u = Ginv a, den = 1 - a.u; the plane
+        # itself is solved again on the rows kept at the end):
         # two passes over Ginv and one over A a drop, Ginv updated in place (BLAS dger on its
         # transpose, the same matrix: it is exactly symmetric). The inverse and the leverages
         # a.Ginv.a = |U^-T a|^2 come from the Cholesky factor of the solve.
         Ginv = scipy.linalg.lapack.dpotri(U, lower=0)[0]
         Ginv = np.triu(Ginv) + np.triu(Ginv, 1).T
-        x = sol.copy()
-        resid = A @ x - rhs
+        resid = A @ sol - rhs
         Y = scipy.linalg.solve_triangular(U, A.T, trans="T", check_finite=False)  # U^-T a: a column a row
         h = np.einsum("ij,ij->j", Y, Y)
         floor = ROUNDING * eps * norm
@@ -270,7 +270,6 @@ def _plane_through(F, w, eps):
             den = 1.0 - A[i] @ u
             Au = A @ u
             step = resid[i] / den
-            x += step * u
             resid += step * Au
             scipy.linalg.blas.dger(1.0 / den, u, u, a=Ginv.T, overwrite_a=True)
             h += Au**2 / den
