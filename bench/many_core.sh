@@ -4,12 +4,15 @@
 # benchmark ((784, 128, 128) cases at 2 threads and at all cores; the default cases at 1, 2,
 # 4, ... all cores), the moment kernel against dgemm, one chosen-query extraction of a
 # planted 784-64-64-10 (bench/chosen_once.py), a profile of the largest case and the
-# kernels' tests on every core.
+# kernels' tests on every core; first the test suite (on every core with pytest-xdist).
 # Every step has a time limit; logs and pytest-benchmark JSON go to $OUT (default
 # ./many_core_out), each file written directly (a step killed at its limit keeps its log).
 #
-# SKIP="moments chosen tests" leaves those steps out; LARGE_THREADS=2,8,16 sets the large cases'
-# thread counts (default 2 and every core), SMALL_THREADS those of the default cases.
+# SKIP="moments chosen tests" leaves those steps out (suite_default, suite_<coretype>,
+# suite_baseline, threads_large, threads, moments, chosen, profile, tests); CORETYPES="SkylakeX
+# Haswell" runs the suite under those OpenBLAS kernels (SUITE_LIMIT seconds each, default
+# 240); LARGE_THREADS=2,8,16 sets the large cases' thread counts (default 2 and every core),
+# SMALL_THREADS those of the default cases.
 #
 # Offline: WHEELS=folder holding highspy, cmeel and cmeel-eigen wheels for this Python
 # (pip download --no-deps --only-binary=:all: ...); the machine must already have numpy,
@@ -51,6 +54,22 @@ step build 300 env CMAKE_BUILD_PARALLEL_LEVEL="$NCORES" $PY -m pip install --no-
   { log "build failed"; exit 1; }
 export PYTHONPATH="$WORK/rf${PYTHONPATH:+:$PYTHONPATH}"
 step import 60 $PY -c "import relufast, relufast._native as n; print(relufast.__version__, relufast.BACKEND, n.core.__file__, n.core.hardware_threads())"
+
+# The test suite on every core (pytest-xdist where the machine has it), once under each
+# OpenBLAS core type of CORETYPES (default: the one OpenBLAS picks; SkylakeX only runs on
+# CPUs with AVX-512), then once more with relufast's baseline (portable) build.
+SUITE=(-p no:cacheprovider -p no:benchmark -o "addopts=-m 'not slow'" -q -rfE)
+if $PY -c "import xdist" 2>/dev/null; then SUITE+=(-n "${SUITE_WORKERS:-$NCORES}"); fi
+if $PY -c "import pytest_timeout" 2>/dev/null; then SUITE+=(--timeout=150); fi  # a hang fails its test
+for ct in ${CORETYPES:-default}; do
+  if [ "$ct" = default ]; then
+    step suite_default "${SUITE_LIMIT:-240}" $PY -m pytest "${SUITE[@]}" tests
+  else
+    step "suite_$ct" "${SUITE_LIMIT:-240}" env OPENBLAS_CORETYPE="$ct" $PY -m pytest "${SUITE[@]}" tests
+  fi
+done
+step suite_baseline "${SUITE_LIMIT:-240}" env RELUFAST_BACKEND=baseline ${CORETYPES:+OPENBLAS_CORETYPE=${CORETYPES%% *}} \
+  $PY -m pytest "${SUITE[@]}" tests
 
 BENCH=(-p no:cacheprovider -o addopts= --benchmark-only -s -q)
 # The issue's figures first (the large cases at 2 threads and every core), then the rest.

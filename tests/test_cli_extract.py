@@ -5,7 +5,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -47,16 +46,6 @@ def test_an_unknown_method_is_a_one_line_error(tmp_path, capsys):
         assert main(args + ["--method", "nope"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--method 'nope' is not a method; expected one of auto, atv21" in err, err
-
-
-def test_help_answers_in_under_0_3_s():
-    best = float("inf")
-    for _ in range(3):  # the best of three: the machine may be busy with other work
-        t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "relufast", "--help"], capture_output=True, text=True, check=True)
-        best = min(best, time.perf_counter() - t)
-    assert "extract" in r.stdout
-    assert best < 0.3, f"relufast --help took {best:.2f} s at best; expected under 0.3 s"
 
 
 def test_help_and_info_name_both_uses(capsys):

@@ -19,8 +19,12 @@ from .mpi_cases import CASES, case_data
 mpi4py = pytest.importorskip("mpi4py", reason="the mpi extra (mpi4py, mpich) is not installed")
 
 #: One process vs two ranks: the moments are summed in another order, so the networks
-#: agree to rounding (exact ones to machine precision, approximate ones nearly so).
+#: agree to rounding: exact ones to machine precision; approximate ones (bjw19-noisy's
+#: iterative steps carry the other rounding on) far below their own error to the planted
+#: network (2.3e-9 seen under OpenBLAS's SkylakeX kernels on a 16-core Xeon, at an error of
+#: order 1e-2 from the noise).
 RANKS_TOL = 1e-12
+RANKS_TOL_APPROXIMATE = 1e-6
 
 #: The whole two-rank run (five recoveries and two error cases) takes a few seconds.
 MPI_TIMEOUT = 240
@@ -82,7 +86,8 @@ def test_two_ranks_match_one_process(two_ranks, name):
     got = two_ranks[0]
     assert str(got[name + ".status"]) == str(one.status)
     err = rf.metrics.parameter_error(rf.network.Network(got[name + ".U"], got[name + ".V"]), one.network)
-    assert err.U < RANKS_TOL and err.V < RANKS_TOL
+    tol = RANKS_TOL if one.status == "exact" else RANKS_TOL_APPROXIMATE
+    assert err.U < tol and err.V < tol
     if one.status == "exact":
         assert float(got[name + ".residual"]) < 1e-12
 
