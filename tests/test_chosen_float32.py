@@ -201,3 +201,22 @@ def test_anchored_rows_refuse_a_top_pass_outside_its_own_margin(monkeypatch):
     assert tops, "no pass reached the last radius"
     assert not done[0]
     assert np.allclose(W2[0], W[0]) and b2[0] == b[0]
+
+
+def test_split_sums_of_squares_are_those_of_two_line_fits():
+    # _hinge_kinks scores every split of a stretch by running sums; the same numbers as two
+    # least-squares fits a split (of the stretch less its own line, as it is called), and the
+    # best split of a bent line is at its bend.
+    rng = np.random.default_rng(3)
+    for n, m, bend in [(12, 1, 6), (40, 3, 17), (200, 10, 150)]:
+        t = np.arange(n, dtype=np.float64)
+        y = 3.0 + 0.5 * t[:, None] + 1e-3 * np.maximum(t - bend - 0.3, 0.0)[:, None] * rng.standard_normal(m)
+        y = y + 1e-7 * rng.standard_normal((n, m))
+        whole, _ = lines._line_fit(t, y)
+        r = y - whole[0] - t[:, None] * whole[1]
+        side = lines.HINGE_SIDE
+        two = [lines._line_fit(t[:k], r[:k])[1] + lines._line_fit(t[k:], r[k:])[1] for k in range(side, n - side + 1)]
+        got = lines._split_sse(r)
+        assert got.shape == (n - 2 * side + 1,)
+        np.testing.assert_allclose(got, two, rtol=1e-5)
+        assert side + int(np.argmin(got)) in (bend, bend + 1)

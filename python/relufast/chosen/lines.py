@@ -193,14 +193,13 @@ def _hinge_kinks(Y, level, D2):
                 continue
             y = Y[line, lo:hi]  # (n, m)
             tt = np.arange(n, dtype=np.float64)
-            if _line_fit(tt, y)[1] <= (HINGE_NOISE * sigma) ** 2 * n * m:
+            whole, sse_whole = _line_fit(tt, y)
+            if sse_whole <= (HINGE_NOISE * sigma) ** 2 * n * m:
                 continue
-            best, at = np.inf, -1
-            for k in range(HINGE_SIDE, n - HINGE_SIDE + 1):  # left points :k, right k:
-                sse = _line_fit(tt[:k], y[:k])[1] + _line_fit(tt[k:], y[k:])[1]
-                if sse < best:
-                    best, at = sse, k
-            if at < 0 or best > (HINGE_FIT * sigma) ** 2 * n * m:
+            sse = _split_sse(y - whole[0] - tt[:, None] * whole[1])  # left points :k, right k:
+            at = HINGE_SIDE + int(np.argmin(sse))
+            best = float(sse[at - HINGE_SIDE])
+            if best > (HINGE_FIT * sigma) ** 2 * n * m:
                 continue
             cl, cr = _line_fit(tt[:at], y[:at])[0], _line_fit(tt[at:], y[at:])[0]  # (2, m): intercept, slope
             ds = cr[1] - cl[1]
@@ -214,6 +213,35 @@ def _hinge_kinks(Y, level, D2):
     if not out[0]:
         return np.zeros(0, int), np.zeros(0, int), np.zeros(0), np.zeros(0, int), np.zeros(0), np.zeros((0, m))
     return tuple(np.array(v) for v in out)
+
+
+def _prefix_sse(r):
+    """Sums of squared residuals of the least-squares lines through the first k points of
+    r (at t = 0, 1, ...), summed over its columns, for k = 1 .. n (from running sums)."""
+    n = len(r)
+    k = np.arange(1.0, n + 1)
+    t = np.arange(float(n))
+    mt = np.cumsum(t) / k
+    stt = np.cumsum(t * t) - k * mt * mt
+    mr = np.cumsum(r, axis=0) / k[:, None]
+    str_ = np.cumsum(t[:, None] * r, axis=0) - k[:, None] * mt[:, None] * mr
+    srr = np.cumsum(r * r, axis=0) - k[:, None] * mr * mr
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sse = srr - np.where(stt[:, None] > 0, str_ * str_ / stt[:, None], 0.0)
+    return np.maximum(sse, 0.0).sum(axis=1)
+
+
+def _split_sse(r):
+    """Sum of squared residuals of two least-squares lines, one through points :k and one
+    through k: (t = 0, 1, ...; summed over the columns of r), for k = HINGE_SIDE .. n -
+    HINGE_SIDE: one pass of running sums instead of two fits a split. ``r`` should be the
+    residual of the line through all points (the same splits' sums, no cancellation in the
+    running sums of squares)."""
+    n = len(r)
+    left = _prefix_sse(r)  # [k - 1]: points :k
+    right = _prefix_sse(r[::-1])  # [n - k - 1]: points k: (a line fit does not care for t's direction)
+    k = np.arange(HINGE_SIDE, n - HINGE_SIDE + 1)
+    return left[k - 1] + right[n - k - 1]
 
 
 def _line_fit(t, y):
