@@ -112,6 +112,17 @@ CROWD_POINTS, CROWD_EPS = 48, 1e-12
 #: lines. When every length has gone STALL_ROUNDS rounds without a new unit, the search is
 #: saturated: the units left are ones no line shows (functional equivalence, in the driver).
 LINE_SCALES, STALL_ROUNDS = (1.0, 8.0, 64.0, 512.0), 3
+#: STALL_ROUNDS at low precision, where a line shows a unit's kink only where its slope
+#: jump stands above the rounding, so a weak unit is missed by more lines in a row: the
+#: trained float32 784-64-64-10 of bench/test_bench_trained.py saturated without 2-3 of its
+#: 64 units in 2 of 4 runs at 3 (random states 0-3, ad-hoc), all 64 in 4 of 4 at 6. A first
+#: layer short of units leaves every deeper search without rows that verify (one ran over
+#: 15 minutes so).
+STALL_ROUNDS_LOW = 6
+
+
+def _stall_rounds(oracle):
+    return STALL_ROUNDS_LOW if oracle.low_precision else STALL_ROUNDS
 
 
 def _normals(oracle, parts, rng):
@@ -213,8 +224,8 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
 
     Returns (W, b, rounds, saturated); fewer than k rows when ``max_rounds`` rounds of lines
     ran out or the search saturated (``saturated``: every line length of LINE_SCALES went
-    STALL_ROUNDS rounds without a new unit). The kinks that are not first-layer ones go to
-    ``pool``.
+    STALL_ROUNDS rounds without a new unit, STALL_ROUNDS_LOW at low precision). The kinks
+    that are not first-layer ones go to ``pool``.
     """
     d = oracle.d
     W, b = np.zeros((0, d)), np.zeros(0)
@@ -223,10 +234,11 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     later = None  # the first round's second line: its kinks of units found on the first need no normals
     while len(W) < k and rounds < max_rounds:
         if rounds and later is None:  # the previous round (the first one has two lines)
+            stall = _stall_rounds(oracle)
             stalled = 0 if len(W) > before else stalled + 1
-            if stalled >= STALL_ROUNDS * top:
+            if stalled >= stall * top:
                 break
-            if stalled and stalled % STALL_ROUNDS == 0:
+            if stalled and stalled % stall == 0:
                 level = (level + 1) % top
         before = len(W)
         rounds += 1
@@ -240,7 +252,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
                     raise
                 # A classifier's logits read from its probabilities overflow far out: the
                 # lengths from this one on are not used.
-                top, level, stalled = level, 0, STALL_ROUNDS * level
+                top, level, stalled = level, 0, _stall_rounds(oracle) * level
                 continue
             if rounds == 1:
                 later = [k.subset(k.line == 1) for k in parts]
@@ -285,7 +297,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
                 pool.add(nrm.x[added][~done], nrm.n[added][~done], nrm.error[added][~done])
     if len(W) and len(pool):
         pool.keep(np.abs(pool.x @ W.T + b).min(axis=1) > 0.5 * oracle.window())
-    return W, b, rounds, stalled >= STALL_ROUNDS * top
+    return W, b, rounds, stalled >= _stall_rounds(oracle) * top
 
 
 #: Distance (input units) of the sides of a pooled kink measured again from it, along its
