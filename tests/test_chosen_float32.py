@@ -248,3 +248,23 @@ def test_split_sums_of_squares_are_those_of_two_line_fits():
         assert got.shape == (n - 2 * side + 1,)
         np.testing.assert_allclose(got, two, rtol=1e-5)
         assert side + int(np.argmin(got)) in (bend, bend + 1)
+
+
+def test_low_precision_search_waits_longer_before_it_saturates():
+    """A unit whose hyperplane no line reaches (bias -1e6): the float64 search saturates
+    after STALL_ROUNDS rounds a line length without a new unit, the float32 one after
+    STALL_ROUNDS_LOW (weak units' kinks stand above the rounding on fewer lines)."""
+    from relufast.chosen import first_layer as FL
+
+    d, k = 12, 6
+    hidden, out = P.deep_relu(d, (k,), 1, random_state=0)
+    W, b = hidden[0]
+    b = b.copy()
+    b[2] = -1e6 * np.linalg.norm(W[2])
+    top = len(FL.LINE_SCALES)
+    rounds = {}
+    for dtype in (np.float64, np.float32):
+        oracle = Oracle(P.relu_function([(W, b)], out, dtype), d)
+        Wf, _, rounds[dtype], saturated = FL.first_layer(oracle, k, (k,), np.random.default_rng(0), FL.KinkPool(d))
+        assert len(Wf) == k - 1 and saturated
+    assert FL.STALL_ROUNDS * top <= rounds[np.float64] < FL.STALL_ROUNDS_LOW * top <= rounds[np.float32]
