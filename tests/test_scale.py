@@ -22,6 +22,10 @@ SAME_TOL = 1e-12
 #: threads (20.1 MB at 16 on a 16-core Xeon), so the runs measured here use two.
 ANON_BUDGET = 16 * 2**20
 ANON_JOBS = 2
+#: A whole recovery's own rise at two threads reached 16.8-17.1 MB on a 2-core AMD EPYC (its
+#: first run in a process; ~0 after), so its budget is higher: that plus the 20 MB mask or a
+#: copy of X still exceeds it.
+ANON_BUDGET_RUN = 24 * 2**20
 
 
 def rss_anon():
@@ -95,7 +99,7 @@ def test_memmap_streams_with_bounded_anonymous_memory(memmapped, n_estimate):
     err = rf.metrics.parameter_error(res, net)
     assert res.exact and err.U < EXACT_TOL and err.V < EXACT_TOL
     assert res.counts["n_certify"] == len(X)
-    assert mem.rise < ANON_BUDGET, f"anonymous memory rose by {mem.rise / 2**20:.1f} MB"
+    assert mem.rise < ANON_BUDGET_RUN, f"anonymous memory rose by {mem.rise / 2**20:.1f} MB"
 
 
 def test_validation_has_no_mask_of_the_data(memmapped):
