@@ -317,10 +317,8 @@ def measure_again(oracle, pool, layers, rng):
     kink's normal (its line is not kept), so the slope jump is not checked; a kink whose
     jump is not of rank one keeps its normal. Returns the number measured again."""
     spans = downstream_basis(layers)
-    K = len(pool)
-    if spans is None or K == 0:
+    if spans is None or len(pool) == 0:
         return 0
-    kinks = Kinks(np.arange(K), np.zeros(K), pool.x, pool.n, AGAIN_STEP, np.full((K, 1), np.nan))
-    nrm = jump_normals(oracle, kinks, rng, spans)
+    nrm = jump_normals(oracle, Kinks.off_line(pool.x, pool.n, AGAIN_STEP), rng, spans)
     pool.n[nrm.keep] = nrm.n
     return len(nrm.keep)

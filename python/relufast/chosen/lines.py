@@ -50,6 +50,14 @@ class Kinks(NamedTuple):
     step: float
     slope_jump: np.ndarray
 
+    @classmethod
+    def off_line(cls, x, u, step):
+        """Points x taken as kinks of lines along u with grid step ``step``, measured off any
+        search line: a NaN slope jump, which :func:`.hyperplanes.jump_normals` does not check
+        the normal against."""
+        K = len(x)
+        return cls(np.arange(K), np.zeros(K), x, u, step, np.full((K, 1), np.nan))
+
     def join(self, other):
         """These kinks and ``other``'s (same lines), with the larger step (an empty search
         reports step 0)."""

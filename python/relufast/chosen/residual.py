@@ -108,10 +108,7 @@ def residual_lines(oracle, known, tent, Theta, rng, pool):
     layers = [*known, tent]
     half = 0.5 * np.linalg.norm(hi - lo, axis=1)
     u = (hi - lo) / np.maximum(2.0 * half, 1e-300)[:, None]
-    kinks = Kinks(
-        np.arange(len(a)), np.zeros(len(a)), 0.5 * (lo + hi), u, float(half.max()), np.full((len(a), 1), np.nan)
-    )
-    nrm = jump_normals(oracle, kinks, rng, downstream_basis(layers))
+    nrm = jump_normals(oracle, Kinks.off_line(0.5 * (lo + hi), u, float(half.max())), rng, downstream_basis(layers))
     if len(nrm.keep):
         _search(oracle, layers, nrm.x, nrm.n, rng, pool, ENTRY_WIDTH, Theta, nearest=True)
     return len(nrm.keep)
