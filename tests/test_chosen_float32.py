@@ -268,3 +268,81 @@ def test_low_precision_search_waits_longer_before_it_saturates():
         Wf, _, rounds[dtype], saturated = FL.first_layer(oracle, k, (k,), np.random.default_rng(0), FL.KinkPool(d))
         assert len(Wf) == k - 1 and saturated
     assert FL.STALL_ROUNDS * top <= rounds[np.float64] < FL.STALL_ROUNDS_LOW * top <= rounds[np.float32]
+
+
+def test_deep_rows_above_100_dimensions_try_short_segments_first(monkeypatch):
+    """Under deeper layers and above d = 100 the passes start at 0.1 sqrt(d / 100) with the
+    shortest segments (boundaries of later layers cross fewer), and a next radius within a
+    third of the last goes to the last at once; with one hidden layer the passes keep the
+    d <= 100 order. Rows 2e-2 off come within 1e-4 either way (planted 400-64-64-1)."""
+    d, rows = 400, [0, 1, 2]
+    hidden, out = P.deep_relu(d, (64, 64), 1, random_state=0)
+    W, b = hidden[0]
+    s = np.linalg.norm(W, axis=1)
+    W, b = W / s[:, None], b / s
+    true_pass = refit._anchored_pass
+    calls: list = []
+
+    def spy(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves=None):
+        fit = true_pass(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves)
+        calls.append((j, rho, halves[0], fit is not None))
+        return fit
+
+    monkeypatch.setattr(refit, "_anchored_pass", spy)
+    for deep in (True, False):
+        calls.clear()
+        oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
+        rng = np.random.default_rng(0)
+        anchors, Wl, bl = [], W.copy(), b.copy()
+        for j in rows:
+            a = _kink_on(W, b, j, rng, d)
+            e = rng.standard_normal(d)
+            e -= (e @ W[j]) * W[j]
+            w = W[j] + 2e-2 * e / np.linalg.norm(e)
+            Wl[j] = w / np.linalg.norm(w)
+            bl[j] = -Wl[j] @ a
+            anchors.append(a)
+        W2, _, done = anchored_rows(oracle, (Wl, bl), rows, anchors, rng, deep=deep)
+        assert done.all()
+        assert max(np.sqrt(max(0.0, 1 - (W2[j] @ W[j]) ** 2)) for j in rows) < 1e-4
+        firsts = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1][0] != c[0]]
+        start, first_half = (0.2, refit.COARSE_HALF_DEEP[0]) if deep else (0.1, refit.COARSE_HALF[0])
+        assert all(np.isclose(rho, start) and half == first_half for _, rho, half, _ in firsts)
+        if deep:  # no pass between a third of the last radius and the last
+            top = refit.COARSE_TOP
+            assert not [rho for _, rho, _, ok in calls if refit.COARSE_JUMP_DEEP * top <= rho < top]
+
+
+def test_low_precision_candidates_at_three_hits_are_kept_only_through_their_kinks(monkeypatch):
+    """At low precision above 100 inputs a candidate with VERIFY_HITS_LOW hits of the far test
+    goes on to the passes through kinks around its own and is kept only when its refitted
+    plane then has VERIFY_HITS: with every candidate, second-layer kinks included, scored
+    VERIFY_HITS_LOW, the first layer of a planted float32 128-10-10-1 still comes
+    out as its 10 units and no other (without the second test one second-layer unit, planar
+    within a region of the first layer, passed the passes and took the place of a unit)."""
+    from relufast.chosen import first_layer as FL
+
+    d, widths = 128, (10, 10)
+    hidden, out = P.deep_relu(d, widths, 1, random_state=0)
+    W, b = hidden[0]
+    far, candidates = FL._verify_far, set()
+
+    def low_bar(oracle, n, c, x, rng):
+        """VERIFY_HITS_LOW for each kink's first test; the true test of a refitted row."""
+        keys = [row.tobytes() for row in x]
+        if all(key in candidates for key in keys):
+            return far(oracle, n, c, x, rng)
+        candidates.update(keys)
+        return np.full(len(n), FL.VERIFY_HITS_LOW)
+
+    monkeypatch.setattr(FL, "_verify_far", low_bar)
+    oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
+    pool = FL.KinkPool(d)
+    Wf, bf, _, _ = FL.first_layer(oracle, widths[0], widths, np.random.default_rng(0), pool)
+    H = np.hstack([W, b[:, None]]) / np.linalg.norm(W, axis=1, keepdims=True)
+    Hf = np.hstack([Wf, bf[:, None]]) / np.linalg.norm(Wf, axis=1, keepdims=True)
+    C = np.abs(Hf @ H.T) / np.linalg.norm(Hf, axis=1, keepdims=True) / np.linalg.norm(H, axis=1)
+    assert len(Wf) == widths[0]
+    assert len(set(C.argmax(axis=1))) == widths[0]
+    assert C.max(axis=1).min() > 1 - 1e-6
+    assert len(pool)  # the second layer's kinks went to the pool, not into the layer
