@@ -63,6 +63,22 @@ def _kink_on(W, b, j, rng, d):
             return x0 + t * u
 
 
+def _rows_off(W, b, rows, rng, angle):
+    """Unit rows ``rows`` of (W, b) turned by ``angle`` in a random direction about a kink of
+    each on a search line (its anchor): (rows, offsets, anchors)."""
+    d = W.shape[1]
+    anchors, Wl, bl = [], W.copy(), b.copy()
+    for j in rows:
+        a = _kink_on(W, b, j, rng, d)
+        e = rng.standard_normal(d)
+        e -= (e @ W[j]) * W[j]
+        w = W[j] + angle * e / np.linalg.norm(e)
+        Wl[j] = w / np.linalg.norm(w)
+        bl[j] = -Wl[j] @ a
+        anchors.append(a)
+    return Wl, bl, anchors
+
+
 def _unit_rows_and_oracle(d, k=32):
     """A planted d-k-1 network's first layer as unit rows, and a float32 oracle of it."""
     hidden, out = P.deep_relu(d, (k,), 1, random_state=0)
@@ -78,15 +94,8 @@ def test_anchored_rows_refine_coarse_normals(angle):
     d = 100
     W, b, oracle = _unit_rows_and_oracle(d)
     rng = np.random.default_rng(0)
-    rows, anchors, Wl, bl = [0, 1, 2, 3], [], W.copy(), b.copy()
-    for j in rows:
-        a = _kink_on(W, b, j, rng, d)
-        e = rng.standard_normal(d)
-        e -= (e @ W[j]) * W[j]
-        w = W[j] + angle * e / np.linalg.norm(e)
-        Wl[j] = w / np.linalg.norm(w)
-        bl[j] = -Wl[j] @ a
-        anchors.append(a)
+    rows = [0, 1, 2, 3]
+    Wl, bl, anchors = _rows_off(W, b, rows, rng, angle)
     W2, b2, done = anchored_rows(oracle, (Wl, bl), rows, anchors, rng)
     assert done.sum() >= 3
     for j in np.array(rows)[done]:
@@ -103,15 +112,7 @@ def test_anchored_passes_reach_further_above_100_dimensions(monkeypatch):
     def run():
         W, b, oracle = _unit_rows_and_oracle(d)
         rng = np.random.default_rng(0)
-        anchors, Wl, bl = [], W.copy(), b.copy()
-        for j in rows:
-            a = _kink_on(W, b, j, rng, d)
-            e = rng.standard_normal(d)
-            e -= (e @ W[j]) * W[j]
-            w = W[j] + 2e-2 * e / np.linalg.norm(e)
-            Wl[j] = w / np.linalg.norm(w)
-            bl[j] = -Wl[j] @ a
-            anchors.append(a)
+        Wl, bl, anchors = _rows_off(W, b, rows, rng, 2e-2)
         W2, _, done = anchored_rows(oracle, (Wl, bl), rows, anchors, rng)
         assert done.all()
         assert max(np.sqrt(max(0.0, 1 - (W2[j] @ W[j]) ** 2)) for j in rows) < 1e-4
@@ -293,15 +294,7 @@ def test_deep_rows_above_100_dimensions_try_short_segments_first(monkeypatch):
         calls.clear()
         oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
         rng = np.random.default_rng(0)
-        anchors, Wl, bl = [], W.copy(), b.copy()
-        for j in rows:
-            a = _kink_on(W, b, j, rng, d)
-            e = rng.standard_normal(d)
-            e -= (e @ W[j]) * W[j]
-            w = W[j] + 2e-2 * e / np.linalg.norm(e)
-            Wl[j] = w / np.linalg.norm(w)
-            bl[j] = -Wl[j] @ a
-            anchors.append(a)
+        Wl, bl, anchors = _rows_off(W, b, rows, rng, 2e-2)
         W2, _, done = anchored_rows(oracle, (Wl, bl), rows, anchors, rng, deep=deep)
         assert done.all()
         assert max(np.sqrt(max(0.0, 1 - (W2[j] @ W[j]) ** 2)) for j in rows) < 1e-4
