@@ -283,7 +283,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         hits = (_verify_far if coarse else _verify)(oracle, nrm.n[first], c[first], nrm.x[first], rng)
         weak_ok = coarse and d > COARSE_DIMS and len(widths) > 1
         good = first[hits >= (VERIFY_HITS_LOW if weak_ok else VERIFY_HITS)]
-        weak = set(first[hits < VERIFY_HITS].tolist())
+        weak = set(first[hits < VERIFY_HITS].tolist()) if weak_ok else set()  # let in below VERIFY_HITS
         bad = np.setdiff1d(np.arange(len(nrm.keep)), good)
         pool.add(nrm.x[bad], nrm.n[bad], nrm.error[bad])
         added = []
@@ -309,8 +309,8 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
             again = np.array([n for n, (i, ok) in enumerate(zip(added, done)) if ok and i in weak], dtype=int)
             if len(again):
                 r = rows[again]
-                s = np.linalg.norm(W[r], axis=1)
-                sure = _verify_far(oracle, W[r] / s[:, None], b[r] / s, nrm.x[np.array(added)[again]], rng)
+                norm = np.linalg.norm(W[r], axis=1)
+                sure = _verify_far(oracle, W[r] / norm[:, None], b[r] / norm, nrm.x[np.array(added)[again]], rng)
                 done[again[sure < VERIFY_HITS]] = False
             drop = rows[~done]
             if len(drop):
