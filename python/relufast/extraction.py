@@ -364,7 +364,7 @@ def _refuse_random_options(why, n_queries, method, n_jobs):
 #: weight; a run that cannot succeed ends with a message instead of running for an hour);
 #: CHOSEN_BUDGET_PER_WEIGHT_LOW where the outputs are float32 (or coarser), whose searches
 #: cost more (the trained float32 784-64-64-10 of bench/test_bench_trained.py is certified
-#: in 91 a weight, about 60 of them for its first layer).
+#: in 64 a weight, 63-91 over random states 0-3, 40-60 of them for its first layer).
 CHOSEN_BUDGET_PER_WEIGHT, CHOSEN_BUDGET_MIN, CHOSEN_BUDGET_PER_WEIGHT_LOW = 100, 2_000_000, 250
 
 

@@ -237,6 +237,7 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
     that are not first-layer ones go to ``pool``.
     """
     d = oracle.d
+    deep = len(widths) > 1  # boundaries of later layers cross the lines and segments
     W, b = np.zeros((0, d)), np.zeros(0)
     rounds = stalled = level = before = 0
     top = len(LINE_SCALES)  # lengths in use (fewer once a longer line met non-finite outputs)
@@ -281,9 +282,10 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
         first = _dedupe(H, tol_dup)
         coarse = oracle.low_precision
         hits = (_verify_far if coarse else _verify)(oracle, nrm.n[first], c[first], nrm.x[first], rng)
-        weak_ok = coarse and d > COARSE_DIMS and len(widths) > 1
-        good = first[hits >= (VERIFY_HITS_LOW if weak_ok else VERIFY_HITS)]
-        weak = set(first[hits < VERIFY_HITS].tolist()) if weak_ok else set()  # let in below VERIFY_HITS
+        low_bar = coarse and deep and d > COARSE_DIMS
+        good = first[hits >= (VERIFY_HITS_LOW if low_bar else VERIFY_HITS)]
+        # Let in below VERIFY_HITS (tested again once refitted, below).
+        weak = first[(hits >= VERIFY_HITS_LOW) & (hits < VERIFY_HITS)] if low_bar else first[:0]
         bad = np.setdiff1d(np.arange(len(nrm.keep)), good)
         pool.add(nrm.x[bad], nrm.n[bad], nrm.error[bad])
         added = []
@@ -301,12 +303,12 @@ def first_layer(oracle, k, widths, rng, pool, *, max_rounds=200):
             # would put later kinks of the same unit off its plane, and the refit's far
             # boundary points off the model's boundary); rows no pass confirms are dropped.
             rows = np.arange(len(W) - len(added), len(W))
-            W, b, done = anchored_rows(oracle, (W, b), rows, nrm.x[added], rng, deep=len(widths) > 1)
+            W, b, done = anchored_rows(oracle, (W, b), rows, nrm.x[added], rng, deep=deep)
             # A row let in at VERIFY_HITS_LOW is tested again with its refitted plane: a
             # deeper unit's boundary is planar within one region of the first layer and can
             # pass the passes there, but not the far points (a planted float32
             # 128-10-10-1 kept such a row when every candidate was let in).
-            again = np.array([n for n, (i, ok) in enumerate(zip(added, done)) if ok and i in weak], dtype=int)
+            again = np.nonzero(done & np.isin(added, weak))[0]
             if len(again):
                 r = rows[again]
                 norm = np.linalg.norm(W[r], axis=1)

@@ -442,7 +442,7 @@ COARSE_STALL = 0.7
 #: by other boundaries, 13% of the 0.0125 ones; 20,325 queries a row instead of 37,736, the
 #: rows 1.1e-5 off (median; 1.0e-4 at most) instead of 8.7e-5 (7.4e-4). With one hidden
 #: layer no unknown boundary crosses a segment, and the longer reach of the long segments
-#: wins (a planted float32 784-128-1 took 25% more queries with these rules).
+#: wins (a planted float32 784-128-1 took 25% more queries with these rules, ad-hoc).
 COARSE_HALF_DEEP, COARSE_JUMP_DEEP = (0.0125, 0.05, 0.25), 1 / 3
 
 
