@@ -328,7 +328,7 @@ def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
     do not tell a small bend from the rounding) on a grid of ``points``."""
     if oracle.eps < SCREEN_EPS:
         return screened_kinks(oracle, base, dirs, known_breaks(layers, Theta, base, dirs, t0, t1))
-    return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points))
+    return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points), near_points=True)
 
 
 #: Half-length (in t, for standard normal directions) of the random lines of the pool:
