@@ -173,7 +173,20 @@ def _refit(oracle, known, tent, rng, clock, diag, name, last, anchored=False):
         flip, settled = wiggle_signs(oracle, known, (W, b), sub)
     diag.setdefault("signs_by_wiggle", []).append(f"{name}: {int(settled.sum())} of {len(W)}")
     s = np.where(flip, -1.0, 1.0)
-    return (W * s[:, None], b * s), n + why.get("in part", 0) == len(W), settled
+    confirmed = n + why.get("in part", 0)
+    if oracle.low_precision:
+        # A row no segment could test (too few clean ones, or none reaching its boundary)
+        # is no evidence of a wrong unit; at low precision the search again with the signs
+        # open that a wrong unit calls for (_stages) groups by null spaces that float32
+        # normals at d = 784 do not resolve: a trained float32 784-64-64-10 whose rarely
+        # active second-layer unit had too few clean segments went on for 18 minutes there.
+        # The row stays as the search found it and the certificate judges it.
+        confirmed += sum(why.get(r, 0) for r in UNTESTED)
+    return (W * s[:, None], b * s), confirmed == len(W), settled
+
+
+#: Reasons of :func:`.refit.refit_layer` for a row it could not test.
+UNTESTED = ("too few clean segments", "boundary not reached")
 
 
 def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, tries):
