@@ -339,3 +339,57 @@ def test_low_precision_candidates_at_three_hits_are_kept_only_through_their_kink
     assert len(set(C.argmax(axis=1))) == widths[0]
     assert C.max(axis=1).min() > 1 - 1e-6
     assert len(pool)  # the second layer's kinks went to the pool, not into the layer
+
+
+def test_kinks_near_grid_points_found_at_low_precision():
+    """A kink at fraction tau of its cell bends the second differences beside it by (1 - tau)
+    and tau of its slope jump: a test of both against the threshold loses the weak kinks
+    near a grid point, a test of their sum keeps them (``near_points``, the deeper layers'
+    searches). Half the second-layer units of a float32 100-32-32-10 read with output
+    weights 0.05 times the others': their kinks on 40 lines, 221 without and 403 with
+    ``near_points`` (this test's case); every kink taken lies on a boundary of the network."""
+    d, widths = 100, (32, 32)
+    hidden, (Wo, bo) = P.deep_relu(d, widths, 10, random_state=1)
+    Wo = Wo.copy()
+    Wo[:, ::2] *= 0.05
+    f = P.relu_function(hidden, (Wo, bo), np.float32)
+    (W1, b1), (W2, b2) = hidden
+    rng = np.random.default_rng(3)
+    base, dirs = 0.5 * rng.standard_normal((40, d)), rng.standard_normal((40, d))
+    grid = np.linspace(-3, 3, 1024)
+
+    def kinks(near):
+        k = lines.find_kinks(Oracle(f, d), base, dirs, grid, near_points=near)
+        z1 = k.x @ W1.T + b1
+        z2 = np.maximum(z1, 0) @ W2.T + b2
+        g2 = np.linalg.norm(np.einsum("jk,nk,kd->njd", W2, (z1 > 0).astype(float), W1), axis=2)
+        dist = np.hstack([np.abs(z1) / np.linalg.norm(W1, axis=1), np.abs(z2) / np.maximum(g2, 1e-300)])
+        unit = dist.argmin(axis=1) - widths[0]  # second-layer unit of the nearest boundary (< 0: first layer)
+        off = dist.min(axis=1) / np.linalg.norm(dirs[k.line], axis=1) / (grid[1] - grid[0])  # in cells
+        return off, int(((unit >= 0) & (unit % 2 == 0)).sum())
+
+    off, weak = kinks(False)
+    off_near, weak_near = kinks(True)
+    assert off.max() < 0.25 and off_near.max() < 0.25
+    assert weak_near > 1.5 * weak
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reason", ["too few clean segments", "kinks off a hyperplane"])
+def test_rows_no_segment_tests_do_not_call_for_a_search_with_open_signs(monkeypatch, dtype, reason):
+    """A row the refit could not test is no evidence of a wrong unit: at low precision it
+    does not send the layer to the search with open signs (float32 normals at d = 784 do not
+    resolve its null spaces: a trained float32 784-64-64-10 went on there for 18 minutes);
+    a row whose kinks are off its plane still does, and float64 keeps the search for both."""
+    from relufast._result import Run
+    from relufast.chosen import driver
+
+    d = 8
+    f = P.relu_function(*P.deep_relu(d, (4,), 1, random_state=0), dtype)
+    oracle = Oracle(f, d)
+    oracle(np.zeros((1, d)))
+    W, b = np.eye(4, d), np.zeros(4)
+    monkeypatch.setattr(driver, "refit_layer", lambda *a, **k: (W, b, 3, {reason: 1}))
+    monkeypatch.setattr(driver, "wiggle_signs", lambda *a, **k: (np.zeros(4, bool), np.ones(4, bool)))
+    _, done, _ = driver._refit(oracle, [], (W, b), np.random.default_rng(0), Run("t"), {}, "layer 2", True)
+    assert done == (dtype == np.float32 and reason == "too few clean segments")
