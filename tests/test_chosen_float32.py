@@ -379,7 +379,7 @@ def test_kinks_near_grid_points_found_at_low_precision():
 def test_rows_no_segment_tests_do_not_call_for_a_search_with_open_signs(monkeypatch, dtype, reason):
     """A row the refit could not test is no evidence of a wrong unit: at low precision it
     does not send the layer to the search with open signs (float32 normals at d = 784 do not
-    resolve its null spaces: a trained float32 784-64-64-10 went on there for 18 minutes);
+    resolve its null spaces: a trained float32 784-64-64-10 was still there 4 minutes on);
     a row whose kinks are off its plane still does, and float64 keeps the search for both."""
     from relufast._result import Run
     from relufast.chosen import driver

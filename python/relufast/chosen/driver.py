@@ -179,7 +179,7 @@ def _refit(oracle, known, tent, rng, clock, diag, name, last, anchored=False):
         # is no evidence of a wrong unit; at low precision the search again with the signs
         # open that a wrong unit calls for (_stages) groups by null spaces that float32
         # normals at d = 784 do not resolve: a trained float32 784-64-64-10 whose rarely
-        # active second-layer unit had too few clean segments went on for 18 minutes there.
+        # active second-layer unit had too few clean segments was still there 4 minutes on.
         # The row stays as the search found it and the certificate judges it.
         confirmed += sum(why.get(r, 0) for r in UNTESTED)
     return (W * s[:, None], b * s), confirmed == len(W), settled
