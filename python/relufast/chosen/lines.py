@@ -139,12 +139,12 @@ def find_kinks(oracle, base, dirs, t_grid, crowded=None, near_points=False):
         # jump is a few times the rounding, a test of both against the threshold lost the
         # kinks near a grid point (58% of the isolated crossings of a trained float32
         # 784-128-128-10's second-layer units, most above the threshold in one of the two).
-        # Not in the first layer's search: there the kinks of later layers it would add
-        # cost a normal each before they are of use (the trained float32 784-64-64-10's
-        # first layer asked 3.9 million queries instead of 3.0 at random state 0).
         # Their sum is the jump times the step wherever the kink lies; a kink near a grid
         # point then passes in both cells beside it, and the cell whose two differences
-        # are the more even is kept.
+        # are the more even is kept. Not in the first layer's search: there the kinks of
+        # later layers it would add cost a normal each before they are of use (the trained
+        # float32 784-64-64-10's first layer asked 3.9 million queries instead of 3.0 at
+        # random state 0).
         kink = level[:, i - 1] + level[:, i]
     else:
         kink = np.minimum(level[:, i - 1], level[:, i])
