@@ -326,16 +326,10 @@ def _line_kinks(oracle, layers, Theta, base, dirs, t0, t1, points):
     """Kinks on the lines ``base + t dirs``, t in [t0, t1]: in float64 only the pieces
     between computed known kinks that are not linear are searched
     (:func:`.lines.screened_kinks`); at low precision (where three outputs of a long piece
-    do not tell a small bend from the rounding) on a grid of ``points``."""
+    do not tell a small bend from the rounding) on a grid of ``points`` (near_points above COARSE_DIMS)."""
     if oracle.eps < SCREEN_EPS:
         return screened_kinks(oracle, base, dirs, known_breaks(layers, Theta, base, dirs, t0, t1))
-    # Weak kinks near a grid point too above COARSE_DIMS inputs, where the rounding of the
-    # outputs is large against the slope jumps of deeper units (trained float32
-    # 784-128-128-10: 70% of its second-layer crossings found, 34% without); below, every
-    # unit is found without them, and the kinks they add cost a normal each (a planted
-    # float32 64-32-32-10 asked 938,082 queries with them, 672,952 without).
-    near = oracle.d > COARSE_DIMS
-    return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points), near_points=near)
+    return find_kinks(oracle, base, dirs, np.linspace(t0, t1, points), near_points=oracle.d > COARSE_DIMS)
 
 
 #: Half-length (in t, for standard normal directions) of the random lines of the pool:
