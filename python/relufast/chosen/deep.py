@@ -646,9 +646,8 @@ def next_layer(oracle, known, tent, k, widths, rng, pool, *, max_rounds=40, orie
     size = CLUSTER_MIN if oracle.eps < SCREEN_EPS else CLUSTER_MIN_LOW
     Theta = carry.get("Theta", np.zeros((0, D + 1)))
     for phase in range(2):
-        # Grouping (signs open) or clustering (signs known) of single kinks; then chains.
-        # Chains of a layer with open signs are needed only until the units they find fix
-        # those signs (_signs): then the clustering takes over (once).
+        # Grouping (signs open) or clustering (signs known) of single kinks; then chains, with open
+        # signs only until the units they find fix those signs (_signs): then the clustering (once).
         Theta = _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size, settled)
         if len(Theta) >= k:
             break
