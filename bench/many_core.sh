@@ -11,7 +11,8 @@
 # SKIP="moments chosen tests" leaves those steps out (suite_default, suite_<coretype>,
 # suite_baseline, threads_large, threads, moments, chosen, profile, tests); CORETYPES="SkylakeX
 # Haswell" runs the suite under those OpenBLAS kernels (SUITE_LIMIT seconds each, default
-# 240); LARGE_THREADS=2,8,16 sets the large cases' thread counts (default 2 and every core),
+# 240), BASELINE_CORETYPE=Zen the baseline build's run under another (default: the first);
+# LARGE_THREADS=2,8,16 sets the large cases' thread counts (default 2 and every core),
 # SMALL_THREADS those of the default cases.
 #
 # Offline: WHEELS=folder holding highspy, cmeel and cmeel-eigen wheels for this Python
@@ -68,7 +69,9 @@ for ct in ${CORETYPES:-default}; do
     step "suite_$ct" "${SUITE_LIMIT:-240}" env OPENBLAS_CORETYPE="$ct" $PY -m pytest "${SUITE[@]}" tests
   fi
 done
-step suite_baseline "${SUITE_LIMIT:-240}" env RELUFAST_BACKEND=baseline ${CORETYPES:+OPENBLAS_CORETYPE=${CORETYPES%% *}} \
+BASE_CT=${BASELINE_CORETYPE:-${CORETYPES%% *}}
+[ "$BASE_CT" = default ] && BASE_CT=
+step suite_baseline "${SUITE_LIMIT:-240}" env RELUFAST_BACKEND=baseline ${BASE_CT:+OPENBLAS_CORETYPE=$BASE_CT} \
   $PY -m pytest "${SUITE[@]}" tests
 
 BENCH=(-p no:cacheprovider -o addopts= --benchmark-only -s -q)
