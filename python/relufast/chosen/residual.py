@@ -22,7 +22,8 @@ from .._validation import NonFiniteOutputs
 from .deep import ENTRY_WIDTH, _search
 from .hyperplanes import jump_normals
 from .lines import Kinks
-from .walk import downstream_basis, zeta
+from .net import features
+from .walk import downstream_basis
 
 __all__ = ["residual_lines"]
 
@@ -37,14 +38,14 @@ RESIDUAL_BACK = 16.0
 RESIDUAL_OUT, RESIDUAL_FLOOR, RESIDUAL_FITS = 20.0, 1e3, 16
 
 
-def _fit_residual(known, tent, Theta, X, Y, floor):
-    """Row norms of the residual of the least-squares fit of Y on relu(+-z) of the rows of
-    Theta at X (and a constant), and the bar above which a point stands out: the fit is
-    made again on the half of the points it fits best until that half settles (at most
-    RESIDUAL_FITS times: a unit not found biases a fit on its points, and its points near
-    its boundary, with small residuals, leave the half only gradually), then once more on
-    every point within the bar. Returns (residuals, coefficients, bar)."""
-    F = _design(known, tent, Theta, X)
+def _fit_residual(known, tent, Theta, X, Y, floor, cols=0):
+    """Row norms of the residual of the least-squares fit of Y on :func:`_design` at X, and
+    the bar above which a point stands out: the fit is made again on the half of the points
+    it fits best until that half settles (at most RESIDUAL_FITS times: a unit not found
+    biases a fit on its points, and its points near its boundary, with small residuals,
+    leave the half only gradually), then once more on every point within the bar. Returns
+    (residuals, coefficients, bar)."""
+    F = _design(known, tent, Theta, X, cols)
     use = np.ones(len(X), dtype=bool)
     for _ in range(RESIDUAL_FITS):
         coef = np.linalg.lstsq(F[use], Y[use], rcond=None)[0]
@@ -58,16 +59,34 @@ def _fit_residual(known, tent, Theta, X, Y, floor):
     return np.linalg.norm(Y - F @ coef, axis=1), coef, bar
 
 
-def _design(known, tent, Theta, X):
-    z = zeta(known, tent, X, Theta)
-    return np.hstack([np.maximum(z, 0.0), np.maximum(-z, 0.0), np.ones((len(X), 1))])
+def _design(known, tent, Theta, X, cols=0):
+    """relu(+-z) of the units found, the first ``cols`` features phi (in which the layer is
+    affine) and a constant."""
+    Phi, _ = features(known, tent, X)
+    z = Phi @ Theta[:, :-1].T + Theta[:, -1]
+    return np.hstack([np.maximum(z, 0.0), np.maximum(-z, 0.0), Phi[:, :cols], np.ones((len(X), 1))])
 
 
-def residual_lines(oracle, known, tent, Theta, rng, pool):
+def _best_fit(known, tent, Theta, X, Y, floor, oriented):
+    """The fit of :func:`_fit_residual` without features phi and with them (the tentative
+    layer's units when its signs are settled, else the whole phi while it has at most a
+    quarter of RESIDUAL_POINTS columns), whichever has the lower bar; and its ``cols``.
+    Without them a unit not found fits where it is inactive and stands out where it is
+    active, only when that is rarely; with them it fits where it is active, and a unit
+    active on 96% of the inputs (six of the eight second-layer units the searches of a
+    trained float32 784-128-128-10 missed were active on 93-97%) stands out on its
+    inactive side (a planted float32 20-12-8-3: 377 points of 2,048 there, none without)."""
+    k, p = len(tent[0]), features(known, tent, X[:1])[0].shape[1]
+    choices = [0, k if oriented or p > RESIDUAL_POINTS // 4 else p]
+    fits = [(*_fit_residual(known, tent, Theta, X, Y, floor, c), c) for c in choices]
+    return min(fits, key=lambda f: f[2])
+
+
+def residual_lines(oracle, known, tent, Theta, rng, pool, oriented=False):
     """Kinks into ``pool`` on lines across the boundaries of last-layer units not found
     (rows of Theta are the units found). Returns the number of lines searched (0 where no
     point stands out, no bracket's jump is of rank one, or the model does not answer at
-    these points)."""
+    these points). ``oriented``: the signs of ``tent`` are settled."""
     d = oracle.d
     n = RESIDUAL_POINTS
     X = np.vstack([rng.standard_normal((n // 2, d)), 3.0 * rng.standard_normal((n - n // 2, d))])
@@ -75,11 +94,12 @@ def residual_lines(oracle, known, tent, Theta, rng, pool):
         Y = oracle(X)
     except NonFiniteOutputs:
         return 0
-    r, coef, bar = _fit_residual(known, tent, Theta, X, Y, RESIDUAL_FLOOR * oracle.eps * float(np.abs(Y).max()))
+    floor = RESIDUAL_FLOOR * oracle.eps * float(np.abs(Y).max())
+    r, coef, bar, cols = _best_fit(known, tent, Theta, X, Y, floor, oriented)
     out, fit = np.nonzero(r > bar)[0], np.nonzero(r <= bar)[0]
     if len(out) == 0 or len(fit) == 0:
         return 0
-    a = rng.choice(out, size=min(RESIDUAL_LINES, len(out)), replace=False)  # active side
+    a = rng.choice(out, size=min(RESIDUAL_LINES, len(out)), replace=False)  # the side that stands out
     b = rng.choice(fit, size=len(a))
     lo, hi, r_lo, r_hi = X[b], X[a].copy(), r[b], r[a]
     for _ in range(RESIDUAL_STEPS):
@@ -88,11 +108,11 @@ def residual_lines(oracle, known, tent, Theta, rng, pool):
             ym = oracle(mid)
         except NonFiniteOutputs:
             return 0
-        rm = np.linalg.norm(ym - _design(known, tent, Theta, mid) @ coef, axis=1)
+        rm = np.linalg.norm(ym - _design(known, tent, Theta, mid, cols) @ coef, axis=1)
         stands = rm > bar
         hi, r_hi = np.where(stands[:, None], mid, hi), np.where(stands, rm, r_hi)
         lo, r_lo = np.where(stands[:, None], lo, mid), np.where(stands, r_lo, rm)
-    # The residual grows linearly from the boundary into the active side, so the bar is
+    # The residual grows linearly from the boundary into the side that stands out, so the bar is
     # crossed inside it (0.009 from the boundary for a weak unit of the trained
     # 784-64-64-10, whose brackets then lay wholly on its active side): the crossing is
     # extrapolated from the two ends' residuals and the bracket's inner end set one bracket
