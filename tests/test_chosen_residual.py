@@ -96,3 +96,19 @@ def test_pooled_normals_measured_again_behind_the_first_layer():
     angle = np.arccos(np.minimum(1.0, np.abs(np.einsum("kd,kd->k", pool.n, true))))
     # Measured: 40 of 40 measured again, 37 within 5e-5 rad, 2 at 3e-4, one left 0.36 off.
     assert again >= 30 and (angle < 1e-3).sum() >= 30, (again, np.sort(angle))
+
+
+def test_residual_lines_grow_with_the_units_not_found():
+    # RESIDUAL_LINES lines a unit not found (up to RESIDUAL_UNITS of them): a row is complete
+    # once its kinks cover every unit of the layer below, and one round's kinks on four
+    # missing units of a trained 784-128-128-10 covered 119-127 of its 128 first-layer units.
+    from relufast.chosen import residual
+
+    oracle, hidden, Theta = _planted(rare=1, on=0.96)
+    found = np.delete(Theta, 1, axis=0)
+    counts = []
+    for missing in (1, 2):
+        pool = KinkPool(oracle.d)
+        counts.append(residual_lines(oracle, [], hidden[0], found, np.random.default_rng(1), pool, True, missing))
+        assert (_on_unit(hidden, pool.x, 1)[0] < 1e-3).sum() >= counts[-1] // 2
+    assert counts[0] <= residual.RESIDUAL_LINES < counts[1] <= 2 * residual.RESIDUAL_LINES, counts

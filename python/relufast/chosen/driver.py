@@ -215,7 +215,7 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
                 # the units found misses (.residual), for the next search's pool (none after
                 # the last search).
                 diag["residual_lines"] = diag.get("residual_lines", 0) + residual_lines(
-                    oracle, known, tent, carry["Theta"], rng, pool, oriented
+                    oracle, known, tent, carry["Theta"], rng, pool, oriented, widths[li] - have
                 )
     if found is None:
         return None
