@@ -165,6 +165,31 @@ def test_outlier_kinks_of_a_component_are_dropped():
     assert list(np.nonzero(_outliers(ang))[0]) == [3]
 
 
+def test_restriction_with_a_relative_gap_is_kept_at_low_precision():
+    """A kink's restricted equations whose null vector is clear (second singular value 0.005,
+    5,000 times the smallest) but whose gap falls short of GAP x tolerance: NaN by the
+    absolute test, its row with ``ratio`` (low precision); a second singular value at the
+    tolerance's GAP_LOW times or less, or under GAP times the smallest, stays NaN."""
+    from relufast.chosen import cluster
+
+    rng = np.random.default_rng(0)
+    tol, cols = 1e-4, 6
+    U = np.linalg.qr(rng.standard_normal((cols + 2, cols)))[0]
+    V = np.linalg.qr(rng.standard_normal((cols, cols)))[0]
+    S = np.ones((1, cols - 1), dtype=bool)
+
+    def restricted(s2, s1, ratio):
+        E = (U * np.array([1.0, 0.5, 0.3, 0.1, s2, s1])) @ V.T
+        return cluster._restrictions(E[None], S, tol, ratio=ratio)[0]
+
+    assert np.isnan(restricted(5e-3, 1e-6, False)).all()
+    row = restricted(5e-3, 1e-6, True)
+    assert abs(abs(row @ V[:, -1]) - 1.0) < 1e-9
+    assert np.isnan(restricted(5e-4, 1e-7, True)).all()  # under GAP_LOW x tolerance
+    assert np.isnan(restricted(5e-3, 9e-5, True)).all()  # under GAP x the smallest
+    assert not np.isnan(restricted(2e-2, 9e-5, False)).any()  # the absolute test still holds
+
+
 def test_open_signs_are_clustered_under_each_choice(monkeypatch):
     """A first-layer sign the wiggles leave open (forced here on unit 0): the second layer's
     kinks are clustered under both choices for it (``deep._hypotheses``) rather than grouped
