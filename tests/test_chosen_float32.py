@@ -340,7 +340,7 @@ def test_low_precision_candidates_at_three_hits_are_kept_only_through_their_kink
     out as units of its first layer and no other (without the second test one second-layer
     unit, planar within a region of the first layer, passed the passes and took the place of
     a unit). How many of the 10 units come back under this harness depends on the BLAS's
-    rounding of the float32 model (8-10 over rng seeds 0-7 at one and two OpenBLAS threads;
+    rounding of the float32 model (ad-hoc: 8-10 over rng seeds 0-7 at one and two OpenBLAS threads;
     9 with the baseline build on a 16-core Xeon): the test asserts that none is wrong. Without
     the second test a wrong unit came back at these seeds at one and two threads."""
     from relufast.chosen import first_layer as FL

@@ -125,7 +125,7 @@ def _restrictions(E, S, tol, ratio=False):
 #: The second smallest singular value of a kink's restricted equations must exceed GAP
 #: times the null tolerance; at low precision, or GAP times the smallest and GAP_LOW times
 #: the tolerance. Of 15 kinks of the trained float32 784-128-128-10's missing second-layer
-#: units whose restricted rows were within 0.01 rad, 5 passed the first test, 14 either
+#: units whose restricted rows were within 0.01 rad (ad-hoc replay), 5 passed the first test, 14 either
 #: (second singular values 0.007-0.026 of the largest, 100-2,000 times the smallest);
 #: a full gap of 10 x tolerance let in more kinks of bad normals (a first search of 121
 #: units instead of 124, ad-hoc).

@@ -35,7 +35,7 @@ __all__ = ["residual_lines"]
 RESIDUAL_POINTS, RESIDUAL_LINES, RESIDUAL_STEPS = 2048, 32, 12
 #: A kink on a unit's boundary gives its row on the units of the layer below active there:
 #: the row is complete once its kinks cover them all. Four units of the trained float32
-#: 784-128-128-10's second layer missing, 32 lines gave 20 kinks on three of them, covering
+#: 784-128-128-10's second layer missing (ad-hoc replay), 32 lines gave 20 kinks on three of them, covering
 #: 119-127 of the 128 first-layer units; 128 lines gave 57, covering all 128 for two.
 RESIDUAL_UNITS = 4
 #: Farthest the bracket's inner end is moved back past the extrapolated crossing (bracket lengths).
@@ -46,15 +46,14 @@ RESIDUAL_BACK = 16.0
 RESIDUAL_OUT, RESIDUAL_FLOOR, RESIDUAL_FITS = 20.0, 1e3, 16
 
 
-def _fit_residual(known, tent, Theta, X, Y, floor, cols=0):
-    """Row norms of the residual of the least-squares fit of Y on :func:`_design` at X, and
+def _fit_residual(F, Y, floor):
+    """Row norms of the residual of the least-squares fit of Y on the design F, and
     the bar above which a point stands out: the fit is made again on the half of the points
     it fits best until that half settles (at most RESIDUAL_FITS times: a unit not found
     biases a fit on its points, and its points near its boundary, with small residuals,
     leave the half only gradually), then once more on every point within the bar. Returns
     (residuals, coefficients, bar)."""
-    F = _design(known, tent, Theta, X, cols)
-    use = np.ones(len(X), dtype=bool)
+    use = np.ones(len(F), dtype=bool)
     for _ in range(RESIDUAL_FITS):
         coef = np.linalg.lstsq(F[use], Y[use], rcond=None)[0]
         r = np.linalg.norm(Y - F @ coef, axis=1)
@@ -67,27 +66,27 @@ def _fit_residual(known, tent, Theta, X, Y, floor, cols=0):
     return np.linalg.norm(Y - F @ coef, axis=1), coef, bar
 
 
-def _design(known, tent, Theta, X, cols=0):
+def _design(Phi, Theta, cols=0):
     """relu(+-z) of the units found, the first ``cols`` features phi (in which the layer is
-    affine) and a constant."""
-    Phi, _ = features(known, tent, X)
+    affine) and a constant, from the features ``Phi`` (:func:`.net.features`)."""
     z = Phi @ Theta[:, :-1].T + Theta[:, -1]
-    return np.hstack([np.maximum(z, 0.0), np.maximum(-z, 0.0), Phi[:, :cols], np.ones((len(X), 1))])
+    return np.hstack([np.maximum(z, 0.0), np.maximum(-z, 0.0), Phi[:, :cols], np.ones((len(Phi), 1))])
 
 
-def _best_fit(known, tent, Theta, X, Y, floor, oriented):
+def _best_fit(k, Phi, Theta, Y, floor, oriented):
     """The fit of :func:`_fit_residual` without features phi, or with them (the tentative
     layer's units when its signs are settled, else the whole phi while it has at most a
     quarter of RESIDUAL_POINTS columns) where that lowers the bar RESIDUAL_TIGHTER times or
-    more; and its ``cols``.
+    more; and its ``cols``. ``k``: the tentative layer's units (the first columns of Phi).
     Without them a unit not found fits where it is inactive and stands out where it is
     active, only when that is rarely; with them it fits where it is active, and a unit
     active on 96% of the inputs (six of the eight second-layer units the searches of a
     trained float32 784-128-128-10 missed were active on 93-97%) stands out on its
-    inactive side (a planted float32 20-12-8-3: 377 points of 2,048 there, none without)."""
-    k, p = len(tent[0]), features(known, tent, X[:1])[0].shape[1]
+    inactive side (a planted float32 20-12-8-3, ad-hoc: 377 points of 2,048 there, none
+    without)."""
+    p = Phi.shape[1]
     choices = [0, k if oriented or p > RESIDUAL_POINTS // 4 else p]
-    plain, lin = [(*_fit_residual(known, tent, Theta, X, Y, floor, c), c) for c in choices]
+    plain, lin = [(*_fit_residual(_design(Phi, Theta, c), Y, floor), c) for c in choices]
     # Where both fit to the rounding (a rarely active unit not found), the one without:
     # with the features the trained float32 784-64-64-10's rarely active second-layer unit
     # took one search more (5.08 million queries in all instead of 4.31, ad-hoc).
@@ -112,7 +111,7 @@ def residual_lines(oracle, known, tent, Theta, rng, pool, oriented=False, missin
     except NonFiniteOutputs:
         return 0
     floor = RESIDUAL_FLOOR * oracle.eps * float(np.abs(Y).max())
-    r, coef, bar, cols = _best_fit(known, tent, Theta, X, Y, floor, oriented)
+    r, coef, bar, cols = _best_fit(len(tent[0]), features(known, tent, X)[0], Theta, Y, floor, oriented)
     out, fit = np.nonzero(r > bar)[0], np.nonzero(r <= bar)[0]
     if len(out) == 0 or len(fit) == 0:
         return 0
@@ -126,7 +125,7 @@ def residual_lines(oracle, known, tent, Theta, rng, pool, oriented=False, missin
             ym = oracle(mid)
         except NonFiniteOutputs:
             return 0
-        rm = np.linalg.norm(ym - _design(known, tent, Theta, mid, cols) @ coef, axis=1)
+        rm = np.linalg.norm(ym - _design(features(known, tent, mid)[0], Theta, cols) @ coef, axis=1)
         stands = rm > bar
         hi, r_hi = np.where(stands[:, None], mid, hi), np.where(stands, rm, r_hi)
         lo, r_lo = np.where(stands[:, None], lo, mid), np.where(stands, r_lo, rm)
