@@ -69,6 +69,7 @@ for ct in ${CORETYPES:-default}; do
     step "suite_$ct" "${SUITE_LIMIT:-240}" env OPENBLAS_CORETYPE="$ct" $PY -m pytest "${SUITE[@]}" tests
   fi
 done
+CORETYPES=${CORETYPES:-default}
 BASE_CT=${BASELINE_CORETYPE:-${CORETYPES%% *}}
 [ "$BASE_CT" = default ] && BASE_CT=
 step suite_baseline "${SUITE_LIMIT:-240}" env RELUFAST_BACKEND=baseline ${BASE_CT:+OPENBLAS_CORETYPE=$BASE_CT} \
