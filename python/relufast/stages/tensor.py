@@ -162,7 +162,7 @@ def _weighted_sum(Q, k, A):
     return core.slice_weighted_sum(Q, np.ascontiguousarray(A), kernel_threads())
 
 
-def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
+def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0, settle=None):
     """Non-symmetric CP-ALS for P (m, k, k) with r = B0.shape[1] free components, started at
     (., B0, B0).
 
@@ -189,10 +189,10 @@ def cp_als(P, B0, *, n_iter=100, tol=1e-13, fixed=None, factor_tol=0.0):
     """
     # SciPy's dgemm runs on the kernels' threads, each call on one BLAS thread.
     with single_threaded_blas():
-        return _cp_als(P, B0, n_iter, tol, fixed, factor_tol)
+        return _cp_als(P, B0, n_iter, tol, fixed, factor_tol, settle)
 
 
-def _cp_als(P, B0, n_iter, tol, fixed, factor_tol):
+def _cp_als(P, B0, n_iter, tol, fixed, factor_tol, settle=None):
     P = np.asarray(P, dtype=np.float64)
     # ALS is scale-equivariant in P (A scales, B and C are unit): work at max |P| = 1 so that
     # the squared norms of the fit neither overflow nor underflow.
@@ -258,11 +258,8 @@ def _cp_als(P, B0, n_iter, tol, fixed, factor_tol):
         if fit is not None and abs(prev - fit) <= tol * max(fit, 1e-300):
             break
         if factor_tol > 0 and r:
-            moved = max(
-                float(np.max(1.0 - np.abs(np.sum(B * B_old, axis=0)))),
-                float(np.max(1.0 - np.abs(np.sum(C * C_old, axis=0)))),
-            )
-            if moved <= factor_tol:
+            moved = np.maximum(1.0 - np.abs(np.sum(B * B_old, axis=0)), 1.0 - np.abs(np.sum(C * C_old, axis=0)))
+            if np.sort(moved)[min(r, settle or r) - 1] <= factor_tol:
                 break
         prev = np.inf if fit is None else fit
     return A * scale, B, C
