@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from relufast.stages.moments import hermite_moment
+from relufast.stages.moments import SecondMomentAccumulator
 
 from .numpy_pipeline import moment_numpy
 
-SHAPES = [(200_000, 64, 16), (100_000, 50, 10), (1_000_000, 50, 10)]
+SHAPES = [(200_000, 64, 16), (100_000, 50, 10), (1_000_000, 50, 10), (20_000, 200, 100)]
 
 
 @pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"n{s[0]}-d{s[1]}-m{s[2]}")
@@ -26,11 +26,18 @@ def _flops(X, Y):
     return 2.0 * X.shape[0] * Y.shape[1] * X.shape[1] ** 2
 
 
-def test_relufast_moment(benchmark, data, machine):
+def _moment(X, Y, blas):
+    acc = SecondMomentAccumulator(X.shape[1], Y.shape[1], blas=blas).update(X, Y)
+    return acc.tensor()
+
+
+@pytest.mark.parametrize("blas", [True, False], ids=["blas", "eigen"])
+def test_relufast_moment(benchmark, data, machine, blas):
+    """The kernel with its blocks' products by SciPy's dgemm and by Eigen's (BLAS_MIN_FEATURES)."""
     X, Y = data
-    T = benchmark.pedantic(hermite_moment, args=(X, Y), rounds=5, warmup_rounds=1)
+    T = benchmark.pedantic(_moment, args=(X, Y, blas), rounds=5, warmup_rounds=1)
     ref = moment_numpy(X[:20000], Y[:20000])
-    got = hermite_moment(X[:20000], Y[:20000])
+    got = _moment(X[:20000], Y[:20000], blas)
     gflops = _flops(X, Y) / benchmark.stats.stats.min / 1e9
     benchmark.extra_info.update(machine)
     benchmark.extra_info.update(
@@ -39,6 +46,7 @@ def test_relufast_moment(benchmark, data, machine):
             "fraction_of_gemm_rate": gflops / machine["numpy_gemm_gflops_default_threads"],
             "max_rel_diff_vs_numpy": float(np.abs(got - ref).max() / np.abs(ref).max()),
             "shape": T.shape,
+            "products": "blas" if blas else "eigen",
         }
     )
     assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max()

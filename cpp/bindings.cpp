@@ -274,15 +274,23 @@ PYBIND11_MODULE(RELUFAST_MODULE_NAME, m) {
       .def(
           "update",
           [](SecondMoment& s, const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
-             std::optional<RowMatrixXd> Q) {
+             std::optional<RowMatrixXd> Q, std::optional<py::capsule> dgemm) {
+            const long long big = std::numeric_limits<int>::max();
+            if (dgemm && (X.outerStride() > big || block > big || static_cast<long long>(s.m()) * s.d() > big))
+              throw py::value_error("SecondMoment.update: dimensions beyond a 32-bit BLAS; got X of " +
+                                    std::to_string(X.rows()) + " x " + std::to_string(X.cols()) + ", m = " +
+                                    std::to_string(s.m()));
+            DgemmFn fn = dgemm ? reinterpret_cast<DgemmFn>(dgemm->get_pointer()) : nullptr;
             interruptible([&] {
-              s.update(X, Y, n_jobs, block, Q ? &*Q : nullptr);
+              s.update(X, Y, n_jobs, block, Q ? &*Q : nullptr, fn);
               return true;
             });
           },
           py::arg("X").noconvert(), py::arg("Y").noconvert(), py::arg("n_jobs") = 0,
-          py::arg("block") = 256, py::arg("Q") = py::none(),
-          "Add samples X (n, d) with outputs Y (n, m), or Y @ Q when Q (p, m) is given.")
+          py::arg("block") = 256, py::arg("Q") = py::none(), py::arg("dgemm") = py::none(),
+          "Add samples X (n, d) with outputs Y (n, m), or Y @ Q when Q (p, m) is given. dgemm: the capsule of a "
+          "Fortran dgemm safe to call from several threads (SciPy's, the BLAS held at one thread) for the "
+          "blocks' products, or None for Eigen's.")
       .def("merge", &SecondMoment::merge, py::arg("other"))
       .def("tensor", &SecondMoment::tensor)
       .def("set_state", &SecondMoment::set_state, py::arg("count"), py::arg("sum_y"), py::arg("sum_yxx"))

@@ -180,3 +180,34 @@ def test_dask_blocks_reduce_like_one_shot():
     np.testing.assert_allclose(hermite_moment(Xd, Yd), hermite_moment(X, Y), rtol=KERNEL_RTOL, atol=1e-14)
     acc = SecondMomentAccumulator(7, 1).update(Xd, da.from_array(Y[:, 0], chunks=500))
     np.testing.assert_allclose(acc.tensor(), hermite_moment(X, Y[:, :1]), rtol=KERNEL_RTOL, atol=1e-14)
+
+
+@pytest.mark.parametrize("name,mod", _variants(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("d,block", [(5, 64), (33, 100), (71, 256)])
+def test_blas_products_give_the_kernels_moment(name, mod, d, block):
+    # The blocks' products by SciPy's dgemm (column panels of width 16 above d = 32, a last
+    # narrower one, a last block of one sample, outputs compressed by Q) are Eigen's sums to
+    # rounding, on every compiled variant and thread count.
+    from relufast._blas import dgemm_capsule, single_threaded_blas
+
+    rng = np.random.default_rng(d)
+    X, Y = rng.standard_normal((1000, d)), rng.standard_normal((1000, 4))
+    Q = np.ascontiguousarray(np.linalg.qr(rng.standard_normal((4, 3)))[0])
+    R = hermite_moment_reference(X, Y @ Q)
+    for n_jobs in (1, 2):
+        acc = mod.SecondMoment(d, 3)
+        with single_threaded_blas():
+            acc.update(X, Y, n_jobs, block, Q, dgemm_capsule())
+            acc.update(X[:1], Y[:1], n_jobs, block, Q, dgemm_capsule())  # a block of one sample
+        ref = mod.SecondMoment(d, 3)
+        ref.update(X, Y, n_jobs, block, Q)
+        ref.update(X[:1], Y[:1], n_jobs, block, Q)
+        T, E = acc.tensor(), ref.tensor()
+        np.testing.assert_allclose(T, E, rtol=KERNEL_RTOL, atol=KERNEL_RTOL * np.abs(E).max())
+        assert acc.count == 1001
+    np.testing.assert_allclose(
+        SecondMomentAccumulator(d, 4, blas=True).update(X, Y).tensor(),
+        SecondMomentAccumulator(d, 4, blas=False).update(X, Y).tensor(),
+        rtol=KERNEL_RTOL,
+        atol=KERNEL_RTOL * np.abs(R).max(),
+    )

@@ -20,10 +20,6 @@
 
 namespace relufast {
 
-// Fortran dgemm (column-major), as scipy.linalg.cython_blas exports it.
-using DgemmFn = void (*)(char*, char*, int*, int*, int*, double*, double*, int*, double*, int*, double*, double*,
-                         int*);
-
 // Q = P C slice by slice ((m k1) x r) and, when W (k1 x r) is not empty, T (m x r) with
 // T(i, :) = column sums of Q_i .* W. dgemm: a BLAS dgemm that is safe to call from several
 // threads at once (one whose own threading is limited to one thread), or nullptr for Eigen.

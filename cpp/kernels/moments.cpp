@@ -15,7 +15,7 @@ SecondMoment::SecondMoment(Index d, Index m)
 }
 
 void SecondMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
-                          const RowMatrixXd* Q) {
+                          const RowMatrixXd* Q, DgemmFn dgemm) {
   if (X.cols() != d_)
     throw std::invalid_argument("SecondMoment.update: X has " + std::to_string(X.cols()) +
                                 " columns, expected d = " + std::to_string(d_));
@@ -80,7 +80,19 @@ void SecondMoment::update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs
             const auto x = Xb.row(s).segment(c0[p], w);
             for (Index i = 0; i < m; ++i) L.W.row(s).segment(i * w, w).noalias() = Yb(s, i) * x;
           }
-          L.panels[p].noalias() += Xb.rightCols(d - c0[p]).transpose() * L.W.topLeftCorner(len, m * w);
+          if (dgemm) {
+            // Column-major: panel (d - c0) x (m w) += Xb[:, c0:]^T (X's rows are its
+            // columns) times W^T^T (W's rows are its columns, op 'T').
+            char no = 'N', tr = 'T';
+            int M = static_cast<int>(d - c0[p]), N = static_cast<int>(m * w), K = static_cast<int>(len);
+            int lda = static_cast<int>(X.outerStride()), ldb = static_cast<int>(L.W.outerStride());
+            int ldc = static_cast<int>(L.panels[p].outerStride());
+            double one = 1.0;
+            dgemm(&no, &tr, &M, &N, &K, &one, const_cast<double*>(Xb.data() + c0[p]), &lda, L.W.data(), &ldb, &one,
+                  L.panels[p].data(), &ldc);
+          } else {
+            L.panels[p].noalias() += Xb.rightCols(d - c0[p]).transpose() * L.W.topLeftCorner(len, m * w);
+          }
         }
         L.sy.noalias() += Yb.colwise().sum().transpose();
       },

@@ -27,9 +27,11 @@ class SecondMoment {
   // are spread over threads and their partial sums are reduced
   // in block order (the sums do not depend on n_jobs). The heavy part runs
   // without the lock; only adding this call's sums to the state takes it, so
-  // one accumulator may be updated from several threads at once.
+  // one accumulator may be updated from several threads at once. dgemm: a BLAS
+  // dgemm safe to call from several threads at once (SciPy's, the BLAS held at one
+  // thread) for the blocks' products, or nullptr for Eigen's.
   void update(const ConstRowRef& X, const ConstRowRef& Y, int n_jobs, Index block,
-              const RowMatrixXd* Q = nullptr);
+              const RowMatrixXd* Q = nullptr, DgemmFn dgemm = nullptr);
   void merge(const SecondMoment& other);
 
   // (m, d*d): row i is T[i] in row-major order (symmetrised).

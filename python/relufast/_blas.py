@@ -25,6 +25,7 @@ that restores the limits need not be the one that set them.
 
 import contextlib
 import contextvars
+import functools
 import os
 import threading
 
@@ -65,6 +66,19 @@ def _single_threaded():
                 assert active is not None  # set when _depth went 0 -> 1
                 active.restore_original_limits()
                 _release_control()
+
+
+@functools.cache
+def dgemm_capsule():
+    """The capsule of SciPy's Fortran dgemm (scipy.linalg.cython_blas), for a C++ kernel to
+    call on its own threads (the BLAS held at one thread, :func:`single_threaded_blas`);
+    None where SciPy does not export it (Eigen's product then)."""
+    try:
+        from scipy.linalg import cython_blas
+
+        return cython_blas.__pyx_capi__["dgemm"]
+    except (ImportError, AttributeError, KeyError):  # pragma: no cover - every SciPy we support has it
+        return None
 
 
 def single_threaded_blas():

@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 
-from .._blas import crossprod, matmul, product_blocks, single_threaded_blas, thread_map
+from .._blas import crossprod, dgemm_capsule, matmul, product_blocks, single_threaded_blas, thread_map
 from .._native import core
 from .._validation import check_positive_int, check_xy, resolve_n_jobs
 from .reduce import allreduce_state, is_dask, row_blocks
@@ -123,6 +123,15 @@ class Accumulator:
             raise ValueError("no samples accumulated yet: call update(X, Y) first")
 
 
+#: From this input dimension on the second-moment kernel's block products go to SciPy's
+#: dgemm (panels of d - c0 rows by 16 m columns); below it Eigen's are faster. On the 2-core
+#: AMD EPYC (AVX2, OpenBLAS Haswell kernels, 2 threads, five alternating runs, GFLOP/s at
+#: the median): d = 50, m = 10: Eigen 61.6, BLAS 54.2; d = 64, m = 16: 73.3, 64.0;
+#: d = 200, m = 100: 68.6, 82.9; d = 784, m = 128: 61.6, 78.8 (ad-hoc; the benchmark
+#: ``bench/test_bench_moments.py`` records both).
+BLAS_MIN_FEATURES = 128
+
+
 class SecondMomentAccumulator(Accumulator):
     """Streaming, mergeable accumulator of ``sum_s y_s (x) x_s x_s^T`` (C++ kernel).
 
@@ -140,20 +149,27 @@ class SecondMomentAccumulator(Accumulator):
     compress : ndarray of shape (p, n_outputs), optional
         Output compression: updates then take outputs of p columns and accumulate the
         moment of ``Y @ compress`` (done per block inside the kernel, no copy of Y).
+    blas : bool or None, default=None
+        The blocks' products by SciPy's BLAS (its dgemm on the kernel's threads, one BLAS
+        thread each) instead of Eigen's; the sums agree to rounding. None: BLAS from
+        ``n_features >= BLAS_MIN_FEATURES`` on.
 
     Notes
     -----
     Cost 2 n m d^2 flops; memory O(m d^2 + threads * block_size * m * d).
     """
 
-    def __init__(self, n_features, n_outputs, *, n_jobs=None, block_size=256, compress=None):
+    def __init__(self, n_features, n_outputs, *, n_jobs=None, block_size=256, compress=None, blas=None):
         d = check_positive_int(n_features, "n_features")
         m = check_positive_int(n_outputs, "n_outputs")
         super().__init__(core.SecondMoment(d, m), n_jobs=n_jobs, block_size=block_size)
         self._Q = None if compress is None else np.ascontiguousarray(compress, dtype=np.float64)
+        self._blas = d >= BLAS_MIN_FEATURES if blas is None else bool(blas)
 
     def _kernel_update(self, X, Y):
-        self._acc.update(X, Y, self._n_jobs, self._block, self._Q)
+        # Each block's product by SciPy's dgemm on the kernel's threads (the BLAS is held at
+        # one thread by ``add``): OpenBLAS's kernels where they beat Eigen's (AVX-512).
+        self._acc.update(X, Y, self._n_jobs, self._block, self._Q, dgemm_capsule() if self._blas else None)
 
     def tensor(self):
         """T of shape (m, d, d): ``T[i] = mean_s y_si (x_s x_s^T - I)``, symmetric slices."""

@@ -9,11 +9,10 @@ polish started from Jennrich's factors.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import scipy.linalg
 
+from .._blas import dgemm_capsule as _dgemm
 from .._blas import kernel_threads, single_threaded_blas
 from .._deadline import check as check_deadline
 from .._native import core
@@ -128,18 +127,6 @@ def _solve_gram(T, G):
     except (np.linalg.LinAlgError, ValueError):
         pass
     return T @ np.linalg.pinv(G, hermitian=True)
-
-
-@functools.cache
-def _dgemm():
-    """The capsule of SciPy's Fortran dgemm (scipy.linalg.cython_blas), for the C++ kernel
-    to call on its own threads; None where SciPy does not export it (Eigen's product then)."""
-    try:
-        from scipy.linalg import cython_blas
-
-        return cython_blas.__pyx_capi__["dgemm"]
-    except (ImportError, AttributeError, KeyError):  # pragma: no cover - every SciPy we support has it
-        return None
 
 
 def _slices(Pm, m, k1, C, W=None, out=None):
