@@ -11,7 +11,8 @@ from relufast.algorithms.atv21 import at_size
 from relufast.stages.candidates import OVERCOMPLETE_MIN_K
 from relufast.stages.tensor import cp_als
 
-#: Exact recovery: weights to rounding after matching (the solve reads 2d + 20 rows).
+#: Exact recovery: weights to rounding after matching (the solve reads d + d/4 + 20 rows, and
+#: 2d + 20 where that does not certify).
 EXACT_TOL = 1e-12
 
 

@@ -148,7 +148,10 @@ RowCertificate refine_one(const ConstRowRef& B, const ConstRowRef& X, const Eige
   // Rows read by a probe and by the exact solve (see probe and solve_row); the
   // approximate fallback below reads them all.
   const Index probe_cap = std::max(min_zeros, 4 * k + 20);
-  const Index solve_cap = 2 * d + 20;
+  // The exact solve first on d + d/4 + 20 support rows (a Gaussian block of that shape has
+  // a condition number near 18, against 6 for 2d + 20 rows, at 57% of the QR's flops:
+  // 0.91 against 1.6 GFLOP at d = 784), and on 2d + 20 rows where that does not certify.
+  const Index solve_cap = d + d / 4 + 20, solve_cap_full = 2 * d + 20;
   RowCertificate best;  // best approximate candidate if nothing certifies
   double best_score = -1.0;
   SignProbe best_probe;
@@ -183,7 +186,12 @@ RowCertificate refine_one(const ConstRowRef& B, const ConstRowRef& X, const Eige
         c.gap_ratio = mine.gap_ratio;
         c.other_ratio = other_ratio;
         c.n_zero = mine.n_zero;
+        const RowCertificate probed = c;
         solve_row(B, X, mine.null_vector, opts, opts.tol_support, c, solve_cap);
+        if (!c.certified && c.support > solve_cap) {
+          c = probed;
+          solve_row(B, X, mine.null_vector, opts, opts.tol_support, c, solve_cap_full);
+        }
         if (c.certified) return c;
       }
       // Approximate choice: the sign whose null space is most clearly
