@@ -112,3 +112,43 @@ def test_residual_lines_grow_with_the_units_not_found():
         counts.append(residual_lines(oracle, [], hidden[0], found, np.random.default_rng(1), pool, True, missing))
         assert (_on_unit(hidden, pool.x, 1)[0] < 1e-3).sum() >= counts[-1] // 2
     assert counts[0] <= residual.RESIDUAL_LINES < counts[1] <= 2 * residual.RESIDUAL_LINES, counts
+
+
+def test_a_lone_kink_asks_for_entry_lines_at_low_precision(monkeypatch):
+    # A second-layer unit with one kink (a rarely active unit leaves one a round): too few
+    # for a row at low precision (CLUSTER_MIN_LOW), but with no other component asking,
+    # its entry lines are drawn toward the first-layer units it has not seen active.
+    from relufast.chosen import cluster
+
+    hidden, _ = rf.planted.deep_relu(12, [10, 4], 1, random_state=2)
+    (W1, b1), (W2, b2) = hidden
+    rng = np.random.default_rng(0)
+
+    def z(x):
+        return np.maximum(x @ W1.T + b1, 0.0) @ W2[0] + b2[0]
+
+    for _ in range(200):  # a point on unit 0's boundary, by bisection along a random line
+        a, u = rng.standard_normal(12), rng.standard_normal(12)
+        lo, hi = a, a + 3.0 * u
+        if np.sign(z(lo)) != np.sign(z(hi)):
+            break
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.sign(z(mid)) == np.sign(z(lo)) else (lo, mid)
+    x = (lo + hi) / 2
+    act = x @ W1.T + b1 > 0
+    n = (W2[0] * act) @ W1
+    assert 0 < act.sum() < len(act)  # some first-layer units not seen active
+    args = ([], (W1, b1), np.zeros(len(W1), dtype=bool), x[None], (n / np.linalg.norm(n))[None], 1e-8, 1e-6)
+    kw = dict(min_size=cluster.CLUSTER_MIN_LOW, trim=True)
+    rows, asks = cluster.cluster_units(*args, np.random.default_rng(1), **kw)
+    assert len(rows) == 0 and len(asks) > 0
+    seen = act.copy()  # the lines cross the boundary where units not seen are active
+    for base, direction in asks:
+        pts = base + np.linspace(-1.0, 1.0, 2001)[:, None] * direction
+        vals = np.array([z(p) for p in pts])
+        for c in np.nonzero(np.sign(vals[1:]) != np.sign(vals[:-1]))[0]:
+            seen |= pts[c] @ W1.T + b1 > 0
+    assert seen.sum() > act.sum()
+    monkeypatch.setattr(cluster, "SMALL_ASKS", False)
+    assert cluster.cluster_units(*args, np.random.default_rng(1), **kw)[1] == []
