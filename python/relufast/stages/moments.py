@@ -168,7 +168,8 @@ class SecondMomentAccumulator(Accumulator):
 
     def _kernel_update(self, X, Y):
         # Each block's product by SciPy's dgemm on the kernel's threads (the BLAS is held at
-        # one thread by ``add``): OpenBLAS's kernels where they beat Eigen's (AVX-512).
+        # one thread by ``add``), from BLAS_MIN_FEATURES on (OpenBLAS's kernels beat Eigen's
+        # there on AVX2; AVX-512 not measured yet).
         self._acc.update(X, Y, self._n_jobs, self._block, self._Q, dgemm_capsule() if self._blas else None)
 
     def tensor(self):
