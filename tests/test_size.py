@@ -97,13 +97,12 @@ def test_cp_als_stops_once_the_units_settle_while_noise_components_still_move(mo
     sweeps = []
     real = tensor._slices
     monkeypatch.setattr(tensor, "_slices", lambda *a, **kw: sweeps.append(1) or real(*a, **kw))
-    found = []
+    runs = []
     for settle in (None, k):
         sweeps.clear()
         _, B, C = cp_als(P, start, factor_tol=1e-4, settle=settle)
-        found.append(np.abs(tensor.merge_symmetric_factors(B, C).T @ Z).max(axis=0))
-        found[-1] = (len(sweeps), found[-1])
-    (n_all, f_all), (n_k, f_k) = found
+        runs.append((len(sweeps), np.abs(tensor.merge_symmetric_factors(B, C).T @ Z).max(axis=0)))
+    (n_all, f_all), (n_k, f_k) = runs
     assert n_k < 0.9 * n_all
     assert np.all(f_k > np.cos(0.3)) and np.all(f_all > np.cos(0.3))
 

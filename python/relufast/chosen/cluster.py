@@ -229,7 +229,7 @@ def cluster_units(known, tent, flip, x, n, tol, angle, rng, max_asks=None, min_s
     """
     true_tent = signed(tent, flip)
     kt = tent[0].shape[0]
-    if len(x) < min_size and not (trim and SMALL_ASKS and len(x)):
+    if len(x) == 0 or (len(x) < min_size and not (trim and SMALL_ASKS)):
         return np.zeros((0, kt + tent[0].shape[1] + 1)), []
     E, S = _equations(known, true_tent, x, n)
     R = _restrictions(E, S, tol, ratio=trim)
@@ -359,6 +359,7 @@ def _entry_lines(known, true_tent, E, x, missing, tol, rng):
 #: queries in all instead of 7.91 (per run -40% to +23%); asked for alongside the others,
 #: they cost the 10-15-15-1 at seed 0 its run (``failed`` after 2 million queries).
 SMALL_ASKS = True
+
 #: Entry points per missed unit, and the length of the random step that spreads them.
 ENTRY_POINTS, ENTRY_SPREAD = 3, 0.3
 #: Newton steps to a point where a unit's boundary meets the boundary of a unit it missed.
