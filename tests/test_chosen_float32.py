@@ -123,6 +123,38 @@ def test_anchored_passes_reach_further_above_100_dimensions(monkeypatch):
     assert now < 0.95 * run()
 
 
+def test_anchored_pass_leaves_a_crossed_length_after_its_pilot(monkeypatch):
+    """Known boundaries parallel to the row, 0.1 away on both sides: every segment of
+    half-length 0.25 along it crosses one (none is clean). The pass gives that length up
+    after its pilot batch (COARSE_PILOT segments, not all P) and takes the plane from the
+    short segments, judged as one batch: the same plane as without a pilot (for answers
+    that do not depend on the batch) in exactly (P - COARSE_PILOT) segments' queries fewer;
+    one pass at radius 0.1, 2e-2 off before, 3.6e-4 after."""
+    d = 200
+    W, b, _ = _unit_rows_and_oracle(d)
+    hidden, out = P.deep_relu(d, (32,), 1, random_state=0)
+    f64 = P.relu_function(hidden, out)
+    # float32 answers rounded from float64 ones: the same whatever the batch (a float32
+    # forward pass rounds differently in batches of other sizes)
+    oracle = Oracle(lambda X: f64(X).astype(np.float32), d)
+    Wl, bl, (a,) = _rows_off(W, b, [0], np.random.default_rng(0), 2e-2)
+    Wx, bx = np.vstack([Wl, Wl[0], Wl[0]]), np.concatenate([bl, [bl[0] - 0.1, bl[0] + 0.1]])
+    n_seg, pilot = (5 * d) // 4 + refit.REFIT_EXTRA, refit.COARSE_PILOT
+    assert n_seg > pilot
+
+    def one_pass(pilot):
+        monkeypatch.setattr(refit, "COARSE_PILOT", pilot)
+        rng, n0 = np.random.default_rng(1), oracle.n_queries
+        fit = refit._anchored_pass(oracle, Wx, bx, 0, Wl[0], bl[0], a, 0.1, rng, n_seg, 4096, (0.25, 0.0125))
+        return fit, oracle.n_queries - n0
+
+    (w1, c1, _), q1 = one_pass(pilot)
+    (w0, c0, _), q0 = one_pass(0)
+    assert q0 - q1 == (n_seg - pilot) * 2 * refit.COARSE_SAMPLES
+    assert np.array_equal(w1, w0) and c1 == c0
+    assert np.sqrt(max(0.0, 1 - (w1 @ W[0]) ** 2)) < 1e-3
+
+
 def test_weak_kinks_found_at_low_precision(monkeypatch):
     """Units with output weights 0.035-0.067 of a float32 100-32-1 bend a 1,024-point line by
     less than the fixed bound (256 eps of its largest output): the line's typical second

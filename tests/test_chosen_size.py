@@ -183,6 +183,29 @@ def test_plane_fit_drops_a_misplaced_kink_of_high_leverage():
     assert _plane_through(F, w, 2.0**-53)[4] == 0
 
 
+def test_plane_fit_drops_several_misplaced_kinks():
+    # Five kinks moved 1e-6 to 1e-4 off the plane: dropped one after another, each drop's
+    # residuals and leverages updated from those before (Woodbury terms on one Cholesky
+    # factor), exactly the five and the plane back at the rounding.
+    from relufast.chosen.refit import _plane_through
+
+    rng = np.random.default_rng(1)
+    k, P = 60, 100
+    v = rng.standard_normal(k)
+    v /= np.linalg.norm(v)
+    c = -0.2
+    F = 2.0 * rng.standard_normal((P, k))
+    F -= ((F @ v + c) / (v @ v))[:, None] * v
+    bad = [3, 17, 41, 66, 90]
+    F[bad] += np.array([1e-4, -3e-5, 1e-5, -3e-6, 1e-6])[:, None] * v
+    w = v + 1e-6 * rng.standard_normal(k)
+    w /= np.linalg.norm(w)
+    got, cg, rel, whole, dropped = _plane_through(F, w, 2.0**-53)
+    assert dropped == len(bad)
+    assert np.linalg.norm(got - v) < 1e-13 and abs(cg - c) < 1e-13
+    assert rel < 16 * 2.0**-53
+
+
 def test_kink_found_where_one_output_is_near_zero():
     # An output near zero is computed from terms as large as the others: its rounding is
     # not a kink, and a kink located on it is checked against the line's largest output.

@@ -77,3 +77,26 @@ def test_half_confirmed_rows_are_refitted_in_float32(second_layer, monkeypatch, 
         assert ok.sum() >= 15 and changed.sum() >= 4, (ok.sum(), changed.sum())
         angles = _angles(far[changed], rows[:16][changed], k1)
         assert ok[changed].all() and angles.max() < 5e-4 and np.median(angles) < 1e-4, angles
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_crossings_lie_on_the_predicted_boundaries(depth):
+    """The crossings of predicted boundaries on random lines (computed, no query; the first
+    layer taken affinely along each line, all rows bisected together): each row's zeta
+    changes sign at its point along its line, below the tentative layer (no known layer:
+    phi holds x itself) and above one or two known layers."""
+    from relufast.chosen.walk import zeta
+
+    rng = np.random.default_rng(depth)
+    d, widths = 30, (12, 8, 6)
+    hidden, _ = rf.planted.deep_relu(d, list(widths), 1, random_state=depth)
+    known, tent = hidden[:depth], hidden[depth]
+    below = tent[0].shape[1]
+    Theta = rng.standard_normal((12, tent[0].shape[0] + below + 1))
+    P, U = verify._crossings(known, tent, Theta, rng, d)
+    found = np.nonzero(np.isfinite(P[:, 0]))[0]
+    assert len(found) >= 10
+    assert np.allclose(np.linalg.norm(U[found], axis=1), 1.0)
+    for i in found:
+        z = zeta(known, tent, P[i] + np.array([-1e-7, 0.0, 1e-7])[:, None] * U[i], Theta[i : i + 1])[:, 0]
+        assert z[0] * z[2] < 0 and abs(z[1]) <= 1e-6 * max(abs(z[0]), abs(z[2])) * 1e3, z
