@@ -99,4 +99,4 @@ def test_crossings_lie_on_the_predicted_boundaries(depth):
     assert np.allclose(np.linalg.norm(U[found], axis=1), 1.0)
     for i in found:
         z = zeta(known, tent, P[i] + np.array([-1e-7, 0.0, 1e-7])[:, None] * U[i], Theta[i : i + 1])[:, 0]
-        assert z[0] * z[2] < 0 and abs(z[1]) <= 1e-6 * max(abs(z[0]), abs(z[2])) * 1e3, z
+        assert z[0] * z[2] < 0 and abs(z[1]) <= 1e-3 * max(abs(z[0]), abs(z[2])), z

@@ -464,7 +464,8 @@ COARSE_SAMPLES, COARSE_HALF, COARSE_RESIDUAL, COARSE_DETECT, COARSE_AGREE = 4, (
 COARSE_MIN = 0.2
 #: Segments of a pass's pilot batch, and the clean fraction under which its length is given
 #: up before the rest are asked (where it is not, all are judged together, as one batch:
-#: the same kinks and rows). The trained float32 784-64-64-10's first layer (ad-hoc trace):
+#: the same kinks and rows where the model answers a point alike in any batch; a float32
+#: model through OpenBLAS does not). The trained float32 784-64-64-10's first layer (ad-hoc trace):
 #: 23 of 327 batches of 1,012 segments had under a tenth clean (0.25 and 0.05 segments
 #: crossed by other boundaries, or a row whose plane was far off at that radius), 20,332
 #: segments (163,000 queries) that the pilot saves; a length with a fifth clean fails the
