@@ -94,10 +94,13 @@ def test_time_limit_stops_random_queries():
     assert "time_limit passed" in res.message and res.counts["queries"] < 4000
 
 
-@pytest.mark.parametrize("found,searches", [(0, 3), (40, 3), (63, 10)])
-def test_searches_past_three_only_for_the_last_units(monkeypatch, found, searches):
-    """At low precision a layer gets up to LAYER_TRIES_LOW searches, but only while 90% of
-    its units are found: a hopeless layer ends after LAYER_TRIES, as in float64."""
+@pytest.mark.parametrize("width,found,searches", [(64, 0, 3), (64, 40, 3), (64, 63, 10), (8, 6, 3), (8, 7, 10)])
+@pytest.mark.parametrize("low", [False, True])
+def test_searches_past_three_only_for_the_last_units(monkeypatch, width, found, searches, low):
+    """A layer gets up to LAYER_TRIES_LAST searches at any precision, but only while 90% of
+    its units (or all but one) are found: a hopeless layer ends after LAYER_TRIES. (A
+    trained float64 10-16-8-8-1 found its last third-layer unit, active on 0.5% of inputs
+    at scale 3, in its ninth search.)"""
     import types
 
     import numpy as np
@@ -113,15 +116,19 @@ def test_searches_past_three_only_for_the_last_units(monkeypatch, found, searche
         return None
 
     monkeypatch.setattr(driver, "next_layer", no_layer)
+    monkeypatch.setattr(driver, "residual_lines", lambda *a: 0)
+    monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
     tent = (np.eye(4), np.zeros(4))
-    oracle = types.SimpleNamespace(low_precision=False)  # no queries: no residual lines, no normals again
-    args = (oracle, [], tent, np.ones(4, dtype=bool), 1, (4, 64), None, None, Run("chosen"), {}, driver.LAYER_TRIES_LOW)
+    oracle = types.SimpleNamespace(low_precision=low)
+    settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
+    args = (oracle, [], tent, settled, 1, (4, width), None, None, Run("chosen"), {}, tries)
     assert driver._peel(*args) is None
     assert len(calls) == searches
 
 
-def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch):
-    """At low precision, with 90% of the last hidden layer found, the residual lines run
+@pytest.mark.parametrize("low", [False, True])
+def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch, low):
+    """At any precision, with 90% of the last hidden layer found, the residual lines run
     between its searches (not after the last one)."""
     import types
 
@@ -138,10 +145,10 @@ def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch):
     monkeypatch.setattr(driver, "next_layer", no_layer)
     monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
     monkeypatch.setattr(driver, "residual_lines", lambda *a: lines.append(1) or 32)
-    oracle = types.SimpleNamespace(low_precision=True)
+    oracle = types.SimpleNamespace(low_precision=low)
     tent = (np.eye(4), np.zeros(4))
     diag: dict = {}
-    settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LOW
+    settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
     assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), diag, tries) is None
     assert len(lines) == tries - 1 and diag["residual_lines"] == 32 * len(lines)
     lines.clear()  # a layer before the last: none

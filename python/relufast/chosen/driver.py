@@ -48,15 +48,17 @@ __all__ = ["extract_chosen"]
 
 
 #: Searches for a deeper layer's units before giving up (each draws new lines and keeps
-#: the kinks found so far); at low precision more, within the budget: the last, rarely
-#: active units of a layer switch on few lines, and their rows from few kinks often miss
-#: the verification (a trained float32 784-64-64-10 given its first layer found its 64th
-#: second-layer unit, active on 3% of Gaussian inputs, after 3.5 million queries; three
-#: searches ended at 2.1 million without it: diagnostic runs).
-LAYER_TRIES, LAYER_TRIES_LOW = 3, 10
+#: the kinks found so far), and up to LAYER_TRIES_LAST while a layer lacks only its last
+#: few units (LAST_UNITS): those, rarely active, switch on few lines, and their rows from
+#: few kinks often miss the verification (a trained float32 784-64-64-10 given its first
+#: layer found its 64th second-layer unit, active on 3% of Gaussian inputs, after 3.5
+#: million queries; three searches ended at 2.1 million without it; a trained float64
+#: 10-16-8-8-1 found its 8th third-layer unit, active on 0.5% of Gaussian inputs at scale
+#: 3, in its ninth search: diagnostic runs).
+LAYER_TRIES, LAYER_TRIES_LAST = 3, 10
 #: Share of a layer's units found after LAYER_TRIES searches below which the search ends
-#: there at any precision (a float32 784-128-128-10 whose first layer lacked 11 units
-#: proposed no second-layer unit in 32 minutes: a diagnostic run).
+#: there (all but one unit count as enough at any width); a float32 784-128-128-10 whose
+#: first layer lacked 11 units proposed no second-layer unit in 32 minutes: a diagnostic run.
 LAST_UNITS = 0.9
 
 
@@ -207,10 +209,11 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
             if found is not None:
                 break
             have = len(carry.get("Theta", ()))
-            if i + 1 >= LAYER_TRIES and have < LAST_UNITS * widths[li]:
+            nearly = have >= min(LAST_UNITS * widths[li], widths[li] - 1)
+            if i + 1 >= LAYER_TRIES and not nearly:
                 break  # tries past LAYER_TRIES are for the last few units only
             last_layer = li + 1 == len(widths)
-            if oracle.low_precision and last_layer and have >= LAST_UNITS * widths[li] and i + 1 < tries:
+            if last_layer and nearly and i + 1 < tries:
                 # The last units switch on few random lines: lines where the outputs' fit on
                 # the units found misses (.residual), for the next search's pool (none after
                 # the last search).
@@ -269,8 +272,7 @@ def _stages(oracle, widths, rng, clock, diag, fit):
     known: list = []
     signs_ok = True
     for li in range(1, L):
-        tries = LAYER_TRIES_LOW if low else LAYER_TRIES
-        peeled = _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, tries)
+        peeled = _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, LAYER_TRIES_LAST)
         if peeled is not None and oriented and not peeled[2]:
             # A unit the clustering of oriented kinks proposed that no segment confirms
             # (its kinks do not fit it): search again with the signs open.
