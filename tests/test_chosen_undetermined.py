@@ -176,3 +176,31 @@ def test_refit_leaves_out_segments_the_model_does_not_answer():
     assert refitted == 4
     s = np.linalg.norm(W2, axis=1, keepdims=True)  # the planted rows have unit norm
     assert np.abs(W2 / s - W).max() < 1e-12 and np.abs(b2 / s[:, 0] - b).max() < 1e-12
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_first_layer_kinks_that_show_rarely_near_the_origin_are_verified_farther_out(seed):
+    """A planted 12-6-5-3 whose second layer's biases are all negative: near the origin its
+    units are rarely active, so a first-layer kink shows at only 9-29% of the standard
+    normal points on its hyperplane (a unit reading it must be active there), and the
+    verification's 4 hits of 6 kept one of the six units (`failed` at random states 0-7).
+    Points at 4 and 16 times that scale (where 44-92% show) verify them: exact at random
+    states 1, 3 and 7 of 0-7 (the others miss one unit that few search lines show)."""
+    hidden, out = P.deep_relu(12, (6, 5), 3, random_state=256059214)
+    (W1, b1), (W2, b2) = hidden
+    assert np.all(b2 < 0)
+    rng = np.random.default_rng(3)
+    shown = []
+    for j in range(6):
+        n, c = W1[j] / np.linalg.norm(W1[j]), b1[j] / np.linalg.norm(W1[j])
+        Z = rng.standard_normal((4000, 12))
+        Z -= (Z @ n + c)[:, None] * n
+        active = (np.maximum(Z @ W1.T + b1, 0) @ W2.T + b2) > 0
+        shown.append(float((active & (W2[:, j] != 0)).any(axis=1).mean()))
+    assert max(shown) < 0.35  # the situation the test is about
+    f = P.relu_function(hidden, out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = relufast.extract(f, n_features=12, n_hidden=(6, 5), queries="chosen", random_state=seed)
+    assert res.exact and not res.undetermined_units, res.message
+    assert _fresh_error(res, f, 12, 10.0) < 1e-12
