@@ -85,7 +85,11 @@ GRID_PER_UNIT, GRID_MAX = 24, 4096
 
 def random_lines(oracle, n_lines, widths, rng, scale=1.0):
     """Kinks on ``n_lines`` random lines ``0.5 z + t u``, z, u standard normal, t in
-    [-3 scale, 3 scale]: Gaussian-scale inputs at scale 1, one model call.
+    [-3 scale, 3 scale]: Gaussian-scale inputs at scale 1, one model call. In float64 the
+    longer lines start farther out too (``0.5 sqrt(scale) z``): a line crosses a hyperplane
+    near its base whatever its length, and a first-layer kink shows only where a unit
+    reading it is active (a planted 12-6-5-3 whose second layer's biases are all negative:
+    exact at 7 of random states 0-7 with it, 3 without; fuzz case 19 as well).
 
     A kink is taken from the grid only where the cells beside it are flat; two kinks within
     two cells are both lost there, more often where the grid is capped (fewer than
@@ -95,7 +99,7 @@ def random_lines(oracle, n_lines, widths, rng, scale=1.0):
     are searched again in float64 on CROWD_POINTS points each (one more model call): a list
     of Kinks, one per grid."""
     d = oracle.d
-    base = 0.5 * rng.standard_normal((n_lines, d))
+    base = 0.5 * (1.0 if oracle.low_precision else np.sqrt(scale)) * rng.standard_normal((n_lines, d))
     dirs = rng.standard_normal((n_lines, d))
     crowded: list = []
     kinks = find_kinks(oracle, base, dirs, np.linspace(-3.0 * scale, 3.0 * scale, grid_size(widths)), crowded)
