@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import relufast as rf
-from relufast.chosen import deep, walk
+from relufast.chosen import deep, fit, walk
 from relufast.chosen.oracle import Oracle
 
 
@@ -139,6 +139,6 @@ def test_unfinished_chains_settle_the_signs_of_a_wide_layer():
     assert len(unfinished) >= 4  # most did not cross all 40 boundaries both ways
     assert all(len(todo) > 0 for *_, todo in unfinished)
     rows = deep._unfinished_sign_rows([], tent, unfinished, deep._null_tol(oracle))
-    got = deep._signs_from_rows(tent, np.zeros((0, widths[0] + d + 1)), rows)
+    got = fit.signs_from_rows(tent, np.zeros((0, widths[0] + d + 1)), rows)
     assert got is not None
     assert np.array_equal(got, flip)

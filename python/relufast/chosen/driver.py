@@ -202,18 +202,30 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
     with clock.stage(f"layer_{li + 1}"):
         if li == 1 and oracle.low_precision and oriented:  # the pool's first normals, behind layer 1 now
             diag["normals_again"] = measure_again(oracle, pool, [tent], rng)
+        last_layer = li + 1 == len(widths)
+        nearly = min(LAST_UNITS * widths[li], widths[li] - 1)
         for i in range(tries):  # each try draws new lines; the kink pool and units found are kept
+            # Where residual lines follow a search that lacks only the last units, its chains
+            # are cut short (.deep.NEARLY_CHAIN_ROUNDS).
             found = next_layer(
-                oracle, known, tent, widths[li], widths, rng, pool, oriented=oriented, carry=carry, settled=settled
+                oracle,
+                known,
+                tent,
+                widths[li],
+                widths,
+                rng,
+                pool,
+                oriented=oriented,
+                carry=carry,
+                settled=settled,
+                nearly=nearly if last_layer and i + 1 < tries else None,
             )
             if found is not None:
                 break
             have = len(carry.get("Theta", ()))
-            nearly = have >= min(LAST_UNITS * widths[li], widths[li] - 1)
-            if i + 1 >= LAYER_TRIES and not nearly:
+            if i + 1 >= LAYER_TRIES and have < nearly:
                 break  # tries past LAYER_TRIES are for the last few units only
-            last_layer = li + 1 == len(widths)
-            if last_layer and nearly and i + 1 < tries:
+            if last_layer and have >= nearly and i + 1 < tries:
                 # The last units switch on few random lines: lines where the outputs' fit on
                 # the units found misses (.residual), for the next search's pool (none after
                 # the last search).

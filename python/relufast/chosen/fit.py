@@ -254,3 +254,39 @@ def _overflow_scale(oracle, hidden, out, rng, d):
     big = float(np.finfo(name).max) if np.dtype(name).kind == "f" else float(np.finfo(np.float64).max)
     M1 = float(magnitude(hidden, out, rng.standard_normal((16, d))).max())
     return max(1.0, 1e-3 * big / max(M1, 1e-300))
+
+
+def sign_block(theta, Wt):
+    """The equations (B, y) on the flips delta that a row ``(v, beta, c)`` on phi gives,
+    ``sum_i delta_i v_i w~_i = -beta`` (:func:`.fit.resolve_signs`), scaled by 1 / |v|."""
+    kt, dp = Wt.shape
+    v0, beta0 = theta[:kt], theta[kt : kt + dp]
+    size = np.linalg.norm(v0)
+    return (v0[None, :] * Wt.T) / size, -beta0 / size
+
+
+def signs_from_rows(tent, Theta, rows):
+    """The flips of the tentative layer from the units found (rows of Theta) and the sign
+    equations of unfinished chains (:func:`.deep._unfinished_sign_rows`), where together they
+    determine every flip (full column rank) and least squares lands within SIGN_ROUND of a
+    0/1 vector that leaves a residual under SIGN_REST of the right-hand side; else None."""
+    Wt = tent[0]
+    kt = Wt.shape[0]
+    blocks = list(rows) + [sign_block(theta, Wt) for theta in Theta]
+    if not blocks:
+        return None
+    A = np.vstack([B for B, _ in blocks])
+    y = np.concatenate([b for _, b in blocks])
+    if len(A) < kt or np.linalg.matrix_rank(A) < kt:
+        return None
+    delta, *_ = np.linalg.lstsq(A, y, rcond=None)
+    flip = delta > 0.5
+    rest = np.linalg.norm(A @ flip - y)
+    if np.max(np.minimum(np.abs(delta), np.abs(delta - 1))) > SIGN_ROUND or rest > SIGN_REST * np.linalg.norm(y):
+        return None
+    return flip
+
+
+#: Largest distance of a least-squares flip from 0 or 1, and largest residual of the 0/1
+#: flips relative to the right-hand side, for :func:`signs_from_rows` to settle the signs.
+SIGN_ROUND, SIGN_REST = 0.1, 1e-4

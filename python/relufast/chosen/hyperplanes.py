@@ -255,6 +255,13 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
         # taken (0 of 1,608 at d = 784, bench/test_bench_trained.py's 784-64-64-10, an
         # ad-hoc run), so no queries are spent on it.
         return n
+    # The kinks' bases once (a QR or an SVD a kink behind a known layer), each fit below
+    # taking its rows.
+    B_all = basis(x)
+
+    def bases(idx):
+        return np.broadcast_to(B_all[0], (len(idx), *B_all.shape[1:])) if _shared(B_all) else B_all[idx]
+
     cap = np.full(len(x), np.inf) if layers is None else AFFINE_CLEAR * _clearance(layers, x, n)
     last = np.full(len(x), np.inf)
     for off in AFFINE_OFFSETS:
@@ -262,7 +269,7 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
         todo = np.nonzero(~done & (offs < AFFINE_AGAIN * last) & (offs > 0))[0]
         if len(todo) == 0:
             continue
-        n2, ok = _affine_normals(oracle, x[todo], n[todo], offs[todo], rng, basis, layers)
+        n2, ok = _affine_normals(oracle, x[todo], n[todo], offs[todo], rng, bases(todo), layers)
         n[todo[ok]] = n2[ok]
         done[todo[ok]] = True
         last[todo] = offs[todo]
@@ -273,10 +280,10 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
         # off, refused for disagreeing with them): the normal of fits that hold, measured
         # again from boxes along it, taken where the two agree within AFFINE_SELF.
         offs = np.minimum(AFFINE_OFFSETS[1], cap[todo])
-        n2, ok = _affine_normals(oracle, x[todo], n[todo], offs, rng, basis, layers, agree=np.inf)
+        n2, ok = _affine_normals(oracle, x[todo], n[todo], offs, rng, bases(todo), layers, agree=np.inf)
         todo, n2, offs = todo[ok], n2[ok], offs[ok]
         if len(todo):
-            n3, ok = _affine_normals(oracle, x[todo], n2, offs, rng, basis, layers, agree=AFFINE_SELF)
+            n3, ok = _affine_normals(oracle, x[todo], n2, offs, rng, bases(todo), layers, agree=AFFINE_SELF)
             n[todo[ok]] = n3[ok]
     return n
 
@@ -316,28 +323,71 @@ def _clearance(layers, x, n):
     return np.minimum(_crossing(layers, x, n), _crossing(layers, x, -n))
 
 
-def _affine_normals(oracle, x, n, off, rng, basis, layers=None, agree=None):
+def _crossing_fan(layers, X0, C, R):
+    """:func:`_crossing` from each point X0[i] (K, d) along the M directions ``C[i] @ R[i]``
+    (C (K, M, r), R (K, r, d) rows of a basis): (K, M). The pre-activations at X0 once a
+    point, and the first layer's along the directions from ``R W^T`` (r of them a point,
+    not M; one product where R is one basis broadcast)."""
+    s = np.full(C.shape[:2], np.inf)
+    H, dH = X0, None
+    for W, b in layers:
+        z = H @ W.T + b  # (K, k)
+        if dH is None:
+            RW = np.broadcast_to(R[0] @ W.T, (len(R), R.shape[1], W.shape[0])) if _shared(R) else R @ W.T
+            dz = C @ RW  # (K, M, k)
+        else:
+            dz = dH @ W.T
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = -z[:, None, :] / dz
+        s = np.minimum(s, np.where(t > 0, t, np.inf).min(axis=2))
+        on = z > 0
+        H, dH = np.maximum(z, 0.0), dz * on[:, None, :]
+    return s
+
+
+def _box_fit(C, Y):
+    """Least-squares affine fits ``Y ~ [C, 1] coef`` of each box (C (K, M, r), Y (K, M, m)):
+    (coef (K, r + 1, m), the design [C, 1]). By QR with the coordinates scaled to unit
+    spread (four times fewer operations than the pseudo-inverse's SVD); a box whose factor
+    is near singular (points drawn in to its centre) by the pseudo-inverse."""
+    A = np.concatenate([C, np.ones((*C.shape[:2], 1))], axis=2)
+    scale = np.maximum(np.sqrt(np.mean(A**2, axis=1)), 1e-300)  # (K, r + 1)
+    Q, R = np.linalg.qr(A / scale[:, None, :])
+    diag = np.abs(np.diagonal(R, axis1=1, axis2=2))
+    good = diag.min(axis=1) > BOX_RCOND * diag.max(axis=1)
+    coef = np.empty((A.shape[0], A.shape[2], Y.shape[2]))
+    if good.any():
+        coef[good] = np.linalg.solve(R[good], np.swapaxes(Q[good], 1, 2) @ Y[good]) / scale[good][:, :, None]
+    if not good.all():
+        coef[~good] = np.linalg.pinv(A[~good]) @ Y[~good]
+    return coef, A
+
+
+#: Smallest ratio of a box fit's triangular factor's diagonal (coordinates scaled) for the
+#: QR solve; below it the pseudo-inverse.
+BOX_RCOND = 1e-6
+
+
+def _affine_normals(oracle, x, n, off, rng, B, layers=None, agree=None):
     """Normals from affine fits in boxes at ``off`` (per kink) on both sides, and where they
-    hold (the boxes lie in the subspace of ``basis``, whose coordinates are the unknowns;
-    with ``layers``, each point drawn in to stay clear of their boundaries) and agree with n
-    within ``agree`` (default AFFINE_AGREE)."""
+    hold (the boxes lie in the subspaces of the bases B (K, d, r), whose coordinates are the
+    unknowns; with ``layers``, each point drawn in to stay clear of their boundaries) and
+    agree with n within ``agree`` (default AFFINE_AGREE)."""
     K, d = x.shape
-    B = basis(x)  # (K, d, r)
     r = B.shape[2]
     M = _box_points(r, d)
+    R = _directions(B)  # (K, r, d)
     off = np.broadcast_to(np.asarray(off, dtype=np.float64), (K,))
     J, ok = [], np.ones(K, dtype=bool)
     for sgn in (1.0, -1.0):
         C = 0.5 * off[:, None, None] * rng.uniform(-1.0, 1.0, (K, M, r))
         centre = x + sgn * off[:, None] * n
         if layers is not None:  # each point drawn in to AFFINE_CLEAR of its room
-            D = (C @ _directions(B)).reshape(K * M, d)
-            s = _crossing(layers, np.repeat(centre, M, axis=0), D).reshape(K, M)
+            s = _crossing_fan(layers, centre, C, R)
             C = C * np.minimum(1.0, AFFINE_CLEAR * s)[:, :, None]
-        P = centre[:, None, :] + C @ _directions(B)
+        P = centre[:, None, :] + C @ R
         Y = oracle(P.reshape(-1, d)).reshape(K, M, -1)
-        A = np.concatenate([C, np.ones((K, M, 1))], axis=2)
-        coef = np.linalg.pinv(A) @ Y  # (K, r + 1, m)
+        coef, A = _box_fit(C, Y)  # (K, r + 1, m)
         rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
         ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
         J.append(_to_inputs(B, coef[:, :r]))

@@ -1,0 +1,41 @@
+"""The low-precision affine fits' linear algebra (:mod:`relufast.chosen.hyperplanes`): the
+boxes' least squares by QR against the pseudo-inverse, and the distances to known
+boundaries from a box's centre along its points' directions against one point at a time."""
+
+import numpy as np
+import pytest
+
+from relufast.chosen import hyperplanes as H
+
+
+def test_box_fit_matches_the_pseudo_inverse():
+    rng = np.random.default_rng(0)
+    K, M, r, m = 6, 130, 64, 10
+    C = 0.01 * rng.uniform(-1.0, 1.0, (K, M, r)) * rng.uniform(0.0, 1.0, (K, M, 1))  # points drawn in
+    C[1, :, 5] = 0.0  # a box flat in one coordinate: its factor is singular (the pseudo-inverse's route)
+    Y = rng.standard_normal((K, M, m))
+    coef, A = H._box_fit(C, Y)
+    assert A.shape == (K, M, r + 1) and np.all(A[:, :, -1] == 1.0)
+    ref = np.linalg.pinv(A) @ Y
+    assert np.abs(coef - ref).max() <= 1e-10 * np.abs(ref).max()
+    assert np.all(coef[1, 5] == ref[1, 5])  # the minimum-norm solution where the box is flat
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_crossing_fan_matches_point_by_point(shared):
+    rng = np.random.default_rng(1)
+    K, M, r, d = 5, 40, 12, 30
+    layers = [
+        (rng.standard_normal((16, d)), rng.standard_normal(16)),
+        (rng.standard_normal((8, 16)), rng.standard_normal(8)),
+    ]
+    X0 = rng.standard_normal((K, d))
+    Q = np.linalg.qr(rng.standard_normal((K, d, r)))[0]
+    R = np.broadcast_to(Q[0].T, (K, r, d)) if shared else np.swapaxes(Q, 1, 2)
+    C = rng.uniform(-1.0, 1.0, (K, M, r))
+    got = H._crossing_fan(layers, X0, C, R)
+    want = H._crossing(layers, np.repeat(X0, M, axis=0), (C @ R).reshape(K * M, d)).reshape(K, M)
+    assert got.shape == (K, M) and np.isfinite(want).any()
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=1e-10)
