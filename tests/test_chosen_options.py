@@ -154,3 +154,45 @@ def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch, low
     lines.clear()  # a layer before the last: none
     assert driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), None, None, Run("chosen"), {}, tries) is None
     assert not lines
+
+
+def test_chains_cut_short_only_where_residual_lines_follow(monkeypatch):
+    """A search of the last hidden layer, save its last, is told ``nearly`` (90% or all but
+    one of the units); a layer before the last never is. Given it, ``next_layer`` runs
+    NEARLY_CHAIN_ROUNDS rounds of chains once the single kinks found that many units (a
+    trained float32 784-64-64-10 had spent 149 s of 236 on 40 rounds of chains that found
+    nothing, before residual lines gave its last unit), and every round otherwise."""
+    import types
+
+    import numpy as np
+
+    from relufast._result import Run
+    from relufast.chosen import deep, driver
+
+    told = []
+
+    def no_layer(oracle, known, tent, k, widths, rng, pool, *, carry, nearly=None, **kw):
+        told.append(nearly)
+        carry["Theta"] = np.zeros((63, 3))
+        return None
+
+    monkeypatch.setattr(driver, "next_layer", no_layer)
+    monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
+    monkeypatch.setattr(driver, "residual_lines", lambda *a: 0)
+    oracle = types.SimpleNamespace(low_precision=True)
+    tent, settled, tries = (np.eye(4), np.zeros(4)), np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
+    assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), {}, tries) is None
+    assert told == [64 * driver.LAST_UNITS] * (tries - 1) + [None]
+    told.clear()
+    assert driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), None, None, Run("chosen"), {}, tries) is None
+    assert told and all(t is None for t in told)
+
+    rounds = []
+    for have, nearly, want in [(63, 57.6, deep.NEARLY_CHAIN_ROUNDS), (50, 57.6, 40), (63, None, 40)]:
+        monkeypatch.setattr(deep, "_gathered", lambda *a, have=have: np.zeros((have, 4 + 3 + 1)))
+        monkeypatch.setattr(deep, "_chained", lambda *a: rounds.append(a[10]) or a[7])
+        oracle = types.SimpleNamespace(low_precision=True, eps=1e-7)
+        got = deep.next_layer(
+            oracle, [], (np.eye(3, 4), np.zeros(3)), 64, (3, 64), None, None, oriented=True, nearly=nearly
+        )
+        assert got is None and rounds[-1] == want
