@@ -39,3 +39,30 @@ def test_crossing_fan_matches_point_by_point(shared):
     assert np.array_equal(np.isinf(got), np.isinf(want))
     fin = np.isfinite(want)
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-10)
+
+
+def test_far_verification_sees_a_unit_beside_a_close_boundary(monkeypatch):
+    """A first-layer unit whose boundary runs 0.012 from another's (1.5 cells of the float32
+    window): the far verification's fine window first finds its kink isolated (the trained
+    float32 784-64-64-10 had such neighbours at a quarter of its boundary points, and true
+    rows failed the test); with windows of one unit only it is not."""
+    from relufast.chosen import first_layer as FL
+    from relufast.chosen.oracle import Oracle
+    from relufast.planted import relu_function
+
+    rng = np.random.default_rng(0)
+    d, k = 20, 6
+    W = rng.standard_normal((k, d))
+    b = 0.1 * rng.standard_normal(k)
+    W[1], b[1] = W[0], b[0] - 0.012 * np.linalg.norm(W[0])  # parallel, 0.012 away
+    f = relu_function([(W, b)], (rng.standard_normal((3, k)), np.zeros(3)), np.float32)
+    oracle = Oracle(f, d, None, "float32")
+    oracle(np.zeros((1, d)))
+    u, c = W[0] / np.linalg.norm(W[0]), b[0] / np.linalg.norm(W[0])
+    x = 0.5 * rng.standard_normal((8, d))
+    x -= np.outer(x @ u + c, u)
+    args = (np.repeat(u[None], 8, axis=0), np.repeat(c, 8), x)
+    fine = FL._verify_far(oracle, *args, np.random.default_rng(1))
+    monkeypatch.setattr(FL, "VERIFY_FINE", 1.0)
+    coarse = FL._verify_far(oracle, *args, np.random.default_rng(1))
+    assert fine.mean() >= FL.VERIFY_HITS and coarse.mean() < 1.0, (fine, coarse)

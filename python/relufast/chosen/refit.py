@@ -445,6 +445,9 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
 #: plane is too far off there), the largest factor by which it grows after one that held,
 #: the last radius and the smallest, and the most passes a row gets.
 COARSE_START, COARSE_DOWN, COARSE_GROWTH, COARSE_TOP, COARSE_FLOOR, COARSE_PASSES = 0.1, 10.0, 300.0, 30.0, 5e-4, 8
+#: A pass at COARSE_TOP whose estimated error fell less than the radius grew over
+#: COARSE_FALL (from the pass before) is followed by one more there.
+COARSE_FALL = 20.0
 #: Fraction of the segments' inner eighth that the plane's estimated error may reach at the
 #: next radius.
 COARSE_MARGIN = 0.25
@@ -575,6 +578,7 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
         # the margin below (the finite-difference normal's error theta puts the boundary
         # points off by theta rho / sqrt(d)).
         rho, passes, last, halves = COARSE_START * (scale if short else 1.0), 0, np.inf, None
+        came_from, again = None, False  # the radius of the last pass that held; a pass at COARSE_TOP repeated
         while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
             passes += 1
             fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
@@ -590,6 +594,18 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
                 rho /= COARSE_DOWN
                 continue
             w, c, theta = fit
+            if (
+                rho >= COARSE_TOP
+                and not again
+                and came_from is not None
+                and last * came_from * COARSE_FALL < theta * rho
+            ):
+                # Its estimate fell far less than the radius grew (the kinks scatter far more
+                # than at the radius before): one more pass there, from this plane. A planted
+                # float32 64-32-32-10 had two rows go from 0.1 to 30 with estimates 4-7 times
+                # lower, 1.5e-5 off, where its other such rows fell 34-49 times, to 4e-7-2e-6.
+                again, last, came_from = True, theta, rho
+                continue
             if rho >= COARSE_TOP:
                 W[j], b[j] = w * s, c * s
                 done[i] = True
@@ -599,7 +615,7 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
                 # float32 784-64-64-10: 6e-5) holds the plane's error where the next radius
                 # cannot grow (2.5e-4 at 5.8, pass after pass): long segments from now on.
                 halves = long_first
-            last = theta
+            last, came_from = theta, rho
             reach = (halves or order)[0]
             rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * scale * reach / 8 / max(theta, 1e-300))
             if rho >= jump * COARSE_TOP:
