@@ -578,19 +578,20 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
         # the margin below (the finite-difference normal's error theta puts the boundary
         # points off by theta rho / sqrt(d)).
         rho, passes, last, halves = COARSE_START * (scale if short else 1.0), 0, np.inf, None
-        came_from, again, best = None, False, None  # radius of the last pass held; a pass at COARSE_TOP repeated
+        came_from, again = None, False  # radius of the last pass held; a pass at COARSE_TOP repeated
+        best_w, best_c, best_theta = w, c, np.inf  # the plane of that pass
         while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
             passes += 1
             fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
             if fit is None and again:  # the pass repeated at COARSE_TOP: the plane of the one before
-                W[j], b[j], done[i] = best[0] * s, best[1] * s, True
+                W[j], b[j], done[i] = best_w * s, best_c * s, True
                 break
             if fit is None:  # the plane is too far off at this radius (or too many crossings)
                 rho /= COARSE_DOWN
                 continue
             reach = (halves or order)[0]
             if rho >= COARSE_TOP and fit[2] * rho > COARSE_MARGIN * reach / 8 and again:
-                W[j], b[j], done[i] = best[0] * s, best[1] * s, True
+                W[j], b[j], done[i] = best_w * s, best_c * s, True
                 break
             if rho >= COARSE_TOP and fit[2] * rho > COARSE_MARGIN * reach / 8:
                 # Not self-consistent: its own error estimate puts the plane outside the
@@ -610,11 +611,12 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
                 # than at the radius before): one more pass there, from this plane. A planted
                 # float32 64-32-32-10 had two rows go from 0.1 to 30 with estimates 4-7 times
                 # lower, 1.5e-5 off, where its other such rows fell 34-49 times, to 4e-7-2e-6.
-                again, best, last, came_from = True, fit, theta, rho
+                again, last, came_from = True, theta, rho
+                best_w, best_c, best_theta = w, c, theta
                 continue
             if rho >= COARSE_TOP:
-                if again and best[2] < theta:  # the repeated pass kept only where its estimate is lower
-                    w, c = best[0], best[1]
+                if again and best_theta < theta:  # the repeated pass kept only where its estimate is lower
+                    w, c = best_w, best_c
                 W[j], b[j] = w * s, c * s
                 done[i] = True
                 break
@@ -629,5 +631,5 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
             if rho >= jump * COARSE_TOP:
                 rho = COARSE_TOP
         if again and not done[i]:  # the passes ran out after one at COARSE_TOP held
-            W[j], b[j], done[i] = best[0] * s, best[1] * s, True
+            W[j], b[j], done[i] = best_w * s, best_c * s, True
     return W, b, done
