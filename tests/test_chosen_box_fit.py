@@ -21,8 +21,24 @@ def test_box_fit_matches_the_pseudo_inverse():
     assert np.all(coef[1, 5] == ref[1, 5])  # the minimum-norm solution where the box is flat
 
 
+def _crossing_reference(layers, X, D):
+    """One point and direction at a time: the first s > 0 where a unit switches on X + s D."""
+    out = np.full(len(X), np.inf)
+    for p, (x, u) in enumerate(zip(X, D)):
+        h, dh = x, u
+        for W, b in layers:
+            z, dz = W @ h + b, W @ dh
+            with np.errstate(divide="ignore", invalid="ignore"):
+                t = -z / dz
+            out[p] = min(out[p], np.min(np.where(t > 0, t, np.inf)))
+            h, dh = np.maximum(z, 0.0), dz * (z > 0)
+    return out
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_crossing_fan_matches_point_by_point(shared):
+    """The fan (pre-activations once a centre, the first layer along ``R W^T``) and the
+    single-direction form built on it against a point-by-point reference."""
     rng = np.random.default_rng(1)
     K, M, r, d = 5, 40, 12, 30
     layers = [
@@ -34,11 +50,14 @@ def test_crossing_fan_matches_point_by_point(shared):
     R = np.broadcast_to(Q[0].T, (K, r, d)) if shared else np.swapaxes(Q, 1, 2)
     C = rng.uniform(-1.0, 1.0, (K, M, r))
     got = H._crossing_fan(layers, X0, C, R)
-    want = H._crossing(layers, np.repeat(X0, M, axis=0), (C @ R).reshape(K * M, d)).reshape(K, M)
+    want = _crossing_reference(layers, np.repeat(X0, M, axis=0), (C @ R).reshape(K * M, d)).reshape(K, M)
     assert got.shape == (K, M) and np.isfinite(want).any()
     assert np.array_equal(np.isinf(got), np.isinf(want))
     fin = np.isfinite(want)
     np.testing.assert_allclose(got[fin], want[fin], rtol=1e-10)
+    one = H._crossing(layers, X0, (C @ R)[:, 0])
+    np.testing.assert_allclose(one[np.isfinite(one)], want[:, 0][np.isfinite(one)], rtol=1e-10)
+    assert np.array_equal(np.isinf(one), np.isinf(want[:, 0]))
 
 
 def test_far_verification_sees_a_unit_beside_a_close_boundary(monkeypatch):

@@ -324,10 +324,11 @@ def _clearance(layers, x, n):
 
 
 def _crossing_fan(layers, X0, C, R):
-    """:func:`_crossing` from each point X0[i] (K, d) along the M directions ``C[i] @ R[i]``
-    (C (K, M, r), R (K, r, d) rows of a basis): (K, M). The pre-activations at X0 once a
-    point, and the first layer's along the directions from ``R W^T`` (r of them a point,
-    not M; one product where R is one basis broadcast)."""
+    """Per point X0[i] (K, d) and direction ``C[i] @ R[i]`` (C (K, M, r), R (K, r, d)), the
+    smallest s > 0 at which a unit of ``layers`` changes sign on ``X0[i] + s C[i, j] R[i]``
+    (pre-activations linear in s up to the first switch; inf where none does): (K, M). The
+    pre-activations at X0 once a point, and the first layer's along the directions from
+    ``R W^T`` (r of them a point, not M; one product where R is one basis broadcast)."""
     s = np.full(C.shape[:2], np.inf)
     H, dH = X0, None
     for W, b in layers:
@@ -348,8 +349,9 @@ def _crossing_fan(layers, X0, C, R):
 def _box_fit(C, Y):
     """Least-squares affine fits ``Y ~ [C, 1] coef`` of each box (C (K, M, r), Y (K, M, m)):
     (coef (K, r + 1, m), the design [C, 1]). By QR with the coordinates scaled to unit
-    spread (four times fewer operations than the pseudo-inverse's SVD); a box whose factor
-    is near singular (points drawn in to its centre) by the pseudo-inverse."""
+    spread (the pseudo-inverse's batched SVD took 66 of 1,940 samples of a profile of the
+    trained float32 784-64-64-10, ad-hoc); a box whose factor is near singular (points
+    drawn in to its centre) by the pseudo-inverse."""
     A = np.concatenate([C, np.ones((*C.shape[:2], 1))], axis=2)
     scale = np.maximum(np.sqrt(np.mean(A**2, axis=1)), 1e-300)  # (K, r + 1)
     Q, R = np.linalg.qr(A / scale[:, None, :])

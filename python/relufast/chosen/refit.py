@@ -583,17 +583,15 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
         while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
             passes += 1
             fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
-            if fit is None and again:  # the pass repeated at COARSE_TOP: the plane of the one before
-                W[j], b[j], done[i] = best_w * s, best_c * s, True
-                break
             if fit is None:  # the plane is too far off at this radius (or too many crossings)
+                if again:  # the pass repeated at COARSE_TOP: the plane of the one before (below)
+                    break
                 rho /= COARSE_DOWN
                 continue
             reach = (halves or order)[0]
-            if rho >= COARSE_TOP and fit[2] * rho > COARSE_MARGIN * reach / 8 and again:
-                W[j], b[j], done[i] = best_w * s, best_c * s, True
-                break
             if rho >= COARSE_TOP and fit[2] * rho > COARSE_MARGIN * reach / 8:
+                if again:
+                    break
                 # Not self-consistent: its own error estimate puts the plane outside the
                 # margin it was measured with at this radius (kinks of other boundaries on
                 # long segments; a trained float32 784-64-64-10 had two rows end 0.008 and
@@ -630,6 +628,6 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
             rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * scale * reach / 8 / max(theta, 1e-300))
             if rho >= jump * COARSE_TOP:
                 rho = COARSE_TOP
-        if again and not done[i]:  # the passes ran out after one at COARSE_TOP held
+        if again and not done[i]:  # the repeated pass failed, or the passes ran out
             W[j], b[j], done[i] = best_w * s, best_c * s, True
     return W, b, done
