@@ -222,6 +222,30 @@ def test_restriction_with_a_relative_gap_is_kept_at_low_precision():
     assert not np.isnan(restricted(2e-2, 9e-5, False)).any()  # the absolute test still holds
 
 
+def test_component_row_with_a_clear_gap_is_kept_at_low_precision():
+    """A component's stacked equations whose smallest singular value lies just above the
+    tolerance (a weak unit's float32 normals, 1e-3 rad off) but 300 times under the next:
+    no row by the absolute test, its row with ``ratio``; with the next one under GAP times
+    the smallest, or the smallest above LOOSE times the tolerance, none either way."""
+    from relufast.chosen import cluster
+
+    rng = np.random.default_rng(3)
+    tol, cols, rows = 1.7e-4, 8, 40
+    U = np.linalg.qr(rng.standard_normal((rows, cols)))[0]
+    V = np.linalg.qr(rng.standard_normal((cols, cols)))[0]
+
+    def row(s2, s1, ratio):
+        E = (U * np.array([1.0, 0.7, 0.5, 0.3, 0.2, 0.1, s2, s1])) @ V.T
+        return cluster._null_row(E.reshape(5, 8, cols), tol, ratio)
+
+    assert row(0.057, 1.8e-4, False) is None
+    got = row(0.057, 1.8e-4, True)
+    assert got is not None and abs(abs(got @ V[:, -1]) - 1.0) < 1e-12
+    assert row(0.01, 1.8e-4, True) is None  # next singular value under GAP x the smallest
+    assert row(0.5, 1.8e-3, True) is None  # above LOOSE x the tolerance
+    assert row(0.057, 1e-5, False) is not None  # the absolute test still holds
+
+
 def test_open_signs_are_clustered_under_each_choice(monkeypatch):
     """A first-layer sign the wiggles leave open (forced here on unit 0): the second layer's
     kinks are clustered under both choices for it (``deep._hypotheses``) rather than grouped
