@@ -536,13 +536,13 @@ def _run(oracle, widths, rng, clock, diag, time_limit, readable):
 
 def _repair(oracle, hidden, out, cert, fit, rng, readable, diag):
     """A network close to the model but not certified (its error between the tolerance and
-    CLOSE, or 100 times the tolerance where that is more): the weights polished again on the fit points and REPAIR_SETS sets of the
-    certificate's kind of probes (both sides of every boundary, scales up to REPAIR_TOP),
-    answered by the model, and certified again on fresh probes; kept only where that
-    certificate's error is smaller. A row refitted only in part (a unit of the layer before
-    never active at its kinks) can keep an error at the rounding's thousandfold that the
-    fit points, drawn away from the boundaries, do not show (the trained diabetes
-    10-16-8-1: 7.8e-14 beside a second-layer boundary)."""
+    CLOSE, or 100 times the tolerance where that is more): the weights polished again on
+    the fit points and REPAIR_SETS sets of the certificate's kind of probes (both sides of
+    every boundary, scales up to REPAIR_TOP), answered by the model, and certified again on
+    fresh probes; kept only where that certificate's error is smaller. A row refitted only
+    in part (a unit of the layer before never active at its kinks) can keep an error at the
+    rounding's thousandfold that the fit points, drawn away from the boundaries, do not show
+    (the trained diabetes 10-16-8-1: 7.8e-14 beside a second-layer boundary)."""
     m, d = oracle.n_outputs, oracle.d
     n_par = sum(W.size + b.size for W, b in [*hidden, out])
     Xp = np.vstack([certificate_probes(hidden, rng, top=REPAIR_TOP)[0] for _ in range(REPAIR_SETS)])
