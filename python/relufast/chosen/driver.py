@@ -342,8 +342,14 @@ def _pad_first_layer(hidden, out, n):
 
 
 #: Relative error under which a network that is not exact is "close": wrong only by the
-#: accuracy of its weights (in-class models end there when the polish stops early).
-CLOSE = 1e-6
+#: accuracy of its weights (in-class models end there when the polish stops early); or
+#: CLOSE_TOL times the certificate's tolerance where that is more (float32).
+CLOSE, CLOSE_TOL = 1e-6, 100.0
+
+
+def _close_bar(tol):
+    """The error under which a network is close (:data:`CLOSE`), for certificate tolerance ``tol``."""
+    return max(CLOSE, CLOSE_TOL * tol)
 
 
 def _underdetermined_signs(dims, m):
@@ -457,7 +463,7 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
                 f"network of widths {widths} whose signs the extraction could not settle ({again}), or a model "
                 "with a part no such network has (a linear skip connection, another activation, wrong widths)"
             )
-        if residual <= max(CLOSE, 100 * tol):
+        if residual <= _close_bar(tol):
             return status, head + (
                 ": close, but not to the rounding of the outputs: the weights were not refined to it "
                 f"(in-class networks end here, e.g. with outputs far from unit scale; {again}), or the "
@@ -524,7 +530,7 @@ def _run(oracle, widths, rng, clock, diag, time_limit, readable):
             # Close as the status calls it (below): in float32 up to 100 x the tolerance (a planted
             # float32 10-15-15-1 at seed 1 ended `approximate` at 3.6e-5, tolerance 1.2e-5, with a
             # second-layer row 4.8e-3 off where it was refitted only in part; repaired: 6.8e-8).
-            if tol < cert["error"] < max(CLOSE, 100 * tol) and "X" in fit and (left is None or left > 0):
+            if tol < cert["error"] < _close_bar(tol) and "X" in fit and (left is None or left > 0):
                 with clock.stage("repair"), single_threaded_blas(), _deadline.limit(left):
                     hidden, out, cert = _repair(oracle, hidden, out, cert, fit, rng, readable, diag)
         except BudgetSpent as exc:
