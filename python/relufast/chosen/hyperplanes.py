@@ -310,12 +310,16 @@ def _crossing(layers, X, D):
     s = np.full(len(X), np.inf)
     for W, b in layers:
         z, dz = H @ W.T + b, dH @ W.T
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = -z / dz
-        t = np.where(t > 0, t, np.inf)
-        s = np.minimum(s, t.min(axis=1))
+        s = np.minimum(s, _first_switch(z, dz))
         H, dH = np.maximum(z, 0.0), dz * (z > 0)
     return s
+
+
+def _first_switch(z, dz):
+    """The smallest t > 0 with ``z + t dz = 0`` along the last axis (inf where none)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = -z / dz
+    return np.where(t > 0, t, np.inf).min(axis=-1)
 
 
 def _clearance(layers, x, n):
@@ -338,9 +342,7 @@ def _crossing_fan(layers, X0, C, R):
             dz = C @ RW  # (K, M, k)
         else:
             dz = dH @ W.T
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = -z[:, None, :] / dz
-        s = np.minimum(s, np.where(t > 0, t, np.inf).min(axis=2))
+        s = np.minimum(s, _first_switch(z[:, None, :], dz))
         on = z > 0
         H, dH = np.maximum(z, 0.0), dz * on[:, None, :]
     return s
