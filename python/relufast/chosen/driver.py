@@ -527,7 +527,7 @@ def _run(oracle, widths, rng, clock, diag, time_limit, readable):
                 cert = certify(oracle, hidden, out, rng, readable=readable)
             tol = cert_tolerance(oracle.eps, (oracle.d, *widths))
             left = None if time_limit is None else time_limit - (time.perf_counter() - clock.t_start)
-            # Close as the status calls it (below): in float32 up to 100 x the tolerance (a planted
+            # Close as the status calls it (below): in float32 up to CLOSE_TOL x the tolerance (a planted
             # float32 10-15-15-1 at seed 1 ended `approximate` at 3.6e-5, tolerance 1.2e-5, with a
             # second-layer row 4.8e-3 off where it was refitted only in part; repaired: 6.8e-8).
             if tol < cert["error"] < _close_bar(tol) and "X" in fit and (left is None or left > 0):
@@ -542,7 +542,7 @@ def _run(oracle, widths, rng, clock, diag, time_limit, readable):
 
 def _repair(oracle, hidden, out, cert, fit, rng, readable, diag):
     """A network close to the model but not certified (its error between the tolerance and
-    CLOSE, or 100 times the tolerance where that is more): the weights polished again on
+    CLOSE, or CLOSE_TOL times the tolerance where that is more): the weights polished again on
     the fit points and REPAIR_SETS sets of the certificate's kind of probes (both sides of
     every boundary, scales up to REPAIR_TOP), answered by the model, and certified again on
     fresh probes; kept only where that certificate's error is smaller. A row refitted only

@@ -579,7 +579,7 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
         # points off by theta rho / sqrt(d)).
         rho, passes, last, halves = COARSE_START * (scale if short else 1.0), 0, np.inf, None
         came_from, again = None, False  # radius of the last pass held; a pass at COARSE_TOP repeated
-        best_w, best_c, best_theta = w, c, np.inf  # the plane of that pass
+        best_w, best_c = w, c  # the plane of the first pass there (its estimate stays in `last`)
         while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
             passes += 1
             fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
@@ -608,12 +608,13 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
                 # Its estimate fell far less than the radius grew (the kinks scatter far more
                 # than at the radius before): one more pass there, from this plane. A planted
                 # float32 64-32-32-10 had two rows go from 0.1 to 30 with estimates 4-7 times
-                # lower, 1.5e-5 off, where its other such rows fell 34-49 times, to 4e-7-2e-6.
+                # lower, 1.5e-5 off, where its other such rows fell 34-49 times, to 4e-7-2e-6
+                # (ad-hoc, against its weights).
                 again, last, came_from = True, theta, rho
-                best_w, best_c, best_theta = w, c, theta
+                best_w, best_c = w, c
                 continue
             if rho >= COARSE_TOP:
-                if again and best_theta < theta:  # the repeated pass kept only where its estimate is lower
+                if again and last < theta:  # the repeated pass kept only where its estimate is lower
                     w, c = best_w, best_c
                 W[j], b[j] = w * s, c * s
                 done[i] = True
