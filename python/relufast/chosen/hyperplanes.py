@@ -25,6 +25,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .._blas import thread_map
+
 __all__ = ["Normals", "Spans", "jump_normals"]
 
 
@@ -145,8 +147,10 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
     h = oracle.fd_fraction() * np.linalg.norm(side, axis=1)
     r = basis(kinks.x[:1]).shape[2]
     chunk = max(1, int(FD_BATCH_BYTES // (2 * (r + 1) * d * 8)))  # kinks per model call
-    jumps, fscale = [], []
-    for lo in range(0, K, chunk):
+
+    def part(lo):
+        """The kinks from lo: one model call; (jumps (c, m, d), output scales, singular
+        values, top right singular vectors)."""
         sl = slice(lo, min(K, lo + chunk))
         B = basis(kinks.x[sl])  # (c, d, r)
         pts = []
@@ -159,11 +163,14 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
         Y = oracle(P.reshape(-1, d)).reshape(c, 2 * (r + 1), -1)
         Jm = (Y[:, 1 : r + 1] - Y[:, :1]) / h[sl, None, None]  # (c, r, m): derivatives along B
         Jp = (Y[:, r + 2 :] - Y[:, r + 1 : r + 2]) / h[sl, None, None]
-        jumps.append(_to_inputs(B, Jp - Jm))  # (c, m, d): J+ - J-
-        fscale.append(np.abs(Y).max(axis=(1, 2)))
-    jump, fscale = np.concatenate(jumps), np.concatenate(fscale)
-    _, s, Vt = np.linalg.svd(jump, full_matrices=False)
-    n = Vt[:, 0, :]
+        jump = _to_inputs(B, Jp - Jm)  # (c, m, d): J+ - J-
+        _, s, Vt = np.linalg.svd(jump, full_matrices=False)
+        return jump, np.abs(Y).max(axis=(1, 2)), s, Vt[:, 0, :]
+
+    # The batches side by side on the method's threads (one model call at a time; the same
+    # batches, so the same answers, on any number of threads).
+    parts = thread_map(part, range(0, K, chunk))
+    jump, fscale, s, n = (np.concatenate([p[i] for p in parts]) for i in range(4))
     along = np.einsum("kmd,kd->km", jump, kinks.u)
     ref = np.maximum(np.linalg.norm(kinks.slope_jump, axis=1), 1e-300)
     err = np.linalg.norm(along - kinks.slope_jump, axis=1) / ref
@@ -380,22 +387,37 @@ def _affine_normals(oracle, x, n, off, rng, B, layers=None, agree=None):
     K, d = x.shape
     r = B.shape[2]
     M = _box_points(r, d)
-    R = _directions(B)  # (K, r, d)
+    if K == 0:
+        return n.copy(), np.zeros(0, dtype=bool)
     off = np.broadcast_to(np.asarray(off, dtype=np.float64), (K,))
-    J, ok = [], np.ones(K, dtype=bool)
-    for sgn in (1.0, -1.0):
-        C = 0.5 * off[:, None, None] * rng.uniform(-1.0, 1.0, (K, M, r))
-        centre = x + sgn * off[:, None] * n
-        if layers is not None:  # each point drawn in to AFFINE_CLEAR of its room
-            s = _crossing_fan(layers, centre, C, R)
-            C = C * np.minimum(1.0, AFFINE_CLEAR * s)[:, :, None]
-        P = centre[:, None, :] + C @ R
-        Y = oracle(P.reshape(-1, d)).reshape(K, M, -1)
-        coef, A = _box_fit(C, Y)  # (K, r + 1, m)
-        rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
-        ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
-        J.append(_to_inputs(B, coef[:, :r]))
-    _, _, Vt = np.linalg.svd(J[0] - J[1], full_matrices=False)
-    n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
+    # The boxes' coordinates first, a side after the other (the same draws however the kinks
+    # are split below); then the kinks by batches of FD_BATCH_BYTES of queries a side, side
+    # by side on the method's threads (one model call at a time).
+    Cs = [0.5 * off[:, None, None] * rng.uniform(-1.0, 1.0, (K, M, r)) for _ in range(2)]
+    chunk = max(1, int(FD_BATCH_BYTES // (M * d * 8)))
+
+    def part(lo):
+        sl = slice(lo, min(K, lo + chunk))
+        R = _directions(B[sl])  # (c, r, d)
+        J, ok = [], np.ones(len(x[sl]), dtype=bool)
+        for sgn, C in zip((1.0, -1.0), Cs):
+            C = C[sl]
+            centre = x[sl] + sgn * off[sl, None] * n[sl]
+            if layers is not None:  # each point drawn in to AFFINE_CLEAR of its room
+                s = _crossing_fan(layers, centre, C, R)
+                C = C * np.minimum(1.0, AFFINE_CLEAR * s)[:, :, None]
+            P = centre[:, None, :] + C @ R
+            Y = oracle(P.reshape(-1, d)).reshape(len(C), M, -1)
+            coef, A = _box_fit(C, Y)  # (c, r + 1, m)
+            rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
+            ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
+            J.append(_to_inputs(B[sl], coef[:, :r]))
+        _, _, Vt = np.linalg.svd(J[0] - J[1], full_matrices=False)
+        return Vt[:, 0, :], ok
+
+    parts = thread_map(part, range(0, K, chunk))
+    n2 = np.concatenate([p[0] for p in parts])
+    ok = np.concatenate([p[1] for p in parts])
+    n2 *= np.sign(np.einsum("kd,kd->k", n2, n))[:, None]
     ok &= np.linalg.norm(n2 - n, axis=1) <= (AFFINE_AGREE if agree is None else agree)
     return n2, ok
