@@ -2,6 +2,7 @@
 the first layer's normals resolve (``relufast.chosen.refit.anchored_rows``,
 ``first_layer._verify_far``) and weak kinks on the search lines (``lines._hinge_kinks``)."""
 
+import threading
 import warnings
 
 import numpy as np
@@ -381,7 +382,8 @@ def test_deep_rows_above_100_dimensions_try_short_segments_first(monkeypatch):
         W2, _, done = anchored_rows(oracle, (Wl, bl), rows, anchors, rng, deep=deep)
         assert done.all()
         assert max(np.sqrt(max(0.0, 1 - (W2[j] @ W[j]) ** 2)) for j in rows) < 2e-4
-        firsts = [c for i, c in enumerate(calls) if i == 0 or calls[i - 1][0] != c[0]]
+        # Each row's first pass (rows run side by side: their passes interleave in calls).
+        firsts = [next(c for c in calls if c[0] == j) for j in rows]
         start, first_half = (0.2, refit.COARSE_HALF_DEEP[0]) if deep else (0.1, refit.COARSE_HALF[0])
         assert all(np.isclose(rho, start) and half == first_half for _, rho, half, _ in firsts)
         if deep:  # no pass between a third of the last radius and the last
@@ -518,3 +520,45 @@ def test_float32_network_close_to_the_model_is_repaired(monkeypatch):
     assert len(calls) == 2 and "polished on" in res.diagnostics.get("repair", ""), res.diagnostics
     assert res.exact, res.message
     assert function_error(res, P.relu_function(hidden, out), 8) <= F32_FUNC_TOL
+
+
+def test_rows_side_by_side_give_one_network_on_any_number_of_threads(monkeypatch):
+    """The first layer's rows are refitted at low precision side by side (each against the
+    layer as given, on its own random stream, one model call at a time): one thread and
+    two give the same weights and the same queries. ``cores`` is raised so that two
+    threads run even where the suite is pinned to one core."""
+    from relufast import _blas
+
+    monkeypatch.setattr(_blas, "cores", lambda: 2)
+    hidden, out = P.deep_relu(20, (10, 10), 10, random_state=0)
+    f32 = P.relu_function(hidden, out, np.float32)
+    threads = []
+
+    def model(X):
+        threads.append(threading.get_ident())
+        return f32(X)
+
+    res = {}
+    for n_jobs in (1, 2):
+        threads.clear()
+        res[n_jobs] = relufast.extract(model, 20, (10, 10), random_state=0, n_jobs=n_jobs)
+        assert (len(set(threads)) > 1) == (n_jobs > 1)  # worker threads called the model
+    assert res[1].status == "exact" and res[1].counts["queries"] == res[2].counts["queries"]
+    for (W1, b1), (W2, b2) in zip(res[1].layers, res[2].layers):
+        assert np.array_equal(W1, W2) and np.array_equal(b1, b2)
+
+
+def test_an_exception_on_a_worker_thread_reaches_the_caller(monkeypatch):
+    from relufast import _blas
+
+    monkeypatch.setattr(_blas, "cores", lambda: 2)
+    hidden, out = P.deep_relu(20, (10, 10), 10, random_state=0)
+    f32 = P.relu_function(hidden, out, np.float32)
+
+    def model(X):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the model failed on a worker thread")
+        return f32(X)
+
+    with pytest.raises(RuntimeError, match="the model failed on a worker thread"):
+        relufast.extract(model, 20, (10, 10), random_state=0, n_jobs=2)

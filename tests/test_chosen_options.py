@@ -1,5 +1,5 @@
-"""Options of ``extract`` in the chosen mode: honoured (time_limit, progress, batch_size) or
-refused with a message naming them (n_queries, method, n_jobs); time_limit in the random mode."""
+"""Options of ``extract`` in the chosen mode: honoured (time_limit, progress, batch_size, n_jobs) or
+refused with a message naming them (n_queries, method; an invalid n_jobs); time_limit in the random mode."""
 
 import time
 import warnings
@@ -68,7 +68,7 @@ def test_batch_size_bounds_every_call(deep, batch_size):
     [
         (dict(n_queries=5000), "n_queries=5000"),
         (dict(method="atv21"), "method='atv21'"),
-        (dict(n_jobs=2), "n_jobs=2"),
+        (dict(n_jobs=0), "n_jobs must be None, -1 or a positive integer; got 0"),
         (dict(batch_size=0), "batch_size"),
         (dict(time_limit=-1), "time_limit"),
     ],

@@ -208,8 +208,11 @@ def thread_map(fn, items):
             return [fn(x) for x in items]
     from concurrent.futures import ThreadPoolExecutor
 
+    # Each item in a copy of the caller's context: the method's deadline and thread budget
+    # (context variables) hold on the pool's threads too.
     with single_threaded_blas(), ThreadPoolExecutor(threads, thread_name_prefix="relufast") as pool:
-        return list(pool.map(fn, items))
+        futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
+        return [f.result() for f in futures]
 
 
 #: Rows of the left factor a task of :func:`matmul` at least (blocks depend on the shapes

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from . import _deadline
+from ._blas import thread_budget
 from ._deadline import check_time_limit
 from ._progress import Progress
 from ._result import RecoveryResult, Status, warn
-from ._validation import NonFiniteOutputs, check_positive_int, check_random_state
+from ._validation import NonFiniteOutputs, check_positive_int, check_random_state, resolve_n_jobs
 from .stages.precision import resolve_precision
 from .units import invisible_message, merged_result, near_duplicate_message, near_duplicates, visible_units
 
@@ -307,10 +308,12 @@ def _plan(model, d, n_hidden, queries):
     return mode, widths, widths_from, why
 
 
-def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, progress, batch_size):
-    """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen`."""
+def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, progress, batch_size, n_jobs=None):
+    """``extract(..., queries="chosen")``: :func:`relufast.chosen.driver.extract_chosen` with
+    ``n_jobs`` threads (pieces of work run side by side; one model call at a time)."""
     from .chosen.driver import extract_chosen
 
+    resolve_n_jobs(n_jobs)  # a ValueError before any query
     batch_size = check_positive_int(batch_size, "batch_size")
     low = None
     if max_queries is None:
@@ -321,23 +324,24 @@ def _chosen(model, d, widths, max_queries, precision, random_state, time_limit, 
         "chosen queries follow lines through the input space and certify at scales 1 and 10 (inputs of norm "
         f"about sqrt(d) = {math.sqrt(d):.3g} to 10 sqrt(d) and beyond)" + _saturation_note(model)
     )
-    return extract_chosen(
-        checked_query_function(f, d, hint),
-        d,
-        widths,
-        max_queries=max_queries,
-        dtype_name=dtype_name,
-        precision=precision,
-        random_state=check_random_state(random_state),
-        time_limit=check_time_limit(time_limit),
-        progress=progress,
-        batch_size=batch_size,
-        readable=getattr(f, "readable", None),
-        max_queries_low=low,
-    )
+    with thread_budget(n_jobs):
+        return extract_chosen(
+            checked_query_function(f, d, hint),
+            d,
+            widths,
+            max_queries=max_queries,
+            dtype_name=dtype_name,
+            precision=precision,
+            random_state=check_random_state(random_state),
+            time_limit=check_time_limit(time_limit),
+            progress=progress,
+            batch_size=batch_size,
+            readable=getattr(f, "readable", None),
+            max_queries_low=low,
+        )
 
 
-def _refuse_random_options(why, n_queries, method, n_jobs):
+def _refuse_random_options(why, n_queries, method):
     """Options of random queries that chosen queries cannot honour: a ``ValueError`` naming each."""
     refused = []
     if n_queries is not None:
@@ -347,11 +351,6 @@ def _refuse_random_options(why, n_queries, method, n_jobs):
         )
     if method != "auto":
         refused.append(f"method={method!r} (a passive method run on Gaussian queries)")
-    if n_jobs is not None:
-        refused.append(
-            f"n_jobs={n_jobs!r} (chosen queries run one model call at a time with NumPy's BLAS at one thread: "
-            "their solves are small)"
-        )
     if refused:
         raise ValueError(
             f"chosen queries ({why}) do not take " + "; ".join(refused) + ". Leave them unset, or pass "
@@ -488,8 +487,11 @@ def extract(
         ``max_queries``; chosen queries add the stage and the seconds so far.
     random_state : None, int or numpy Generator
     n_jobs : int or None
-        Threads of the passive methods (random queries). Chosen queries refuse it
-        (``ValueError``): they run with NumPy's BLAS at one thread.
+        Threads (None or -1: every core). Random queries: the passive methods' kernels.
+        Chosen queries: independent pieces of work side by side (the first layer's rows
+        refitted at low precision), NumPy's BLAS at one thread in each and one call of the
+        model at a time (the model need not be thread-safe); the result is the same for
+        any ``n_jobs``.
     time_limit : float or None
         Seconds the extraction may take (None: no limit). Chosen queries check it before
         every call of the model and every stage, then certify what they completed in time;
@@ -508,8 +510,8 @@ def extract(
     d = check_positive_int(n_features, "n_features")
     mode, widths, widths_from, why = _plan(model, d, n_hidden, queries)
     if mode == "chosen":
-        _refuse_random_options(why, n_queries, method, n_jobs)
-        res = _chosen(model, d, widths, max_queries, precision, random_state, time_limit, progress, batch_size)
+        _refuse_random_options(why, n_queries, method)
+        res = _chosen(model, d, widths, max_queries, precision, random_state, time_limit, progress, batch_size, n_jobs)
         return _with_plan(res, widths, widths_from, mode, why)
     time_limit = check_time_limit(time_limit)
     if widths is not None and widths[0] > d:  # known before any query: Gaussian queries see at most d units

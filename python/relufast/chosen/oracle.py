@@ -8,6 +8,8 @@ follow from :attr:`Oracle.eps`, the unit roundoff of the model's outputs (float3
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .._deadline import check as check_deadline
@@ -80,6 +82,9 @@ class Oracle:
         #: Half-length (t, standard normal directions) of the deeper layers' search lines
         #: (:func:`.deep._refill` halves it where the model stops answering far out).
         self.line_reach = np.inf
+        # One call of the model at a time, whichever thread asks (stages that run pieces
+        # side by side share the oracle; the model need not be thread-safe).
+        self._lock = threading.Lock()
 
     def __call__(self, X, *, finite=True):
         """The model's outputs on the rows of X, as float64 of shape (n, m).
@@ -94,13 +99,14 @@ class Oracle:
         X = np.ascontiguousarray(X, dtype=np.float64).reshape(-1, self.d)
         if len(X) == 0 and self.n_outputs is not None:
             return np.empty((0, self.n_outputs))
-        if self.max_queries is not None and self.n_queries + len(X) > self.max_queries:
-            raise BudgetSpent(f"max_queries={self.max_queries} spent ({self.n_queries} used, {len(X)} more asked)")
-        check_deadline(f"after {self.n_queries} queries")
-        step = len(X) if not self.batch_size or len(X) <= self.batch_size else self.batch_size
-        parts = [self._answer(X[s : s + step], finite) for s in range(0, max(len(X), 1), max(step, 1))]
-        if self.on_answer is not None:
-            self.on_answer(self)
+        with self._lock:
+            if self.max_queries is not None and self.n_queries + len(X) > self.max_queries:
+                raise BudgetSpent(f"max_queries={self.max_queries} spent ({self.n_queries} used, {len(X)} more asked)")
+            check_deadline(f"after {self.n_queries} queries")
+            step = len(X) if not self.batch_size or len(X) <= self.batch_size else self.batch_size
+            parts = [self._answer(X[s : s + step], finite) for s in range(0, max(len(X), 1), max(step, 1))]
+            if self.on_answer is not None:
+                self.on_answer(self)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _answer(self, X, finite):

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from .._blas import thread_map
 from .._validation import NonFiniteOutputs
 from .net import activation_pattern, pre_activations, pull_back
 
@@ -244,26 +245,29 @@ def _plane_through(F, w, eps):
     rhs = -(F @ w)
     # Normal matrix once (a symmetric rank-k update: half a GEMM), with delta . w = 0
     # weighted like the rows; dropped rows are subtracted from it.
-    G0 = scipy.linalg.blas.dsyrk(1.0, A, trans=1)
-    G0 = np.triu(G0) + np.triu(G0, 1).T
+    # NumPy's products and Cholesky release the GIL (SciPy's BLAS and LAPACK wrappers hold
+    # it): rows refitted side by side (:func:`anchored_rows`) overlap in them.
+    G0 = A.T @ A
     G0[:q, :q] += P * np.outer(ws, ws)
 
     def solve(keep):
-        """The plane on the rows kept and the upper Cholesky factor of their normal matrix,
+        """The plane on the rows kept and the lower Cholesky factor of their normal matrix,
         or (None, None) where it is not positive definite or its reciprocal condition is
         below the machine epsilon (where scipy's solve warns)."""
         out = ~keep
         G = G0 - A[out].T @ A[out] if out.any() else G0
-        U, info = scipy.linalg.lapack.dpotrf(G, lower=0, clean=1)
-        if info != 0:
+        try:
+            L = np.linalg.cholesky(G)
+        except np.linalg.LinAlgError:
             return None, None
-        rcond, info = scipy.linalg.lapack.dpocon(U, np.abs(G).sum(axis=0).max())
+        # L.T: the upper factor in Fortran order, read by LAPACK without a copy.
+        rcond, info = scipy.linalg.lapack.dpocon(L.T, np.abs(G).sum(axis=0).max())
         if info != 0 or not rcond >= np.finfo(np.float64).eps:
             return None, None
-        return scipy.linalg.cho_solve((U, False), A[keep].T @ rhs[keep], check_finite=False), U
+        return scipy.linalg.cho_solve((L.T, False), A[keep].T @ rhs[keep], check_finite=False), L
 
     keep = np.ones(P, dtype=bool)
-    sol, U = solve(keep)
+    sol, L = solve(keep)
     if sol is None:
         return None
     r = np.abs(A @ sol - rhs)
@@ -273,11 +277,11 @@ def _plane_through(F, w, eps):
         # The residuals and leverages are updated per drop (the deleted row a: with
         # u = Ginv a and den = 1 - a.u, Ginv gains u u^T / den, the residuals (A u) r_a / den,
         # the leverages (A u)^2 / den; the plane itself is solved again on the rows kept at
-        # the end). Ginv is never formed: Ginv a is U^-1 (U^-T a), a triangular solve from the
+        # the end). Ginv is never formed: Ginv a is L^-T (L^-1 a), a triangular solve from the
         # column of Y below, plus the earlier drops' terms (Woodbury, O(k) each). The
-        # leverages a.Ginv.a = |U^-T a|^2 come from the Cholesky factor of the solve.
+        # leverages a.Ginv.a = |L^-1 a|^2 come from the Cholesky factor of the solve.
         resid = A @ sol - rhs
-        Y = scipy.linalg.solve_triangular(U, A.T, trans="T", check_finite=False)  # U^-T a: a column a row
+        Y = _lower_solve(L, A.T)  # L^-1 a: a column a row
         h = np.einsum("ij,ij->j", Y, Y)
         floor = ROUNDING * eps * norm
         us: list[np.ndarray] = []
@@ -292,7 +296,7 @@ def _plane_through(F, w, eps):
             if np.median(res) <= floor and rd[worst] <= max(TRIM * np.median(rd), floor):
                 break  # at the rounding, nothing standing out
             i = np.nonzero(keep)[0][worst]
-            u = scipy.linalg.solve_triangular(U, Y[:, i], check_finite=False)
+            u = scipy.linalg.solve_triangular(L.T, Y[:, i], check_finite=False)
             for uk, dk in zip(us, dens):
                 u += uk * ((uk @ A[i]) / dk)
             den = 1.0 - A[i] @ u
@@ -316,6 +320,27 @@ def _plane_through(F, w, eps):
     s = np.linalg.norm(v)
     rel = float(np.median(r[keep]) / s / norm)
     return v / s, sol[q] / s, rel, bool(seen.all()), dropped
+
+
+#: Rows of the diagonal blocks in :func:`_lower_solve`.
+SOLVE_BLOCK = 128
+
+
+def _lower_solve(L, B):
+    """``L^-1 B`` for a lower-triangular L, by blocks of SOLVE_BLOCK rows: each block's
+    right-hand side less the blocks above (a NumPy product), times the inverse of its
+    diagonal block (LAPACK's dtrtri on SOLVE_BLOCK rows). The products, nearly all of the
+    work, release the GIL, where SciPy's triangular solve holds it throughout."""
+    n = len(L)
+    X = np.empty((n, B.shape[1]))
+    for s in range(0, n, SOLVE_BLOCK):
+        e = min(s + SOLVE_BLOCK, n)
+        R = B[s:e] - L[s:e, :s] @ X[:s] if s else B[s:e]
+        inv, info = scipy.linalg.lapack.dtrtri(L[s:e, s:e], lower=1)
+        if info != 0:  # a zero pivot: the factor came from a positive definite matrix, so never
+            raise np.linalg.LinAlgError("singular triangular factor")
+        X[s:e] = np.tril(inv) @ R
+    return X
 
 
 #: A kink whose studentised residual exceeds TRIM times the median one is dropped (rounding
@@ -415,15 +440,27 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
     def count(reason):
         why[reason] = why.get(reason, 0) + 1
 
-    for j in range(k) if rows is None else rows:
+    todo = list(range(k) if rows is None else rows)
+    seeds = rng.integers(0, 2**63 - 1, size=len(todo))
+
+    def row(i):
+        """The fit of row todo[i] on its own random stream (and the reason where none)."""
+        j, rng_j = todo[i], np.random.default_rng(seeds[i])
         s = np.linalg.norm(W[j])
         w, c0 = W[j] / s, b[j] / s
-        fit, reason = _row_fit(oracle, known, layer, j, P, S, rng, REFIT_HALF)
+        fit, reason = _row_fit(oracle, known, layer, j, P, S, rng_j, REFIT_HALF)
         if fit is not None and not _accept(fit, w, c0, tol, oracle.eps):
             # Kinks off the plane, as where boundaries of a later layer are dense (trained
             # networks): twice the segments, each SHORT_FACTOR times shorter.
-            retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng, REFIT_HALF / SHORT_FACTOR)
+            retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng_j, REFIT_HALF / SHORT_FACTOR)
             fit = retry if retry is not None and _accept(retry, w, c0, tol, oracle.eps) else fit
+        return fit, reason
+
+    # The rows are independent (each against the layer as given): side by side on the
+    # method's threads, one model call at a time, the same result on any number of threads.
+    for j, (fit, reason) in zip(todo, thread_map(row, range(len(todo)))):
+        s = np.linalg.norm(W[j])
+        w, c0 = W[j] / s, b[j] / s
         if fit is None:
             count(reason)
             continue
@@ -558,77 +595,90 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
     start farther out and go to COARSE_TOP once the next radius is within a third of it
     (COARSE_HALF_DEEP, COARSE_JUMP_DEEP).
 
+    The rows are independent: each is refitted against the layer as given (not the rows
+    refitted before it), on its own random stream drawn from ``rng``, and they run side by
+    side on the method's threads (:func:`relufast._blas.thread_map`; one model call at a
+    time), with the same result on any number of threads.
+
     Returns (W, b, done): the layer with the given rows replaced where a pass at COARSE_TOP
     held (``done``, a bool per row of ``rows``).
     """
     W, b = np.array(layer[0], dtype=np.float64), np.array(layer[1], dtype=np.float64)
+    seeds = rng.integers(0, 2**63 - 1, size=len(rows))
+    given = (W.copy(), b.copy())
+    fits = thread_map(
+        lambda i: _anchored_row(oracle, given, rows[i], anchors[i], np.random.default_rng(seeds[i]), deep),
+        range(len(rows)),
+    )
+    done = np.zeros(len(rows), dtype=bool)
+    for i, fit in enumerate(fits):
+        if fit is not None:
+            W[rows[i]], b[rows[i]], done[i] = fit[0], fit[1], True
+    return W, b, done
+
+
+def _anchored_row(oracle, layer, j, a, rng, deep):
+    """The passes of :func:`anchored_rows` for row j of ``layer`` (left unchanged), anchored
+    at a: the refitted (row, bias), or None where no pass at COARSE_TOP held."""
+    W, b = layer
     d = W.shape[1]
     P = (5 * d) // 4 + REFIT_EXTRA
     batch = max(1, int(REFIT_BATCH_BYTES // (2 * COARSE_SAMPLES * d * 8)))
-    done = np.zeros(len(rows), dtype=bool)
     scale = max(1.0, np.sqrt(d / COARSE_DIMS))
     short = deep and d > COARSE_DIMS
     order = COARSE_HALF_DEEP if short else COARSE_HALF
     long_first = tuple(sorted(COARSE_HALF, reverse=True)) if short else COARSE_HALF[::-1]
     jump = COARSE_JUMP_DEEP if short else 1.0
-    for i, (j, a) in enumerate(zip(rows, anchors)):
-        s = np.linalg.norm(W[j])
-        w, c = W[j] / s, b[j] / s
-        # Deep and above COARSE_DIMS, the first radius grows with sqrt(d / COARSE_DIMS) like
-        # the margin below (the finite-difference normal's error theta puts the boundary
-        # points off by theta rho / sqrt(d)).
-        rho, passes, last, halves = COARSE_START * (scale if short else 1.0), 0, np.inf, None
-        came_from, again = None, False  # radius of the last pass held; a pass at COARSE_TOP repeated
-        best_w, best_c = w, c  # the plane of the first pass there (its estimate stays in `last`)
-        while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
-            passes += 1
-            fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
-            if fit is None:  # the plane is too far off at this radius (or too many crossings)
-                if again:  # the pass repeated at COARSE_TOP: the plane of the one before (below)
-                    break
-                rho /= COARSE_DOWN
-                continue
-            reach = (halves or order)[0]
-            if rho >= COARSE_TOP and fit[2] * rho > COARSE_MARGIN * reach / 8:
-                if again:
-                    break
-                # Not self-consistent: its own error estimate puts the plane outside the
-                # margin it was measured with at this radius (kinks of other boundaries on
-                # long segments; a trained float32 784-64-64-10 had two rows end 0.008 and
-                # 0.02 rad off that way, and no second-layer unit verified): a failed pass.
-                rho /= COARSE_DOWN
-                continue
-            w, c, theta = fit
-            if (
-                rho >= COARSE_TOP
-                and not again
-                and came_from is not None
-                and last * came_from * COARSE_FALL < theta * rho
-            ):
-                # Its estimate fell far less than the radius grew (the kinks scatter far more
-                # than at the radius before): one more pass there, from this plane. A planted
-                # float32 64-32-32-10 had two rows go from 0.1 to 30 with estimates 4-7 times
-                # lower, 1.5e-5 off, where its other such rows fell 34-49 times, to 4e-7-2e-6
-                # (ad-hoc, against its weights).
-                again, last, came_from = True, theta, rho
-                best_w, best_c = w, c
-                continue
-            if rho >= COARSE_TOP:
-                if again and last < theta:  # the repeated pass kept only where its estimate is lower
-                    w, c = best_w, best_c
-                W[j], b[j] = w * s, c * s
-                done[i] = True
+    s = np.linalg.norm(W[j])
+    w, c = W[j] / s, b[j] / s
+    # Deep and above COARSE_DIMS, the first radius grows with sqrt(d / COARSE_DIMS) like
+    # the margin below (the finite-difference normal's error theta puts the boundary
+    # points off by theta rho / sqrt(d)).
+    rho, passes, last, halves = COARSE_START * (scale if short else 1.0), 0, np.inf, None
+    came_from, again = None, False  # radius of the last pass held; a pass at COARSE_TOP repeated
+    best_w, best_c = w, c  # the plane of the first pass there (its estimate stays in `last`)
+    while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
+        passes += 1
+        fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
+        if fit is None:  # the plane is too far off at this radius (or too many crossings)
+            if again:  # the pass repeated at COARSE_TOP: the plane of the one before (below)
                 break
-            if halves is None and theta > COARSE_STALL * last:
-                # No progress: the kinks' spread on short segments (a weak unit of a trained
-                # float32 784-64-64-10: 6e-5) holds the plane's error where the next radius
-                # cannot grow (2.5e-4 at 5.8, pass after pass): long segments from now on.
-                halves = long_first
-            last, came_from = theta, rho
-            reach = (halves or order)[0]
-            rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * scale * reach / 8 / max(theta, 1e-300))
-            if rho >= jump * COARSE_TOP:
-                rho = COARSE_TOP
-        if again and not done[i]:  # the repeated pass failed, or the passes ran out
-            W[j], b[j], done[i] = best_w * s, best_c * s, True
-    return W, b, done
+            rho /= COARSE_DOWN
+            continue
+        reach = (halves or order)[0]
+        if rho >= COARSE_TOP and fit[2] * rho > COARSE_MARGIN * reach / 8:
+            if again:
+                break
+            # Not self-consistent: its own error estimate puts the plane outside the
+            # margin it was measured with at this radius (kinks of other boundaries on
+            # long segments; a trained float32 784-64-64-10 had two rows end 0.008 and
+            # 0.02 rad off that way, and no second-layer unit verified): a failed pass.
+            rho /= COARSE_DOWN
+            continue
+        w, c, theta = fit
+        if rho >= COARSE_TOP and not again and came_from is not None and last * came_from * COARSE_FALL < theta * rho:
+            # Its estimate fell far less than the radius grew (the kinks scatter far more
+            # than at the radius before): one more pass there, from this plane. A planted
+            # float32 64-32-32-10 had two rows go from 0.1 to 30 with estimates 4-7 times
+            # lower, 1.5e-5 off, where its other such rows fell 34-49 times, to 4e-7-2e-6
+            # (ad-hoc, against its weights).
+            again, last, came_from = True, theta, rho
+            best_w, best_c = w, c
+            continue
+        if rho >= COARSE_TOP:
+            if again and last < theta:  # the repeated pass kept only where its estimate is lower
+                w, c = best_w, best_c
+            return w * s, c * s
+        if halves is None and theta > COARSE_STALL * last:
+            # No progress: the kinks' spread on short segments (a weak unit of a trained
+            # float32 784-64-64-10: 6e-5) holds the plane's error where the next radius
+            # cannot grow (2.5e-4 at 5.8, pass after pass): long segments from now on.
+            halves = long_first
+        last, came_from = theta, rho
+        reach = (halves or order)[0]
+        rho = min(COARSE_TOP, COARSE_GROWTH * rho, COARSE_MARGIN * scale * reach / 8 / max(theta, 1e-300))
+        if rho >= jump * COARSE_TOP:
+            rho = COARSE_TOP
+    if again:  # the repeated pass failed, or the passes ran out
+        return best_w * s, best_c * s
+    return None
