@@ -22,13 +22,16 @@ from .test_bench_chosen_size import n_params, run_child
 
 pytest.importorskip("torch")
 
-#: (widths, dtype, seconds allowed, random_state of the extraction). Random state 1 of the
-#: float32 784-64-64-10 stalled in its second layer before the clustering's LOOSE rule.
+#: (widths, dtype, seconds allowed, random_state of the extraction, n_jobs). Random state 1
+#: of the float32 784-64-64-10 stalled in its second layer before the clustering's LOOSE
+#: rule. The float32 784-64-64-10 at random state 0 also runs on one thread (``n_jobs=1``:
+#: the same network and queries, the time without rows side by side).
 CASES = [
-    ((64, 64), "float64", 300, 0),
-    ((128, 128), "float64", 400, 0),
-    ((64, 64), "float32", 900, 0),
-    ((64, 64), "float32", 900, 1),
+    ((64, 64), "float64", 300, 0, None),
+    ((128, 128), "float64", 400, 0, None),
+    ((64, 64), "float32", 900, 0, None),
+    ((64, 64), "float32", 900, 0, 1),
+    ((64, 64), "float32", 900, 1, None),
 ]
 
 CHILD = r"""
@@ -37,7 +40,7 @@ import numpy as np, torch
 import relufast as rf
 from scipy.ndimage import zoom
 from sklearn.datasets import load_digits
-widths, dtype, random_state = json.loads(sys.argv[1])
+widths, dtype, random_state, n_jobs = json.loads(sys.argv[1])
 X, y = load_digits(return_X_y=True)
 X = np.stack([zoom(im.reshape(8, 8), 3.5, order=1) for im in X]).reshape(len(X), -1)
 X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
@@ -62,7 +65,7 @@ if dtype == "float64":
 t = time.perf_counter()
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    res = rf.extract(model, 784, random_state=random_state)
+    res = rf.extract(model, 784, random_state=random_state, n_jobs=n_jobs)
 print(json.dumps(dict(
     status=res.status.value, residual=float(res.residual), queries=int(res.counts["queries"]),
     seconds=time.perf_counter() - t, accuracy=accuracy, precision=res.precision,
@@ -70,19 +73,20 @@ print(json.dumps(dict(
 """
 
 
-def _run(widths, dtype, budget, random_state):
-    return run_child(CHILD, [list(widths), dtype, random_state], budget)
+def _run(widths, dtype, budget, random_state, n_jobs):
+    return run_child(CHILD, [list(widths), dtype, random_state, n_jobs], budget)
 
 
-@pytest.mark.parametrize("widths,dtype,budget,random_state", CASES, ids=lambda v: str(v))
-def test_trained_classifier(benchmark, machine, widths, dtype, budget, random_state):
-    out = benchmark.pedantic(_run, args=(widths, dtype, budget, random_state), rounds=1)
+@pytest.mark.parametrize("widths,dtype,budget,random_state,n_jobs", CASES, ids=lambda v: str(v))
+def test_trained_classifier(benchmark, machine, widths, dtype, budget, random_state, n_jobs):
+    out = benchmark.pedantic(_run, args=(widths, dtype, budget, random_state, n_jobs), rounds=1)
     P = n_params(784, widths, 10)
     info = dict(
         machine,
         network="-".join(map(str, (784, *widths, 10))),
         dtype=dtype,
         random_state=random_state,
+        n_jobs=n_jobs,
         parameters=P,
         **out,
     )

@@ -348,3 +348,22 @@ def test_sparse_noise_does_not_depend_on_threads():
     two = rf.recover(X, Y, n_hidden=3, method="bjw19-sparse-noise", random_state=0, n_jobs=2)
     np.testing.assert_array_equal(one.V, two.V)
     np.testing.assert_array_equal(one.U, two.U)
+
+
+def test_thread_map_cancels_items_not_started_after_an_exception(monkeypatch):
+    """An exception from one item of ``_blas.thread_map`` (the pool of the chosen mode's
+    rows) reaches the caller at once: items not started are cancelled, not all run first."""
+    from relufast import _blas
+
+    monkeypatch.setattr(_blas, "cores", lambda: 2)
+    ran = []
+
+    def item(i):
+        if i == 0:
+            raise RuntimeError("item 0 failed")
+        time.sleep(0.01)
+        ran.append(i)
+
+    with pytest.raises(RuntimeError, match="item 0 failed"):
+        _blas.thread_map(item, range(400))
+    assert len(ran) < 399

@@ -209,10 +209,16 @@ def thread_map(fn, items):
     from concurrent.futures import ThreadPoolExecutor
 
     # Each item in a copy of the caller's context: the method's deadline and thread budget
-    # (context variables) hold on the pool's threads too.
+    # (context variables) hold on the pool's threads too. On an exception (an item's, or an
+    # interrupt while waiting) the items not started are cancelled: only those running finish.
     with single_threaded_blas(), ThreadPoolExecutor(threads, thread_name_prefix="relufast") as pool:
         futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
-        return [f.result() for f in futures]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
 
 
 #: Rows of the left factor a task of :func:`matmul` at least (blocks depend on the shapes
