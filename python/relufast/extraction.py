@@ -491,7 +491,8 @@ def extract(
         Chosen queries: independent pieces of work side by side (the first layer's rows
         refitted at low precision), NumPy's BLAS at one thread in each and one call of the
         model at a time (the model need not be thread-safe); the result is the same for
-        any ``n_jobs``.
+        any ``n_jobs`` (unless ``max_queries`` or ``time_limit`` stops the run inside such
+        a step, where the rows reached depend on the threads' timing).
     time_limit : float or None
         Seconds the extraction may take (None: no limit). Chosen queries check it before
         every call of the model and every stage, then certify what they completed in time;
