@@ -387,8 +387,6 @@ def _affine_normals(oracle, x, n, off, rng, B, layers=None, agree=None):
     K, d = x.shape
     r = B.shape[2]
     M = _box_points(r, d)
-    if K == 0:
-        return n.copy(), np.zeros(0, dtype=bool)
     off = np.broadcast_to(np.asarray(off, dtype=np.float64), (K,))
     # The boxes' coordinates first, a side after the other (the same draws however the kinks
     # are split below); then the kinks by batches of FD_BATCH_BYTES of queries a side, side

@@ -441,11 +441,10 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
         why[reason] = why.get(reason, 0) + 1
 
     todo = list(range(k) if rows is None else rows)
-    seeds = rng.integers(0, 2**63 - 1, size=len(todo))
 
-    def row(i):
-        """The fit of row todo[i] on its own random stream (and the reason where none)."""
-        j, rng_j = todo[i], np.random.default_rng(seeds[i])
+    def row(j, rng_j):
+        """Row j's fit on its own random stream (the reason where none), its norm and unit
+        plane as given."""
         s = np.linalg.norm(W[j])
         w, c0 = W[j] / s, b[j] / s
         fit, reason = _row_fit(oracle, known, layer, j, P, S, rng_j, REFIT_HALF)
@@ -454,13 +453,11 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
             # networks): twice the segments, each SHORT_FACTOR times shorter.
             retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng_j, REFIT_HALF / SHORT_FACTOR)
             fit = retry if retry is not None and _accept(retry, w, c0, tol, oracle.eps) else fit
-        return fit, reason
+        return fit, reason, s, w, c0
 
     # The rows are independent (each against the layer as given): side by side on the
     # method's threads, one model call at a time, the same result on any number of threads.
-    for j, (fit, reason) in zip(todo, thread_map(row, range(len(todo)))):
-        s = np.linalg.norm(W[j])
-        w, c0 = W[j] / s, b[j] / s
+    for j, (fit, reason, s, w, c0) in zip(todo, _side_by_side(row, todo, rng)):
         if fit is None:
             count(reason)
             continue
@@ -604,17 +601,24 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
     held (``done``, a bool per row of ``rows``).
     """
     W, b = np.array(layer[0], dtype=np.float64), np.array(layer[1], dtype=np.float64)
-    seeds = rng.integers(0, 2**63 - 1, size=len(rows))
     given = (W.copy(), b.copy())
-    fits = thread_map(
-        lambda i: _anchored_row(oracle, given, rows[i], anchors[i], np.random.default_rng(seeds[i]), deep),
-        range(len(rows)),
+    fits = _side_by_side(
+        lambda i, rng_i: _anchored_row(oracle, given, rows[i], anchors[i], rng_i, deep), range(len(rows)), rng
     )
     done = np.zeros(len(rows), dtype=bool)
     for i, fit in enumerate(fits):
         if fit is not None:
             W[rows[i]], b[rows[i]], done[i] = fit[0], fit[1], True
     return W, b, done
+
+
+def _side_by_side(fn, items, rng):
+    """``[fn(x, rng_x) for x in items]`` on the method's threads (:func:`.._blas.thread_map`),
+    each item with its own random stream seeded from ``rng`` in order: the same result on any
+    number of threads."""
+    items = list(items)
+    seeds = rng.integers(0, 2**63 - 1, size=len(items))
+    return thread_map(lambda i: fn(items[i], np.random.default_rng(seeds[i])), range(len(items)))
 
 
 def _anchored_row(oracle, layer, j, a, rng, deep):
