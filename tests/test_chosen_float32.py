@@ -223,6 +223,35 @@ def test_restriction_with_a_relative_gap_is_kept_at_low_precision():
     assert not np.isnan(restricted(2e-2, 9e-5, False)).any()  # the absolute test still holds
 
 
+def test_restrictions_of_kinks_seen_before_come_from_the_cache(monkeypatch):
+    """The rows of a cache are those computed without it, a kink seen before is not
+    computed again (its row is read from the cache), and a kink whose active set differs is
+    a new entry."""
+    from relufast.chosen import cluster
+
+    rng = np.random.default_rng(1)
+    K, cols = 12, 7
+    E = rng.standard_normal((K, cols + 2, cols))
+    for p in range(0, K, 2):  # a null vector for half of them
+        E[p] -= np.outer(E[p] @ (v := rng.standard_normal(cols)), v) / (v @ v)
+    S = rng.random((K, cols - 1)) < 0.8
+    cache: dict = {}
+    plain = cluster._restrictions(E, S, 1e-9)
+    first = cluster._restrictions(E, S, 1e-9, cache=cache)
+    np.testing.assert_array_equal(first, plain)
+    assert len(cache) == K and np.isfinite(plain[::2, 0]).sum() >= 1
+    calls = []
+    real = cluster._restriction
+    monkeypatch.setattr(cluster, "_restriction", lambda *a: calls.append(a) or real(*a))
+    again = cluster._restrictions(E[::-1], S[::-1], 1e-9, cache=cache)
+    assert calls == []
+    np.testing.assert_array_equal(again, plain[::-1])
+    S2 = S.copy()
+    S2[0] = ~S2[0]
+    cluster._restrictions(E[:1], S2[:1], 1e-9, cache=cache)
+    assert len(calls) == 1 and len(cache) == K + 1
+
+
 def test_component_row_with_a_clear_gap_is_kept_at_low_precision():
     """A component's stacked equations whose smallest singular value lies just above the
     tolerance (a weak unit's float32 normals, 1e-3 rad off) but 300 times under the next:

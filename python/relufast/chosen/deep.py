@@ -695,11 +695,12 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         deltas = [delta] if delta is not None else hyps
         hold = None  # rows of found verified already
         if deltas:
+            memo = carry.setdefault("restrictions", {})  # restricted rows of kinks seen before
             cap = max(1, (ASKS_PER_UNIT * (k - len(Theta)) + 8) // len(deltas))
             parts = []
             for flip in deltas:
                 rows, asks = cluster_units(
-                    known, tent, flip, pool.x, pool.n, ntol, angle, rng, max_asks=cap, min_size=size, trim=low
+                    known, tent, flip, pool.x, pool.n, ntol, angle, rng, cap, size, low, cache=memo
                 )
                 parts.append(rows)
                 if asks:
