@@ -142,3 +142,50 @@ def test_unfinished_chains_settle_the_signs_of_a_wide_layer():
     got = fit.signs_from_rows(tent, np.zeros((0, widths[0] + d + 1)), rows)
     assert got is not None
     assert np.array_equal(got, flip)
+
+
+def test_chain_null_spaces_loose_direction_counts_only_behind_a_gap():
+    """Float64 chains: the unit's own direction (finite-difference noise, above the null
+    tolerance) counts as null only where the next singular value is GAP times higher."""
+    from relufast.chosen import nullspace
+
+    tol = 1e-6 / 30
+    s = np.array([1.0, 5e-3, 1e-7, 1e-16])
+    assert nullspace._null_count(s, 1.0, tol) == 1  # the tolerance alone: only the exact zero
+    assert nullspace._null_count(s, 1.0, tol, nullspace.CHAIN_LOOSE) == 2
+    assert nullspace._null_count(np.array([1.0, 1e-5, 1e-7, 1e-16]), 1.0, tol, nullspace.CHAIN_LOOSE) == 1  # no gap
+    assert nullspace._null_count(np.array([1.0, 5e-3, 1e-5, 1e-16]), 1.0, tol, nullspace.CHAIN_LOOSE) == 1  # too far
+    rng = np.random.default_rng(0)
+    theta = rng.standard_normal(12)
+    # A stack whose null vector is theta up to 1e-7 noise, the next singular value ~1e-2.
+    R = rng.standard_normal((40, 12))
+    R -= np.outer(R @ theta, theta) / (theta @ theta)
+    R += 1e-7 * rng.standard_normal(R.shape)
+    M = R[None]
+    assert nullspace._solve(M, tol) is None
+    row = nullspace._solve(M, tol, nullspace.CHAIN_LOOSE)
+    assert row is not None and abs(abs(row @ theta) / np.linalg.norm(row) / np.linalg.norm(theta) - 1) < 1e-10
+
+
+def test_two_open_chains_of_one_unit_give_its_row():
+    """Chains that each left other directions open share only their unit's row; a chain of
+    another unit sharing two open directions with one of them gives no row."""
+    from relufast.chosen import nullspace
+
+    rng = np.random.default_rng(1)
+    D = 30
+    theta, phi = rng.standard_normal(D), rng.standard_normal(D)
+    e = np.eye(D)
+
+    def null(*vs):
+        return np.linalg.qr(np.array(vs).T)[0].T
+
+    store: list = []
+    assert nullspace.merged_rows(store, [null(theta, e[1], e[2])]) == []
+    assert nullspace.merged_rows(store, [null(phi, e[1], e[2])]) == []  # shares e1, e2 only: no row
+    rows = nullspace.merged_rows(store, [null(theta, e[3], e[4] + e[5])])
+    assert len(rows) == 1
+    cos = abs(rows[0] @ theta) / np.linalg.norm(rows[0]) / np.linalg.norm(theta)
+    assert cos > 1 - 1e-12 and np.isclose(np.linalg.norm(rows[0][:-1]), 1.0)
+    assert len(store) == 3
+    assert nullspace.merged_rows([], [np.zeros((0, D))]) == []  # nothing open: not stored

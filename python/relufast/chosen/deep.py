@@ -46,6 +46,7 @@ from .fit import sign_block, signs_from_rows
 from .hyperplanes import jump_normals
 from .lines import find_kinks, screened_kinks
 from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
+from .nullspace import _chain_loose, _null_count, _null_rows, _right_svd, _solve, merged_rows
 from .refit import COARSE_DIMS
 from .verify import verified
 from .walk import SCREEN_EPS, downstream_basis, known_breaks, walk_step, zeta
@@ -63,24 +64,6 @@ def _constraints(known, tent, x, n):
     tan = np.concatenate([T, np.zeros((K, d, 1))], axis=2)
     pt = np.concatenate([Phi, np.ones((K, 1))], axis=1)[:, None, :]
     return np.concatenate([tan, pt], axis=1)
-
-
-#: The second smallest singular value must exceed GAP times the null tolerance (or 5% of
-#: the largest): a barely determined direction gives a hyperplane wrong in some regions.
-GAP = 1000.0
-
-
-def _solve(M, tol):
-    """Null vector of the stacked rows M when it is one-dimensional; else None."""
-    R = M.reshape(-1, M.shape[-1])
-    R = R[np.linalg.norm(R, axis=1) > 0]
-    if len(R) < M.shape[-1] - 1:
-        return None
-    _, s, Vt = np.linalg.svd(R, full_matrices=False)
-    if len(s) < M.shape[-1] or s[-1] > tol * s[0] or s[-2] <= min(GAP * tol, 0.05) * s[0]:
-        return None
-    theta = Vt[-1]
-    return theta / np.linalg.norm(theta[:-1])
 
 
 def _targets(pats, n_tent, n_last, delta=None):
@@ -171,7 +154,7 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
                 M[c] = np.asarray(np.linalg.qr(M[c][0], mode="r"))[None]
             if _targets(pats[c], n_tent, n_last, delta):
                 continue  # phi has null directions until every unit was crossed
-            theta = _solve(M[c], _null_tol(oracle))
+            theta = _solve(M[c], _null_tol(oracle), _chain_loose(oracle))
             if theta is not None:
                 done[c] = theta
         solved = np.array([t for t in done.values() if t is not None])
@@ -245,24 +228,6 @@ ENTRY_WIDTH = 0.5
 ACROSS_WIDTH = 1.0
 
 
-def _right_svd(R):
-    """(singular values padded with zeros to the number of columns, every right singular
-    vector) of R: a tall R is reduced to its triangular factor first (a kink's equations
-    have d + 1 rows; a full SVD of them built a square matrix of their number, where the
-    grouping of the trained digits 64-16-8-8-10 spent nearly all its time)."""
-    if R.shape[-2] > R.shape[-1]:
-        R = np.linalg.qr(R, mode="r")
-    _, s, Vt = np.linalg.svd(R, full_matrices=True)
-    return np.concatenate([s, np.zeros(s.shape[:-1] + (Vt.shape[-1] - s.shape[-1],))], axis=-1), Vt
-
-
-def _null_rows(R, tol):
-    """Orthonormal rows spanning the directions x with |R x| <= tol * |R| (relative singular
-    values), for R of many rows."""
-    s, Vt = _right_svd(R)
-    return Vt[s <= tol * s[0]]
-
-
 def _complete(oracle, known, tent, partial, pool):
     """Complete chains that could not cross every boundary with kinks of the pool.
 
@@ -275,10 +240,10 @@ def _complete(oracle, known, tent, partial, pool):
     if not partial or len(pool) == 0:
         return []
     P = activation_pattern([*known, tent], pool.x)
-    tol = _null_tol(oracle)
+    tol, loose = _null_tol(oracle), _chain_loose(oracle)
     chains = []  # [null rows K, units todo, done] per chain, each walked through the pool in order
     for Mc, _, _, todo in partial:
-        K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol)
+        K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol, loose)
         if len(K) == len(todo) + 1:
             chains.append([K, todo, False])
     out = []
@@ -300,7 +265,7 @@ def _complete(oracle, known, tent, partial, pool):
                 if len(near) == len(todo):
                     continue  # on the chain's side of every missed boundary: tells nothing
                 sv, Wt = _right_svd(Mp[j] @ K.T)
-                keep = sv <= tol * scale[j]
+                keep = np.arange(len(sv)) >= len(sv) - _null_count(sv, scale[j], tol, loose)
                 if keep.sum() != len(near) + 1:
                     continue  # another unit's kink
                 K = Wt[keep] @ K
@@ -524,7 +489,7 @@ def _signs(tent, Theta, carry=None):
     return np.sign(np.sum(W * tent[0], axis=1)) < 0
 
 
-def _unfinished_sign_rows(known, tent, unfinished, tol):
+def _unfinished_sign_rows(known, tent, unfinished, tol, loose=0.0):
     """Equations on the flips delta of the tentative layer from chains that did not cross
     every boundary (:func:`_chains`).
 
@@ -543,7 +508,7 @@ def _unfinished_sign_rows(known, tent, unfinished, tol):
     n_last = known[-1][0].shape[0] if known else 0
     out = []
     for Mc, _, _, todo in unfinished:
-        K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol)
+        K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol, loose)
         if len(K) != len(todo) + 1 or len(todo) >= dp:
             continue
         D, T = [], []  # null directions on (v, beta, c), and their span on beta
@@ -741,8 +706,12 @@ HYPOTHESIS_MIN, HYPOTHESIS_LEAD = 3, 2
 #: Kinks of the grouping's pool a unit of the next layer needs on average (see _gathered).
 GROUP_SHARE = 2
 
-#: Chains a round while the signs of the tentative layer are open (a few units fix them).
-SIGN_CHAINS = 6
+#: Chains a round while the signs of the tentative layer are open (a few units fix them),
+#: and at most once they are known (two a unit still missing up to that: the trained
+#: diabetes 10-100-100-1, whose single kinks see more first-layer units active than d and
+#: give no unit, waited for a pool of 200 kinks and refilled it one line a round until its
+#: query budget ran out).
+SIGN_CHAINS, CHAIN_CAP = 6, 32
 
 
 def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max_rounds, delta):
@@ -753,19 +722,28 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
     layers = [*known, tent]
     tol = 0.5 * oracle.window()
     rows: list = []  # sign equations of unfinished chains (_unfinished_sign_rows)
+    loose, lines, seeds = _chain_loose(oracle), 1, []
     for _ in range(max_rounds):
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
-        if signs_open:
-            want = min(want, SIGN_CHAINS)
-        if len(pool) < want:
-            _refill(oracle, layers, widths, rng, pool, tol, Theta=Theta)
-            continue
-        pick = rng.choice(len(pool), size=want, replace=False)
-        found, unfinished = _chains(oracle, known, tent, pool.x[pick], pool.n[pick], rng, steps, delta)
+        capped = want > CHAIN_CAP and not signs_open
+        want = min(want, SIGN_CHAINS if signs_open else CHAIN_CAP)
+        if len(pool) + len(seeds) < want:
+            _refill(oracle, layers, widths, rng, pool, tol, lines, Theta=Theta)
+            if not capped or len(pool) + len(seeds) < CHAIN_CAP // 4:
+                # Many units missing (a capped round): more lines while the pool stays short,
+                # and chains from what it holds once it has a quarter of them.
+                lines = min(2 * lines, DRY_LINES) if capped else lines
+                continue
+        seeds = seeds[:want]
+        pick = rng.choice(len(pool), size=min(want - len(seeds), len(pool)), replace=False)
+        X0 = np.vstack([pool.x[pick], *[x[None] for x, _ in seeds]])
+        N0 = np.vstack([pool.n[pick], *[n[None] for _, n in seeds]])
+        found, unfinished = _chains(oracle, known, tent, X0, N0, rng, steps, delta)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
+        seeds = []
         if signs_open:
-            rows.extend(_unfinished_sign_rows(known, tent, unfinished, _null_tol(oracle)))
+            rows.extend(_unfinished_sign_rows(known, tent, unfinished, _null_tol(oracle), loose))
             fixed = signs_from_rows(tent, Theta, rows)
             if fixed is not None:
                 carry["delta"] = fixed
@@ -774,6 +752,11 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
         if partial:
             _across(oracle, layers, partial, rng, pool)
         extra = _complete(oracle, known, tent, partial, pool)
+        if loose and not signs_open:  # pairs of chains of one unit that each left directions open
+            nulls = [_null_rows(u[0].reshape(-1, u[0].shape[-1]), _null_tol(oracle), loose) for u in unfinished]
+            extra = [*extra, *merged_rows(carry.setdefault("open_chains", []), nulls)]
+            if capped:  # their last kinks (just past a known boundary: _prune would drop them) seed more
+                seeds = [(u[1], u[2]) for u in unfinished]
         if extra:
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
         if found is None:
