@@ -722,7 +722,8 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
     layers = [*known, tent]
     tol = 0.5 * oracle.window()
     rows: list = []  # sign equations of unfinished chains (_unfinished_sign_rows)
-    loose, lines, seeds = _chain_loose(oracle), 1, []
+    loose, lines = _chain_loose(oracle), 1
+    seeds: list = []  # (kink, normal) of the last round's open chains
     for _ in range(max_rounds):
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
