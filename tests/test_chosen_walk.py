@@ -137,7 +137,7 @@ def test_unfinished_chains_settle_the_signs_of_a_wide_layer():
         X.append(x[0]), N.append(g[0] / np.linalg.norm(g[0]))
     found, unfinished = deep._chains(oracle, [], tent, np.array(X), np.array(N), rng, 80)
     assert len(unfinished) >= 4  # most did not cross all 40 boundaries both ways
-    assert all(len(todo) > 0 for *_, todo in unfinished)
+    assert all(len(todo) > 0 for _, _, _, todo, _ in unfinished)
     rows = deep._unfinished_sign_rows([], tent, unfinished, deep._null_tol(oracle))
     got = fit.signs_from_rows(tent, np.zeros((0, widths[0] + d + 1)), rows)
     assert got is not None

@@ -111,17 +111,23 @@ def _nearest(layers, x, n, todo):
     return todo[int(np.argmin(dist))]
 
 
-def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
+def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None, carried=None):
     """Follow the boundaries through the seeds (X0, N0), each towards the nearest boundary
     it has not crossed yet (a random one after a failed step; a chain that fails STALL
     steps in a row is dropped); the hyperplane (v, c) in phi-space of every chain that
-    crossed all it had to and determined one (rows of Theta)."""
+    crossed all it had to and determined one (rows of Theta), and the open chains (their
+    equations, last kink and normal, boundaries left, patterns). ``carried``: per seed, None
+    or the (equations, patterns) of the open chain it continues."""
     layers = [*known, tent]
     C = len(X0)
     n_tent, n_last = tent[0].shape[0], (known[-1][0].shape[0] if known else 0)
     fixed = _sign_rows(tent, delta, tent[0].shape[0] + tent[0].shape[1] + 1)
-    M = [np.concatenate([fixed, _constraints(known, tent, X0[c : c + 1], N0[c : c + 1])], axis=1) for c in range(C)]
-    pats = [[p] for p in activation_pattern(layers, X0)]
+    carried = carried or [None] * C
+    M = [
+        np.concatenate([fixed if g is None else g[0], _constraints(known, tent, X0[c : c + 1], N0[c : c + 1])], axis=1)
+        for c, g in enumerate(carried)
+    ]
+    pats = [([] if g is None else list(g[1])) + [p] for g, p in zip(carried, activation_pattern(layers, X0))]
     X, N = X0.copy(), N0.copy()
     done: dict = {}
     stalled: set = set()
@@ -166,7 +172,9 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None):
     # Chains that ran out of steps or stalled (the last boundaries are often ones the unit's
     # boundary never reaches): their equations, and the boundaries they never crossed.
     unfinished = [
-        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last, delta)) for c in range(C) if c not in done or c in stalled
+        (M[c], X[c], N[c], _targets(pats[c], n_tent, n_last, delta), pats[c])
+        for c in range(C)
+        if c not in done or c in stalled
     ]
     return (np.array(found) if found else None), unfinished
 
@@ -184,7 +192,7 @@ def _across(oracle, layers, partial, rng, pool):
     the chain's last point reflected across each such boundary, a line along the chain's
     last normal (its bent boundary crosses it there when it reaches that side at all)."""
     base, dirs = [], []
-    for _, x, n, todo in partial:
+    for _, x, n, todo, _ in partial:
         z = np.hstack(pre_activations(layers, x[None])[0])[0]
         J = np.concatenate(preact_jacobians(layers, x[None]), axis=1)[0]
         for u, _ in todo:
@@ -242,7 +250,7 @@ def _complete(oracle, known, tent, partial, pool):
     P = activation_pattern([*known, tent], pool.x)
     tol, loose = _null_tol(oracle), _chain_loose(oracle)
     chains = []  # [null rows K, units todo, done] per chain, each walked through the pool in order
-    for Mc, _, _, todo in partial:
+    for Mc, _, _, todo, _ in partial:
         K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol, loose)
         if len(K) == len(todo) + 1:
             chains.append([K, todo, False])
@@ -507,7 +515,7 @@ def _unfinished_sign_rows(known, tent, unfinished, tol, loose=0.0):
     offset = sum(W.shape[0] for W, _ in known)  # unit indices count the known layers first
     n_last = known[-1][0].shape[0] if known else 0
     out = []
-    for Mc, _, _, todo in unfinished:
+    for Mc, _, _, todo, _ in unfinished:
         K = _null_rows(Mc.reshape(-1, Mc.shape[-1]), tol, loose)
         if len(K) != len(todo) + 1 or len(todo) >= dp:
             continue
@@ -723,7 +731,7 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
     tol = 0.5 * oracle.window()
     rows: list = []  # sign equations of unfinished chains (_unfinished_sign_rows)
     loose, lines = _chain_loose(oracle), 1
-    seeds: list = []  # (kink, normal) of the last round's open chains
+    seeds: list = []  # (kink, normal, (equations, patterns)) of the last round's open chains
     for _ in range(max_rounds):
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
@@ -738,9 +746,10 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
                 continue
         seeds = seeds[:want]
         pick = rng.choice(len(pool), size=min(want - len(seeds), len(pool)), replace=False)
-        X0 = np.vstack([pool.x[pick], *[x[None] for x, _ in seeds]])
-        N0 = np.vstack([pool.n[pick], *[n[None] for _, n in seeds]])
-        found, unfinished = _chains(oracle, known, tent, X0, N0, rng, steps, delta)
+        X0 = np.vstack([pool.x[pick], *[x[None] for x, _, _ in seeds]])
+        N0 = np.vstack([pool.n[pick], *[n[None] for _, n, _ in seeds]])
+        carried = [None] * len(pick) + [g for _, _, g in seeds]
+        found, unfinished = _chains(oracle, known, tent, X0, N0, rng, steps, delta, carried)
         pool.keep(np.setdiff1d(np.arange(len(pool)), pick))
         seeds = []
         if signs_open:
@@ -756,8 +765,10 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
         if loose and not signs_open:  # pairs of chains of one unit that each left directions open
             nulls = [_null_rows(u[0].reshape(-1, u[0].shape[-1]), _null_tol(oracle), loose) for u in unfinished]
             extra = [*extra, *merged_rows(carry.setdefault("open_chains", []), nulls)]
-            if capped:  # their last kinks (just past a known boundary: _prune would drop them) seed more
-                seeds = [(u[1], u[2]) for u in unfinished]
+            if capped:  # they go on from their last kinks (just past a known boundary: _prune would
+                # drop them), their equations kept (seeding only those that crossed new boundaries
+                # in the round left the pool short: 14 units instead of 26 in 1.2 million queries)
+                seeds = [(u[1], u[2], (u[0], u[4])) for u in unfinished]
         if extra:
             found = np.vstack([found, extra]) if found is not None else np.array(extra)
         if found is None:
