@@ -104,10 +104,9 @@ def merged_rows(store, nulls):
         if not 1 <= len(K) <= MERGE_DIM:
             continue
         for K2 in store:
-            cosines = np.linalg.svd(K @ K2.T, compute_uv=False)
+            U, cosines, _ = np.linalg.svd(K @ K2.T)
             if cosines[0] < np.cos(MERGE_ANGLE) or (len(cosines) > 1 and cosines[1] > np.cos(MERGE_APART)):
                 continue
-            U, _, _ = np.linalg.svd(K @ K2.T)
             theta = U[:, 0] @ K
             rows.append(theta / np.linalg.norm(theta[:-1]))
         if len(store) < MERGE_KEEP and sum(S.nbytes for S in store) + K.nbytes <= MERGE_BYTES:
