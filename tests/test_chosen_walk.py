@@ -189,3 +189,90 @@ def test_two_open_chains_of_one_unit_give_its_row():
     assert cos > 1 - 1e-12 and np.isclose(np.linalg.norm(rows[0][:-1]), 1.0)
     assert len(store) == 3
     assert nullspace.merged_rows([], [np.zeros((0, D))]) == []  # nothing open: not stored
+
+
+def test_chain_steering_targets_include_units_never_crossed():
+    """With the signs known a chain solves once every unit was seen truly active, but it is
+    steered towards the units it has seen on one side only: a unit always active along it
+    leaves its coefficient mixed with the linear term's."""
+    pats = [np.array([True, False, True, False]), np.array([True, False, False, False])]
+    delta = np.array([False, True, False, False])
+    assert sorted(deep._targets(pats, 4, 0, delta)) == [(3, 1)]
+    # unit 0 truly active throughout (go to z~ < 0); unit 1 (flipped) truly active throughout too
+    assert sorted(deep._targets(pats, 4, 0, delta, crossed=True)) == [(0, -1), (1, 1), (3, 1)]
+
+
+def test_first_crossing_takes_the_nearer_of_two_units_in_one_cell():
+    """Two known boundaries within one cell of the walk's grid: the step goes to the nearer
+    (whatever the units' order) with only that unit switched past it (the pattern at the
+    cell's end has both, and no step was taken there before)."""
+    W = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    layers = [(W, np.array([-0.0115, -0.0085]))]
+    X, N, V = np.zeros((1, 3)), np.array([[0.0, 1.0, 0.0]]), np.array([[1.0, 0.0, 0.0]])
+    Y, D, XB, tau, G, pats = walk._first_crossings(layers, X, N, V)
+    assert np.allclose(XB[0], [0.0085, 0, 0], atol=1e-15)
+    assert pats[0].tolist() == [False, True]
+    assert np.isfinite(tau[0]) and 0 < Y[0, 0] - 0.0085 < 0.003
+    assert np.allclose(G[0], W[1])
+
+
+def _reach_case(seed, noise):
+    """A planted 10-20-10-1, a second-layer unit r, and a first-layer unit u that r's boundary
+    meets; the null space (r's row, with ``noise``, and u's direction) of a chain of r that
+    never saw u active, and a point of that chain with u inactive."""
+    d = 10
+    hidden, out = rf.planted.deep_relu(d, (20, 10), 1, random_state=seed)
+    (W1, b1), (W2, b2) = hidden
+    tent = (W1, b1)
+    rng = np.random.default_rng(seed)
+    for r in range(10):
+        z, grad = _true_unit(hidden, r)
+        P = _boundary_points(z, d, 30, rng)
+        Z1 = P @ W1.T + b1
+        for u in range(20):
+            inactive = P[Z1[:, u] < 0]
+            if (Z1[:, u] > 0).any() and len(inactive) and abs(W2[r, u]) > 0.1:
+                theta = np.concatenate([W2[r], np.zeros(d), [b2[r]]]) + noise * rng.standard_normal(31)
+                K = np.linalg.qr(np.stack([theta, np.eye(31)[u]], axis=1))[0].T
+                x0 = inactive[0]
+                n0 = grad(x0[None])[0]
+                return hidden, out, tent, r, u, K, x0, n0 / np.linalg.norm(n0), z, grad
+    raise AssertionError("no case")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_reach_puts_a_chain_back_before_a_unit_it_never_saw_active(seed):
+    """From a chain's null space (its row and the direction of a unit never seen active), the
+    point where its known boundary meets that unit's, computed: the chain is put back on its
+    boundary just before it, with the boundary's normal, facing that unit."""
+    from relufast.chosen import reach
+
+    _, _, tent, r, u, K, x0, n0, z, grad = _reach_case(seed, 0.0)
+    back = reach.reach_start([tent], K, [(u, 1)], x0, n0, np.random.default_rng(seed))
+    assert back is not None
+    xs, ns, target = back
+    assert target == (u, 1)
+    g = grad(xs[None])[0]
+    assert abs(z(xs[None])[0]) / np.linalg.norm(g) < 1e-12
+    assert 1 - abs(g @ ns) / np.linalg.norm(g) < 1e-12
+    zu = xs @ tent[0][u] + tent[1][u]
+    assert -1.01 * reach.REACH_BACK <= zu / np.linalg.norm(tent[0][u]) < 0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_step_after_put_back_crosses_with_a_row_known_to_1e_7(seed):
+    """A chain put back from a row known to 1e-7 (as the trained diabetes 10-100-100-1's
+    chains know theirs) steps across the unit it never saw active, onto its own boundary
+    there, with the normal from the two kinks found on the new piece."""
+    from relufast.chosen import reach
+
+    hidden, out, tent, r, u, K, x0, n0, z, grad = _reach_case(seed, 1e-7)
+    oracle = Oracle(rf.planted.relu_function(hidden, out), 10)
+    rng = np.random.default_rng(seed)
+    xs, ns, target = reach.reach_start([tent], K, [(u, 1)], x0, n0, rng)
+    Xn, Nn, ok = walk.walk_step(oracle, [], tent, xs[None], ns[None], [target], rng, put_back=np.array([True]))
+    assert ok[0]
+    assert Xn[0] @ tent[0][u] + tent[1][u] > 0  # past the unit's boundary
+    g = grad(Xn)[0]
+    assert abs(z(Xn)[0]) / np.linalg.norm(g) < 1e-9
+    assert 1 - abs(g @ Nn[0]) / np.linalg.norm(g) < 1e-9

@@ -47,6 +47,7 @@ from .hyperplanes import jump_normals
 from .lines import find_kinks, screened_kinks
 from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
 from .nullspace import _chain_loose, _null_count, _null_rows, _right_svd, _solve, merged_rows
+from .reach import REACHES, reached
 from .refit import COARSE_DIMS
 from .verify import verified
 from .walk import SCREEN_EPS, downstream_basis, known_breaks, walk_step, zeta
@@ -66,7 +67,7 @@ def _constraints(known, tent, x, n):
     return np.concatenate([tan, pt], axis=1)
 
 
-def _targets(pats, n_tent, n_last, delta=None):
+def _targets(pats, n_tent, n_last, delta=None, crossed=False):
     """(unit, sign of z~) pairs a chain still has to visit: a unit of the tentative layer seen
     with one sign only (its column of phi is then linear in the others: a null direction),
     or a unit of the last known layer never active (a zero column). Units are indexed in
@@ -84,7 +85,10 @@ def _targets(pats, n_tent, n_last, delta=None):
     # The sign rows fix every coefficient of the linear term: the last known layer's units
     # need not be seen active.
     flip = delta[tent_idx - tent_idx[0]]
-    return [(u, -1 if f else 1) for u, f in zip(tent_idx, flip) if not (P[:, u] ^ f).any()]
+    todo = [(u, -1 if f else 1) for u, f in zip(tent_idx, flip) if not (P[:, u] ^ f).any()]
+    if crossed:
+        todo += [(u, 1 if f else -1) for u, f in zip(tent_idx, flip) if (P[:, u] ^ f).all()]
+    return todo
 
 
 def _sign_rows(tent, delta, cols):
@@ -132,22 +136,29 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None, carried=Non
     done: dict = {}
     stalled: set = set()
     fails = np.zeros(C, dtype=int)
+    reach, put_back = np.full(C, REACHES if delta is not None else 0), np.zeros(C, dtype=bool)  # (.reach)
     for _ in range(max_steps):
         act = np.array([c for c in range(C) if c not in done], dtype=int)
         if len(act) == 0:
             break
         want = []
         for c in act:
-            todo = _targets(pats[c], n_tent, n_last, delta)
+            todo = _targets(pats[c], n_tent, n_last, delta, crossed=True)
             pick = todo[rng.integers(len(todo))] if todo and fails[c] else _nearest(layers, X[c], N[c], todo)
             want.append(pick)
-        Xn, Nn, ok = walk_step(oracle, known, tent, X[act], N[act], want, rng)
+        Xn, Nn, ok = walk_step(oracle, known, tent, X[act], N[act], want, rng, put_back[act])
+        put_back[act[ok]] = False
         for j, c in enumerate(act):
             if not ok[j]:
                 fails[c] += 1
                 if fails[c] >= STALL:
-                    done[c] = None
-                    stalled.add(c)
+                    todo = _targets(pats[c], n_tent, n_last, delta) if reach[c] else []
+                    back = reached(layers, M[c], todo, X[c], N[c], _null_tol(oracle), _chain_loose(oracle), rng)
+                    if back is None:
+                        done[c] = None
+                        stalled.add(c)
+                    else:  # put back just before a boundary it never crossed (computed)
+                        X[c], N[c], fails[c], reach[c], put_back[c] = back[0], back[1], 0, reach[c] - 1, True
                 continue
             fails[c] = 0
             X[c], N[c] = Xn[j], Nn[j]

@@ -122,18 +122,24 @@ def _first_crossings(layers, X, N, V):
     pats = np.zeros((C, S.shape[2]), dtype=bool)
     for c in np.nonzero(j1 > 0)[0]:
         j = j1[c]
-        unit = np.nonzero(S[c, j] != S[c, 0])[0][0]
-        lo, hi, z0 = s[j - 1], s[j], Zs[c, j - 1, unit]
-        for _ in range(BISECT):
-            mid = 0.5 * (lo + hi)
-            zm = np.hstack(pre_activations(layers, (X[c] + mid * V[c])[None])[0])[0, unit]
-            lo, hi = (mid, hi) if (zm > 0) == (z0 > 0) else (lo, mid)
-        sb = 0.5 * (lo + hi)
+        # The first of the units that switch in the cell (two in one cell: the pattern past
+        # the first is the cell's start with that unit switched, not the pattern at its end).
+        sb, unit = np.inf, -1
+        for u in np.nonzero(S[c, j] != S[c, 0])[0]:
+            lo, hi, z0 = s[j - 1], s[j], Zs[c, j - 1, u]
+            for _ in range(BISECT):
+                mid = 0.5 * (lo + hi)
+                zm = np.hstack(pre_activations(layers, (X[c] + mid * V[c])[None])[0])[0, u]
+                lo, hi = (mid, hi) if (zm > 0) == (z0 > 0) else (lo, mid)
+            if 0.5 * (lo + hi) < sb:
+                sb, unit = 0.5 * (lo + hi), int(u)
+        past = S[c, 0].copy()
+        past[unit] = ~past[unit]
         XB[c] = X[c] + sb * V[c]
         g = np.concatenate(preact_jacobians(layers, XB[c : c + 1]), axis=1)[0, unit]
         G[c] = g
-        gin = g / np.linalg.norm(g) * (1.0 if S[c, j, unit] else -1.0)  # into the new region
-        rho = _room(layers, XB[c], gin, S[c, j])
+        gin = g / np.linalg.norm(g) * (1.0 if past[unit] else -1.0)  # into the new region
+        rho = _room(layers, XB[c], gin, past)
         if rho <= 0:
             continue
         b = N[c] - (N[c] @ gin) * gin
@@ -142,7 +148,7 @@ def _first_crossings(layers, X, N, V):
         Y[c] = XB[c] + rho * gin
         D[c] = b / np.linalg.norm(b)
         tau[c] = WINDOW_WIDTH * rho
-        pats[c] = S[c, j]
+        pats[c] = past
     return Y, D, XB, tau, G, pats
 
 
@@ -152,18 +158,21 @@ BISECT = 52
 STEP_PAST = 0.02
 
 
-def walk_step(oracle, known, tent, X, N, want, rng):
+def walk_step(oracle, known, tent, X, N, want, rng, put_back=None):
     """One step of every chain; returns (new points, normals, accepted mask): the first known
     boundary along a tangent direction of each chain (computed, :func:`_first_crossings`),
     then the kink past it by :func:`_walk_screened` in float64, else by
-    :func:`_walk_measured`."""
+    :func:`_walk_measured`. ``put_back``: bool mask of the chains whose point and normal were
+    computed from their own equations (:mod:`.reach`), checked with CHECK_BACK."""
     layers = [*known, tent]
     ahead = _first_crossings(layers, X, N, _directions(layers, X, N, want, rng))
     live = np.nonzero(np.isfinite(ahead[3]))[0]
     out = (X.copy(), N.copy(), np.zeros(len(X), dtype=bool))
-    if len(live):
-        past = _walk_screened if oracle.eps < SCREEN_EPS else _walk_measured
-        past(oracle, layers, N, ahead, live, rng, out)
+    if len(live) and oracle.eps < SCREEN_EPS:
+        back = np.zeros(len(X), dtype=bool) if put_back is None else np.asarray(put_back, dtype=bool)
+        _walk_screened(oracle, layers, N, ahead, live, rng, out, back)
+    elif len(live):
+        _walk_measured(oracle, layers, N, ahead, live, rng, out)
     return out
 
 
@@ -182,7 +191,7 @@ def _nearest_fresh(layers, kinks, pats, live, tol, centres):
     return best
 
 
-def _walk_screened(oracle, layers, N, ahead, live, rng, out):
+def _walk_screened(oracle, layers, N, ahead, live, rng, out, back):
     """The kinks past the known boundaries (``ahead``, chains ``live``) in float64, into
     ``out`` (points, normals, accepted): fewer queries a chain than the 48-point window
     alone of a measured step, which adds 2 (d + 1) for the normal
@@ -199,7 +208,7 @@ def _walk_screened(oracle, layers, N, ahead, live, rng, out):
     tol = 0.5 * oracle.window()
 
     def kinks_on(base, dirs):
-        return screened_kinks(oracle, base, dirs, known_breaks(layers, None, base, dirs, -1.0, 1.0))
+        return screened_kinks(oracle, base, dirs, known_breaks(layers, None, base, dirs, -1.0, 1.0), zoom=True)
 
     # The window's middle sixth first (the boundary meets the line there unless it bends by
     # more than about 60 degrees), the whole window where it does not.
@@ -237,11 +246,18 @@ def _walk_screened(oracle, layers, N, ahead, live, rng, out):
     off = np.full(len(ch), np.inf)
     for j, i in near.items():
         off[j] = np.linalg.norm(second.x[i] - pred[j]) / (rho[j] + half[j])
-    take = np.nonzero(off <= CHECK_TOL)[0]
+    put = back[ch]
+    take = np.nonzero(off <= np.where(put, CHECK_BACK, CHECK_TOL))[0]
+    # A chain put back (its crossing point known to about 1e-6 only): the new piece's
+    # normal from the two kinks found on it, not from the crossing point.
+    for j in take[put[take]]:
+        e2 = xk[j] - second.x[near[j]]
+        n2 = N[ch[j]] * (g[j] @ e2) - g[j] * (N[ch[j]] @ e2)
+        nn[j] = n2 / np.linalg.norm(n2)
     # A computed normal carries the error of the one before it: where the check shows it
     # grown past REANCHOR, the normal is measured instead (a chain of a hundred steps
     # otherwise drifts past CHECK_TOL).
-    again = take[off[take] > REANCHOR]
+    again = take[(off[take] > REANCHOR) & ~put[take]]
     if len(again):
         nrm = jump_normals(oracle, first.subset(kid[again]), rng, downstream_basis(layers))
         measured = again[nrm.keep]
@@ -254,6 +270,10 @@ def _walk_screened(oracle, layers, N, ahead, live, rng, out):
 #: The check line's window is this many times narrower than the first; the kink on it must
 #: lie within CHECK_TOL (relative to the distances involved) of the predicted crossing.
 CHECK_NARROW, CHECK_TOL = 8.0, 1e-6
+#: The check's tolerance for a chain put back before a boundary it had not crossed: its
+#: crossing point comes from its equations, 1e-7 to 1e-6 off on the trained diabetes
+#: 10-100-100-1 (the kink past it was 3e-6 to 3e-5 off the prediction).
+CHECK_BACK = 1e-3
 #: The first window searched is this many times narrower than the whole.
 NARROW_FIRST = 6.0
 #: Check error (relative) past which the step's normal is measured rather than computed.
