@@ -276,20 +276,3 @@ def test_step_after_put_back_crosses_with_a_row_known_to_1e_7(seed):
     g = grad(Xn)[0]
     assert abs(z(Xn)[0]) / np.linalg.norm(g) < 1e-9
     assert 1 - abs(g @ Nn[0]) / np.linalg.norm(g) < 1e-9
-
-
-def test_wide_layer_when_kinks_see_more_active_units_than_d():
-    """Single kinks determine a restricted row only where at most d units of the tentative
-    layer are truly active: a layer active on 50 of 100 units at d = 10 is wide, one of 8
-    units is not, and the flips count (all flipped: the other side is active)."""
-    from relufast.chosen import cluster
-
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((200, 10))
-    wide = (rng.standard_normal((100, 10)), np.zeros(100))
-    narrow = (rng.standard_normal((8, 10)), np.zeros(8))
-    assert cluster.wide_layer([], wide, np.zeros(100, dtype=bool), x)
-    assert not cluster.wide_layer([], narrow, np.zeros(8, dtype=bool), x)
-    offset = (wide[0], np.full(100, -30.0))  # active nowhere: none of them is too many
-    assert not cluster.wide_layer([], offset, np.zeros(100, dtype=bool), x)
-    assert cluster.wide_layer([], offset, np.ones(100, dtype=bool), x)

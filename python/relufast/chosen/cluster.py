@@ -30,22 +30,7 @@ import numpy as np
 
 from .net import active_jacobian, features, pre_activations, preact_jacobians
 
-__all__ = ["signed", "cluster_units", "to_phi", "wide_layer"]
-
-#: Share of kinks under which single kinks are too rare to cluster (:func:`wide_layer`).
-WIDE_SHARE = 0.02
-
-
-def wide_layer(known, tent, flip, x):
-    """Whether fewer than WIDE_SHARE of the kinks x see at most d units of the tentative layer
-    truly active (``flip``: its units to flip): a kink's restricted row has as many unknowns
-    as those units, and its d + 1 equations determine it only below that. A first layer
-    three to ten times wider than d (the trained breast_cancer 30-100-100-1) spent 196,000
-    queries on rounds of the clustering that found no unit."""
-    Z, _ = pre_activations([*known, tent], x)
-    active = (Z[-1] > 0) ^ np.asarray(flip, dtype=bool)
-    return bool(np.mean(active.sum(axis=1) <= x.shape[1]) < WIDE_SHARE)
-
+__all__ = ["signed", "cluster_units", "to_phi"]
 
 #: Units of layer l+1 two kinks must both see active to be compared.
 MIN_OVERLAP = 2

@@ -40,7 +40,7 @@ import numpy as np
 
 from .._deadline import check as check_deadline
 from .._validation import NonFiniteOutputs
-from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units, wide_layer
+from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
 from .fit import sign_block, signs_from_rows
 from .hyperplanes import jump_normals
@@ -667,7 +667,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
     angle = min(ANGLE * _null_tol(oracle), LINK_LOW) if low else ANGLE * _null_tol(oracle)
     many = GROUP_SHARE * k > GROUP_CAP
     rounds = GROUP_ROUNDS if oriented or hyps or _signs(tent, Theta, carry) is not None or not many else 2
-    for r in range(rounds):
+    for _ in range(rounds):
         _refill(oracle, layers, widths, rng, pool, tol, lines, Theta)
         _prune(pool, known, tent, Theta, tol)
         # While the pool is dry the units left switch on few lines (3% of them at
@@ -698,8 +698,8 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         if len(found):
             hold = verified(oracle, known, tent, found, rng, carry, tol) if hold is None else hold
             Theta = carry["Theta"] = _add(Theta, found[hold], k, tol)
-        if len(Theta) >= k or (deltas and r and len(pool) >= GROUP_CAP and wide_layer(known, tent, deltas[0], pool.x)):
-            break  # (kinks that determine a row are too rare to cluster: chains next)
+        if len(Theta) >= k:
+            break
     return Theta
 
 
