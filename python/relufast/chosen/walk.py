@@ -278,8 +278,8 @@ def _walk_screened(oracle, layers, N, ahead, live, rng, out, back):
 #: lie within CHECK_TOL (relative to the distances involved) of the predicted crossing.
 CHECK_NARROW, CHECK_TOL = 8.0, 1e-6
 #: The check's tolerance for a chain put back before a boundary it had not crossed: its
-#: crossing point comes from its equations, 1e-7 to 1e-6 off on the trained diabetes
-#: 10-100-100-1 (the kink past it was 3e-6 to 3e-5 off the prediction).
+#: crossing point comes from its equations, 5e-8 to 7e-7 off the true boundary on the
+#: trained diabetes 10-100-100-1 (a diagnostic run), and failed the 1e-6 check.
 CHECK_BACK = 1e-3
 #: The first window searched is this many times narrower than the whole.
 NARROW_FIRST = 6.0
