@@ -278,7 +278,7 @@ def test_component_row_with_a_clear_gap_is_kept_at_low_precision():
 
 def test_open_signs_are_clustered_under_each_choice(monkeypatch):
     """A first-layer sign the wiggles leave open (forced here on unit 0): the second layer's
-    kinks are clustered under both choices for it (``deep._hypotheses``) rather than grouped
+    kinks are clustered under both choices for it (``hypotheses.sign_choices``) rather than grouped
     by null spaces, which float32 normals resolve poorly (a trained float32 784-64-64-10
     found no second-layer unit that way)."""
     from relufast.chosen import deep, driver
@@ -293,7 +293,7 @@ def test_open_signs_are_clustered_under_each_choice(monkeypatch):
             settled[0] = False
         return flip, settled
 
-    real_hyp = deep._hypotheses
+    real_hyp = deep.sign_choices
 
     def hyp(settled):
         out = real_hyp(settled)
@@ -301,7 +301,7 @@ def test_open_signs_are_clustered_under_each_choice(monkeypatch):
         return out
 
     monkeypatch.setattr(driver, "wiggle_signs", one_open)
-    monkeypatch.setattr(deep, "_hypotheses", hyp)
+    monkeypatch.setattr(deep, "sign_choices", hyp)
     assert len(real_hyp(np.array([True, False, True]))) == 2 and real_hyp(np.zeros(3, dtype=bool)) == []
     d, widths, m = 64, (32, 32), 10
     hidden, out = P.deep_relu(d, widths, m, random_state=0)
@@ -591,3 +591,31 @@ def test_an_exception_on_a_worker_thread_reaches_the_caller(monkeypatch):
 
     with pytest.raises(RuntimeError, match="the model failed on a worker thread"):
         relufast.extract(model, 20, (10, 10), random_state=0, n_jobs=2)
+
+
+def test_a_choice_of_open_signs_needs_rows_that_read_the_open_unit(monkeypatch):
+    """Rows that give the open unit no weight verify under either choice of its sign and are
+    no evidence for one (under OpenBLAS's SkylakeX kernels three such rows of the wrong
+    choice made the test above end ``approximate``); rows that read it are."""
+    from relufast.chosen import hypotheses
+
+    monkeypatch.setattr(hypotheses, "verified", lambda oracle, known, tent, R, rng, carry, tol: np.ones(len(R), bool))
+    rng = np.random.default_rng(0)
+    kt, d = 6, 4
+    tent = (rng.standard_normal((kt, d)), rng.standard_normal(kt))
+    hyps = hypotheses.sign_choices(np.array([False, True, True, True, True, True]))
+    assert len(hyps) == 2 and not hyps[0][0] and hyps[1][0]
+
+    def rows(n, weight):
+        R = rng.standard_normal((n, kt + d + 1))
+        R[:, 0] = weight * np.linalg.norm(R[:, 1:kt], axis=1)
+        return R
+
+    blind, reads = rows(4, 1e-6), rows(3, 0.05)
+    carry: dict = {}
+    got, hold = hypotheses.chosen_choice(None, [], tent, hyps, [np.zeros((0, kt + d + 1)), blind], rng, carry, 0.1)
+    assert len(got) == 0 and "delta" not in carry  # four verified rows, none of them evidence
+    got, hold = hypotheses.chosen_choice(None, [], tent, hyps, [reads, blind], rng, carry, 0.1)
+    assert len(got) == 3 and hold.all() and not carry["delta"][0]
+    got, hold = hypotheses.chosen_choice(None, [], tent, hyps, [reads, rows(3, 0.05)], rng, {}, 0.1)
+    assert len(got) == 0  # both choices read it equally: no lead

@@ -44,6 +44,7 @@ from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
 from .first_layer import KinkPool, grid_size
 from .fit import sign_block, signs_from_rows
 from .hyperplanes import jump_normals
+from .hypotheses import chosen_choice, sign_choices
 from .lines import find_kinks, screened_kinks
 from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
 from .nullspace import _chain_loose, _null_count, _null_rows, _right_svd, _solve, merged_rows
@@ -584,8 +585,8 @@ def next_layer(
     are kept there, so a new search does not start from none).
 
     ``settled``: the units of ``tent`` oriented already (bool per unit); with at most
-    OPEN_SIGNS of them open, the kinks are clustered under each choice of their signs
-    (:func:`_hypotheses`) until the units found fix them.
+    ``hypotheses.OPEN_SIGNS`` of them open, the kinks are clustered under each choice of their signs
+    (:func:`.hypotheses.sign_choices`) until the units found fix them.
 
     ``nearly``: with the signs known and at least this many units found from single kinks,
     the chains get NEARLY_CHAIN_ROUNDS rounds, not ``max_rounds`` (the caller draws lines
@@ -628,33 +629,10 @@ def next_layer(
 NEARLY_CHAIN_ROUNDS = 2
 
 
-def _hypotheses(settled):
-    """Flips of the tentative layer to cluster under while its signs are open: every choice
-    for the units the wiggles left open when they are OPEN_SIGNS or fewer (the others are
-    oriented already), else none."""
-    if settled is None or np.all(settled):
-        return []
-    open_units = np.nonzero(~np.asarray(settled, dtype=bool))[0]
-    if len(open_units) > OPEN_SIGNS:
-        return []
-    out = []
-    for bits in range(2 ** len(open_units)):
-        flip = np.zeros(len(settled), dtype=bool)
-        flip[open_units] = [(bits >> i) & 1 for i in range(len(open_units))]
-        out.append(flip)
-    return out
-
-
-#: Most units left open by the wiggles for which every choice of signs is clustered (a
-#: trained float32 784-64-64-10 left one of 63 open: its second layer was grouped with the
-#: signs open, by null spaces that float32 normals at d = 784 do not resolve, and found none).
-OPEN_SIGNS = 2
-
-
 def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size, settled=None):
     """Units (rows of Theta) from single kinks of random lines: grouped by null spaces while
     the signs of ``tent`` are open, clustered by restricted rows once they are known (or
-    under each choice for the few the wiggles left open, :func:`_hypotheses`)."""
+    under each choice for the few the wiggles left open, :func:`.hypotheses.sign_choices`)."""
     layers = [*known, tent]
     tol = 0.5 * oracle.window()
     lines = GROUP_LINES
@@ -663,7 +641,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
     # 64-100-100-10 spent most of its budget there) and a few rounds fill the pool for the
     # chains.
     low = oracle.low_precision
-    hyps = _hypotheses(settled) if low and not oriented else []
+    hyps = sign_choices(settled) if low and not oriented else []
     angle = min(ANGLE * _null_tol(oracle), LINK_LOW) if low else ANGLE * _null_tol(oracle)
     many = GROUP_SHARE * k > GROUP_CAP
     rounds = GROUP_ROUNDS if oriented or hyps or _signs(tent, Theta, carry) is not None or not many else 2
@@ -692,7 +670,7 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
                     _search(oracle, layers, base, dirs, rng, pool, ENTRY_WIDTH, Theta, nearest=True)
             found = np.vstack(parts)
             if delta is None:  # rows under each choice of the open signs: the choice whose rows hold
-                found, hold = _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol)
+                found, hold = chosen_choice(oracle, known, tent, hyps, parts, rng, carry, tol)
         else:
             found = _group(oracle, known, tent, _recent(pool, GROUP_CAP), ntol, delta)
         if len(found):
@@ -701,25 +679,6 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         if len(Theta) >= k:
             break
     return Theta
-
-
-def _chosen_hypothesis(oracle, known, tent, hyps, parts, rng, carry, tol):
-    """The rows clustered under the choice of open signs (``hyps[i]``, rows ``parts[i]``) that
-    verifies HYPOTHESIS_LEAD times as many rows as any other, at least HYPOTHESIS_MIN; that
-    choice is then the tentative layer's flips (``carry["delta"]``). Returns (those rows,
-    which of them verified); none while no choice leads."""
-    hold = [verified(oracle, known, tent, R, rng, carry, tol) if len(R) else np.zeros(0, dtype=bool) for R in parts]
-    good = [int(h.sum()) for h in hold]
-    order = np.argsort(good)[::-1]
-    best, second = good[order[0]], (good[order[1]] if len(good) > 1 else 0)
-    if best >= HYPOTHESIS_MIN and best >= HYPOTHESIS_LEAD * second:
-        carry["delta"] = hyps[order[0]]
-        return parts[order[0]], hold[order[0]]
-    return np.zeros((0, parts[0].shape[1])), np.zeros(0, dtype=bool)
-
-
-#: Verified rows a choice of open signs needs, and its lead over every other choice.
-HYPOTHESIS_MIN, HYPOTHESIS_LEAD = 3, 2
 
 
 #: Kinks of the grouping's pool a unit of the next layer needs on average (see _gathered).
