@@ -4,6 +4,7 @@ refused with a message naming them (n_queries, method; an invalid n_jobs); time_
 import time
 import warnings
 
+import numpy as np
 import pytest
 
 import relufast as rf
@@ -43,6 +44,22 @@ def test_budget_spent_is_named_in_the_diagnostics(deep):
         res = rf.extract(deep, 10, (6, 4), random_state=0, max_queries=500)
     assert res.status == "failed" and res.diagnostics["stopped_by"] == "max_queries"
     assert res.counts["queries"] <= 500
+
+
+def test_a_numerical_breakdown_is_a_failed_result(deep, monkeypatch):
+    """A LinAlgError inside a stage ends the run as ``failed``, with the stage named, not as
+    an exception (as the passive methods do)."""
+    from relufast.chosen import deep as deep_mod
+
+    def breaks(*a, **k):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setattr(deep_mod, "_chained", breaks)
+    monkeypatch.setattr(deep_mod, "_gathered", breaks)
+    with pytest.warns(UserWarning, match="numerical breakdown in stage layer 2"):
+        res = rf.extract(deep, 10, (6, 4), random_state=0)
+    assert res.status == "failed" and res.diagnostics["stopped_by"] == "numerical breakdown"
+    assert "SVD did not converge" in res.message and res.counts["queries"] > 0
 
 
 def test_progress_reports_stages_on_stderr(deep, capsys):

@@ -190,6 +190,24 @@ def test_two_open_chains_of_one_unit_give_its_row():
     assert len(store) == 3
     assert nullspace.merged_rows([], [np.zeros((0, D))]) == []  # nothing open: not stored
 
+    # NumPy's SVD not converging (it did under OpenBLAS's SkylakeX kernels): LAPACK's QR
+    # iteration gives the same row; a null space with a NaN is neither merged nor stored.
+    def fails(*a, **k):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    store = [null(theta, e[1], e[2])]
+    bad = null(phi, e[1], e[2])
+    bad[0, 0] = np.nan
+    assert nullspace.merged_rows(store, [bad]) == [] and len(store) == 1
+    R = rng.standard_normal((3, 7, 5))  # a stack of kinks' equations: one matrix at a time
+    want = nullspace._right_svd(R)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(np.linalg, "svd", fails)
+        again = nullspace.merged_rows(store, [null(theta, e[3], e[4] + e[5])])
+        got = nullspace._right_svd(R)
+    assert len(again) == 1 and abs(abs(again[0] @ rows[0]) / np.linalg.norm(rows[0]) ** 2 - 1) < 1e-12
+    assert np.allclose(got[0], want[0], rtol=1e-12) and np.allclose(np.abs(got[1]), np.abs(want[1]), atol=1e-10)
+
 
 def test_chain_steering_targets_include_units_never_crossed():
     """With the signs known a chain solves once every unit was seen truly active, but it is

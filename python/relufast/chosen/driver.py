@@ -517,6 +517,10 @@ def _run(oracle, widths, rng, clock, diag, time_limit, readable):
         stage = f" (stage {clock.raised_in.replace('_', ' ')})" if clock.raised_in else ""
         note, hidden, out = f"{exc}{stage}: stopped before the network was complete", None, None
         diag["stopped_by"] = "time_limit"
+    except np.linalg.LinAlgError as exc:  # a failed result, as the passive methods give
+        stage = f" in stage {clock.raised_in.replace('_', ' ')}" if clock.raised_in else ""
+        note, hidden, out = f"numerical breakdown{stage} ({exc}): stopped before the network was complete", None, None
+        diag["stopped_by"] = "numerical breakdown"
     n_extract = oracle.n_queries
     if hidden is not None:
         few = _underdetermined_signs((oracle.d, *widths), oracle.n_outputs)

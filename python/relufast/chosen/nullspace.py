@@ -10,8 +10,23 @@ with the finite-difference error of the normals as its singular value.
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 __all__ = ["merged_rows"]
+
+
+def svd(M, full_matrices=True):
+    """``np.linalg.svd``, or LAPACK's QR iteration (``gesvd``) where its divide and conquer does
+    not converge: under OpenBLAS's SkylakeX kernels NumPy raised "SVD did not converge" on a
+    finite 31 x 28 product of two null spaces of the trained diabetes 10-100-100-1 (singular
+    values near 1), which ended the run; ``gesvd`` returned them. Stacks go one at a time."""
+    try:
+        return np.linalg.svd(M, full_matrices=full_matrices)
+    except np.linalg.LinAlgError:
+        if M.ndim == 2:
+            return scipy.linalg.svd(M, full_matrices=full_matrices, lapack_driver="gesvd")
+        parts = [svd(A, full_matrices) for A in M.reshape(-1, *M.shape[-2:])]
+        return tuple(np.stack([p[i] for p in parts]).reshape(M.shape[:-2] + parts[0][i].shape) for i in range(3))
 
 
 #: The second smallest singular value must exceed GAP times the null tolerance (or 5% of
@@ -26,7 +41,7 @@ def _solve(M, tol, loose=0.0):
     R = R[np.linalg.norm(R, axis=1) > 0]
     if len(R) < M.shape[-1] - 1:
         return None
-    _, s, Vt = np.linalg.svd(R, full_matrices=False)
+    _, s, Vt = svd(R, full_matrices=False)
     if len(s) < M.shape[-1] or _null_count(s, s[0], tol, loose) != 1 or s[-2] <= min(GAP * tol, 0.05) * s[0]:
         return None
     theta = Vt[-1]
@@ -67,7 +82,7 @@ def _right_svd(R):
     grouping of the trained digits 64-16-8-8-10 spent nearly all its time)."""
     if R.shape[-2] > R.shape[-1]:
         R = np.linalg.qr(R, mode="r")
-    _, s, Vt = np.linalg.svd(R, full_matrices=True)
+    _, s, Vt = svd(R, full_matrices=True)
     return np.concatenate([s, np.zeros(s.shape[:-1] + (Vt.shape[-1] - s.shape[-1],))], axis=-1), Vt
 
 
@@ -101,10 +116,13 @@ def merged_rows(store, nulls):
     Returns the candidate rows (a list), each scaled to |v, beta| = 1."""
     rows = []
     for K in nulls:
-        if not 1 <= len(K) <= MERGE_DIM:
+        if not 1 <= len(K) <= MERGE_DIM or not np.isfinite(K).all():
             continue
         for K2 in store:
-            U, cosines, _ = np.linalg.svd(K @ K2.T)
+            try:
+                U, cosines, _ = svd(K @ K2.T)
+            except np.linalg.LinAlgError:
+                continue  # a pair lost, not the run
             if cosines[0] < np.cos(MERGE_ANGLE) or (len(cosines) > 1 and cosines[1] > np.cos(MERGE_APART)):
                 continue
             theta = U[:, 0] @ K
