@@ -100,3 +100,28 @@ def test_crossings_lie_on_the_predicted_boundaries(depth):
     for i in found:
         z = zeta(known, tent, P[i] + np.array([-1e-7, 0.0, 1e-7])[:, None] * U[i], Theta[i : i + 1])[:, 0]
         assert z[0] * z[2] < 0 and abs(z[1]) <= 1e-3 * max(abs(z[0]), abs(z[2])), z
+
+
+@pytest.mark.parametrize("known_layers", [0, 1])
+def test_rows_that_vanish_on_a_half_space_are_no_unit(known_layers):
+    """``v relu(z~_j)`` and ``v relu(-z~_j)`` (weight on one unit of the layer below, and its
+    own hyperplane as the linear part or none) vanish on a whole side of unit j: their
+    crossings are that unit's kinks, the windows confirm them, and they are no unit. A
+    second-layer row, or one reading one unit at another level, is one."""
+    rng = np.random.default_rng(0)
+    d, kt = 6, 5
+    p = d if known_layers == 0 else 7  # the linear part is on x, or on the layer before's units
+    tent = (rng.standard_normal((kt, p)), rng.standard_normal(kt))
+    D = kt + p + 1
+    true = rng.standard_normal(D)
+    inactive = np.zeros(D)
+    inactive[2] = 0.8  # 0.8 relu(z~_2)
+    active = inactive.copy()
+    active[kt:-1], active[-1] = -0.8 * tent[0][2], -0.8 * tent[1][2]  # 0.8 relu(-z~_2)
+    level = inactive.copy()
+    level[-1] = -0.3  # 0.8 relu(z~_2) = 0.3: a level set of z~_2, a boundary of its own
+    linear = np.zeros(D)
+    linear[kt:] = rng.standard_normal(p + 1)  # reads no unit of the layer
+    noisy = active + 1e-9 * rng.standard_normal(D)
+    Theta = np.array([true, inactive, active, level, linear, noisy])
+    assert verify.degenerate(tent, Theta).tolist() == [False, True, True, False, True, True]

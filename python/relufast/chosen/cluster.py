@@ -29,6 +29,7 @@ import hashlib
 import numpy as np
 
 from .net import active_jacobian, features, pre_activations, preact_jacobians
+from .nullspace import svd
 
 __all__ = ["signed", "cluster_units", "to_phi"]
 
@@ -134,7 +135,7 @@ def _restriction(Ep, Sp, tol, ratio):
     idx = np.append(np.nonzero(Sp)[0], cols - 1)
     if len(idx) < 2:
         return row
-    _, s, Vt = np.linalg.svd(Ep[:, idx], full_matrices=True)
+    _, s, Vt = svd(Ep[:, idx], full_matrices=True)
     s = np.concatenate([s, np.zeros(len(idx) - len(s))])
     gap = len(s) < 2 or s[-2] > GAP * tol * s[0]
     gap = gap or (ratio and s[-2] > GAP * s[-1] and s[-2] > GAP_LOW * tol * s[0])
@@ -198,7 +199,7 @@ def _null_row(E, tol, ratio=False):
     ``ratio`` (low precision): the smallest singular value may instead be up to LOOSE times
     the tolerance where the second smallest stands GAP times above it."""
     R = E.reshape(-1, E.shape[-1])
-    _, s, Vt = np.linalg.svd(R, full_matrices=False)
+    _, s, Vt = svd(R, full_matrices=False)
     if len(s) < R.shape[1]:
         return None
     if s[-1] <= tol * s[0] and s[-2] > GAP * tol * s[0]:
@@ -329,12 +330,12 @@ def _partial_row(E, missing, tol):
     R = E.reshape(-1, E.shape[-1])
     # Tall (many kinks): the reduced SVD has every right singular vector, and no U of
     # (rows x rows) (a full one took 61 s of 226 at 784-128-128-10).
-    _, s, Vt = np.linalg.svd(R, full_matrices=R.shape[0] < R.shape[1])
+    _, s, Vt = svd(R, full_matrices=R.shape[0] < R.shape[1])
     s = np.concatenate([s, np.zeros(Vt.shape[0] - len(s))])
     K = Vt[s <= tol * s[0]]
     if len(K) != len(missing) + 1:
         return None
-    _, _, Ct = np.linalg.svd(K[:, missing].T, full_matrices=True)
+    _, _, Ct = svd(K[:, missing].T, full_matrices=True)
     theta = Ct[-1] @ K
     return theta / np.linalg.norm(theta)
 

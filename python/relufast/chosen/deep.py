@@ -47,7 +47,7 @@ from .hyperplanes import jump_normals
 from .hypotheses import chosen_choice, sign_choices
 from .lines import find_kinks, screened_kinks
 from .net import activation_pattern, feature_jacobians, features, pre_activations, preact_jacobians
-from .nullspace import _chain_loose, _null_count, _null_rows, _right_svd, _solve, merged_rows
+from .nullspace import _chain_loose, _null_count, _null_rows, _right_svd, _solve, merged_rows, svd
 from .reach import REACHES, reached
 from .refit import COARSE_DIMS
 from .verify import verified
@@ -409,7 +409,7 @@ def _group(oracle, known, tent, pool, tol, delta=None):
         if N.shape[1] == 0:
             return None, None
         P = (M[cand].reshape(-1, cols) @ N).reshape(len(cand), -1, N.shape[1])
-        rank = (np.linalg.svd(P, compute_uv=False) > tol * sv[0]).sum(axis=1)
+        rank = (svd(P, compute_uv=False) > tol * sv[0]).sum(axis=1)
         Tq = T[cand]
         if delta is not None:  # the linear term is fixed: only truly inactive units stay
             agree = ((~T[g]).all(axis=0) & ~Tq).sum(axis=1)
@@ -549,7 +549,7 @@ def _unfinished_sign_rows(known, tent, unfinished, tol, loose=0.0):
         if D:
             Q = np.linalg.qr(np.array(D).T)[0]
             K = K - (K @ Q) @ Q.T
-        theta = np.linalg.svd(K)[2][0]
+        theta = svd(K)[2][0]
         if not np.any(theta[:kt]):
             continue
         B, y = sign_block(theta, Wt)

@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from .._blas import thread_map
+from .nullspace import svd
 
 __all__ = ["Normals", "Spans", "jump_normals"]
 
@@ -164,7 +165,7 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
         Jm = (Y[:, 1 : r + 1] - Y[:, :1]) / h[sl, None, None]  # (c, r, m): derivatives along B
         Jp = (Y[:, r + 2 :] - Y[:, r + 1 : r + 2]) / h[sl, None, None]
         jump = _to_inputs(B, Jp - Jm)  # (c, m, d): J+ - J-
-        _, s, Vt = np.linalg.svd(jump, full_matrices=False)
+        _, s, Vt = svd(jump, full_matrices=False)
         return jump, np.abs(Y).max(axis=(1, 2)), s, Vt[:, 0, :]
 
     # The batches side by side on the method's threads (one model call at a time; the same
@@ -224,7 +225,7 @@ def _refine(oracle, x, n, basis):
     B = basis(x)
     B = np.broadcast_to(B[0], (2 * K, *B.shape[1:])) if _shared(B) else np.concatenate([B, B])
     J = _jacobians(oracle, P, B, REFINE_STEP)
-    _, _, Vt = np.linalg.svd(J[:K] - J[K:], full_matrices=False)
+    _, _, Vt = svd(J[:K] - J[K:], full_matrices=False)
     n2 = Vt[:, 0, :] * np.sign(np.einsum("kd,kd->k", Vt[:, 0, :], n))[:, None]
     agree = np.linalg.norm(n2 - n, axis=1) <= oracle.normal_tol()
     return np.where(agree[:, None], n2, n)
@@ -410,7 +411,7 @@ def _affine_normals(oracle, x, n, off, rng, B, layers=None, agree=None):
             rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
             ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
             J.append(_to_inputs(B[sl], coef[:, :r]))
-        _, _, Vt = np.linalg.svd(J[0] - J[1], full_matrices=False)
+        _, _, Vt = svd(J[0] - J[1], full_matrices=False)
         return Vt[:, 0, :], ok
 
     parts = thread_map(part, range(0, K, chunk))

@@ -15,17 +15,19 @@ import scipy.linalg
 __all__ = ["merged_rows"]
 
 
-def svd(M, full_matrices=True):
+def svd(M, full_matrices=True, compute_uv=True):
     """``np.linalg.svd``, or LAPACK's QR iteration (``gesvd``) where its divide and conquer does
     not converge: under OpenBLAS's SkylakeX kernels NumPy raised "SVD did not converge" on a
     finite 31 x 28 product of two null spaces of the trained diabetes 10-100-100-1 (singular
     values near 1), which ended the run; ``gesvd`` returned them. Stacks go one at a time."""
     try:
-        return np.linalg.svd(M, full_matrices=full_matrices)
+        return np.linalg.svd(M, full_matrices=full_matrices, compute_uv=compute_uv)
     except np.linalg.LinAlgError:
         if M.ndim == 2:
-            return scipy.linalg.svd(M, full_matrices=full_matrices, lapack_driver="gesvd")
-        parts = [svd(A, full_matrices) for A in M.reshape(-1, *M.shape[-2:])]
+            return scipy.linalg.svd(M, full_matrices=full_matrices, compute_uv=compute_uv, lapack_driver="gesvd")
+        parts = [svd(A, full_matrices, compute_uv) for A in M.reshape(-1, *M.shape[-2:])]
+        if not compute_uv:
+            return np.stack(parts).reshape(M.shape[:-2] + parts[0].shape)
         return tuple(np.stack([p[i] for p in parts]).reshape(M.shape[:-2] + parts[0][i].shape) for i in range(3))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import nullspace
 from .hyperplanes import Spans, jump_normals
 from .lines import find_kinks, screened_kinks
 from .net import activation_pattern, active_jacobian, features, pre_activations, preact_jacobians
@@ -61,7 +62,7 @@ def downstream_basis(layers):
         return Spans(lambda x: (x @ W.T + b > 0).sum(axis=1), basis, layers)
 
     def svd(x):  # right singular vectors of the active Jacobian, and its rank
-        _, s, Vt = np.linalg.svd(active_jacobian(layers, x), full_matrices=False)
+        _, s, Vt = nullspace.svd(active_jacobian(layers, x), full_matrices=False)
         return Vt, (s > SPAN_RANK * np.maximum(s[:, :1], 1e-300)).sum(axis=1)
 
     return Spans(lambda x: svd(x)[1], lambda x, r: np.swapaxes(svd(x)[0][:, :r], 1, 2), layers)
