@@ -594,7 +594,8 @@ def next_layer(
     switch on few lines, and chains from the pool's kinks rarely meet them).
 
     Returns (coef (k, k_tent), beta (k, k_prev), const (k,)) or None when fewer than k
-    units were determined in ``max_rounds`` rounds. Kinks explained by the layers so far
+    units were determined in ``max_rounds`` rounds (fewer rows where ``carry["affine"]``
+    finds the rest affine in the layer below: :mod:`.affine`). Kinks explained by the layers so far
     leave the pool.
     """
     D = tent[0].shape[0] + tent[0].shape[1]
@@ -615,7 +616,7 @@ def next_layer(
         Theta = _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, rounds, delta)
         if len(Theta) >= k or delta is not None or _signs(tent, Theta, carry) is None:
             break
-    if len(Theta) < k:
+    if len(Theta) < k and not carry.get("affine_rest"):
         return None
     kt = tent[0].shape[0]
     return Theta[:, :kt], Theta[:, kt:D], Theta[:, D]
@@ -692,6 +693,17 @@ GROUP_SHARE = 2
 SIGN_CHAINS, CHAIN_CAP = 6, 32
 
 
+def _affine_rest(Theta, carry):
+    """Whether the units not found are affine in the layer below (``carry["affine"]``, the
+    last hidden layer in float64: :func:`.affine.explained`), tested once for each number of
+    units found; sets ``carry["affine_rest"]``."""
+    test = carry.get("affine")
+    if test is not None and len(Theta) and carry.get("affine_tested") != len(Theta):
+        carry["affine_tested"] = len(Theta)
+        carry["affine_rest"] = bool(test(Theta))
+    return bool(carry.get("affine_rest"))
+
+
 def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max_rounds, delta):
     """Units (rows of Theta) from chains of kinks following each boundary (:func:`_chains`);
     while the signs of ``tent`` are open (``delta`` None), few chains a round, and only
@@ -703,6 +715,8 @@ def _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, max
     loose, lines = _chain_loose(oracle), 1
     seeds: list = []  # the last round's open chains (as _chains returns them), to go on
     for _ in range(max_rounds):
+        if not signs_open and _affine_rest(Theta, carry):
+            break
         _prune(pool, known, tent, Theta, tol)
         want = 2 * (k - len(Theta))
         capped = want > CHAIN_CAP and not signs_open

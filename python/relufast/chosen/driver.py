@@ -33,6 +33,7 @@ from .._blas import single_threaded_blas
 from .._progress import Progress
 from .._result import RecoveryResult, Run, Status, warn
 from .._validation import NonFiniteOutputs, check_random_state
+from .affine import affine_units, explained
 from .deep import next_layer
 from .first_layer import LINE_SCALES, KinkPool, first_layer, measure_again
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
@@ -86,10 +87,16 @@ def _fit_points(known, tent, n, d, rng):
     return X
 
 
-def _output_fit(known, tent, X, Y, oriented):
+def _output_fit(known, tent, X, Y, oriented, affine=False):
     """(hidden layers with the last one's signs settled, output layer, signs ok, relative
-    residual on X) from :func:`.fit.output_layer`."""
-    last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
+    residual on X) from :func:`.fit.output_layer`; with ``affine`` (the units not found are
+    affine in the layer below) from :func:`.affine.affine_units`, whose added units carry
+    that term whatever the signs of the units found."""
+    if affine:
+        last, out, _ = affine_units(known, tent, X, Y)
+        ok = True
+    else:
+        last, out, ok = output_layer(known, tent, X, Y, oriented=oriented)
     hidden = known + [last]
     return hidden, out, ok, float(np.linalg.norm(Y - forward(hidden, out, X)) / max(np.linalg.norm(Y), 1e-300))
 
@@ -187,6 +194,10 @@ def _refit(oracle, known, tent, rng, clock, diag, name, last, anchored=False):
     return (W * s[:, None], b * s), confirmed == len(W), settled
 
 
+#: Seed of the points that test whether the last layer's units not found are affine in the
+#: layer below (:mod:`.affine`).
+AFFINE_SEED = 20260
+
 #: Reasons of :func:`.refit.refit_layer` for a row it could not test.
 UNTESTED = ("too few clean segments", "boundary not reached")
 
@@ -199,6 +210,12 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
     of it whose signs the wiggles settled, signs ok) or None."""
     oriented = bool(np.all(settled))
     found, carry = None, {}
+    if li + 1 == len(widths) and not oracle.low_precision:
+        # The units no search finds may never switch (.affine); their test has its own points
+        # and random stream, so the searches draw what they drew without it.
+        points = np.random.default_rng(AFFINE_SEED)
+        room = lambda Theta: len(Theta) + 2 * oracle.n_outputs <= widths[li]  # noqa: E731 (the units added)
+        carry["affine"] = lambda Theta: room(Theta) and explained(oracle, known, tent, Theta, points, carry)
     with clock.stage(f"layer_{li + 1}"):
         if li == 1 and oracle.low_precision and oriented:  # the pool's first normals, behind layer 1 now
             diag["normals_again"] = measure_again(oracle, pool, [tent], rng)
@@ -235,6 +252,8 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
     if found is None:
         return None
     coef, beta, const = found
+    if len(coef) < widths[li]:  # the rest affine in the layer below (.affine)
+        diag["affine_rest"] = widths[li] - len(coef)
     with clock.stage("signs"):
         W, b, Wn, bn, ok = resolve_signs(tent[0], tent[1], coef, beta, const)
     if oriented:  # the wiggles settled every sign: the linear term must agree
@@ -310,13 +329,14 @@ def _stages(oracle, widths, rng, clock, diag, fit):
         X = _fit_points(known, tent, n_fit, d, rng)
         X = np.vstack([X, _both_sides([*known, tent][0], X, d, rng, need)])
         X, Y = _answered(oracle, X)
-        hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
+        affine = bool(diag.get("affine_rest"))
+        hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented, affine)
         if res > 4 * target or not ok:
             # Rarely active units: more points where they are (the fit, its signs and the
             # polish need each unit active on twice its fan-in).
             X2, Y2 = _answered(oracle, _rare_points(known, tent, X, n_fit, d, rng, need))
             X, Y = np.vstack([X, X2]), np.vstack([Y, Y2])
-            hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented)
+            hidden, out, ok, res = _output_fit(known, tent, X, Y, oriented, affine)
     signs_ok &= ok
     diag["signs_resolved"] = signs_ok
     diag["fit_residual"] = res
@@ -327,7 +347,20 @@ def _stages(oracle, widths, rng, clock, diag, fit):
     fit["X"], fit["Y"] = X, Y
     if diag.get("undetermined_units"):
         hidden, out = _pad_first_layer(hidden, out, diag["undetermined_units"])
+    if diag.get("affine_rest"):
+        hidden, out = _pad_last_layer(hidden, out, widths[-1])
     return hidden, out, True, ""
+
+
+def _pad_last_layer(hidden, out, k):
+    """The last hidden layer filled up to ``k`` units with units never active (zero row,
+    bias -1, zero output weights) after those found and those carrying the affine term."""
+    W, b = hidden[-1]
+    n = k - len(W)
+    if n <= 0:
+        return hidden, out
+    last = (np.vstack([W, np.zeros((n, W.shape[1]))]), np.append(b, -np.ones(n)))
+    return [*hidden[:-1], last], (np.hstack([out[0], np.zeros((out[0].shape[0], n))]), out[1])
 
 
 def _pad_first_layer(hidden, out, n):
@@ -418,6 +451,14 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
             "(dead, or with output weights below the rounding) are returned never active and listed in "
             "undetermined_units: exact means the function, not those units' weights"
             if n_un
+            else ""
+        ) + (
+            f"; {diag['affine_rest']} of the {widths[-1]} last-layer units switched on no search and the "
+            "outputs are affine in the layer below wherever they were tested: those units are active "
+            "everywhere (their part is affine) or nowhere, so the function needs only the others and that "
+            "affine part, which always-active units carry; they are listed in undetermined_units (exact "
+            "means the function, not those units' weights)"
+            if diag.get("affine_rest")
             else ""
         )
     again = "another random_state may certify it"
@@ -686,7 +727,9 @@ def extract_chosen(
     n_un = diag.get("undetermined_units", 0) if layers is not None else 0
     padded = tuple(range(widths[0] - n_un, widths[0]))  # _pad_first_layer put them last
     if len(widths) > 1:
-        res = DeepResult(layers=layers, undetermined_units=tuple((1, i) for i in padded), **common)
+        n_rest = diag.get("affine_rest", 0) if layers is not None else 0
+        rest = tuple((len(widths), i) for i in range(widths[-1] - n_rest, widths[-1]))  # _pad_last_layer
+        res = DeepResult(layers=layers, undetermined_units=tuple((1, i) for i in padded) + rest, **common)
     else:
         (V, b), (U, c) = layers if layers is not None else ((None, None), (None, None))
         res = RecoveryResult(U=U, V=V, b=b, c=c, method="chosen", undetermined_units=padded, **common)
