@@ -71,3 +71,27 @@ def test_a_unit_that_switches_is_not_affine():
     low = Oracle(P.relu_function(hidden, out, np.float32), 10)
     low(np.zeros((1, 10)))  # its precision is known from its answers
     assert not affine.explained(low, [], tent, rows[1:], rng, {}) and low.n_queries == 1
+
+
+def test_a_wrong_affine_test_is_caught_by_the_certificate(monkeypatch):
+    """Where the test is wrong (forced here: it says affine with units that switch still
+    missing), the certificate sees the difference: no ``exact``, and the message says the
+    search stopped on it."""
+    from relufast.chosen import deep, driver
+
+    real = deep._gathered
+
+    def two(oracle, known, tent, k, widths, rng, pool, Theta, carry, *a):
+        got = real(oracle, known, tent, k, widths, rng, pool, Theta, carry, *a)
+        if known or k != 8:  # the first layer's searches as they are
+            return got
+        carry["Theta"] = got[:2]  # two of the last layer's five units that switch
+        return got[:2]
+
+    monkeypatch.setattr(deep, "_gathered", two)
+    monkeypatch.setattr(driver, "explained", lambda oracle, known, tent, Theta, rng, carry: True)
+    hidden, out = always_active(10, (12, 8), 1, 3, 0)
+    with pytest.warns(rf.RelufastWarning, match="switches where no test point was"):
+        res = rf.extract(P.relu_function(hidden, out), 10, (12, 8), queries="chosen", random_state=0)
+    assert res.status != "exact" and not res.exact
+    assert res.diagnostics["affine_rest"] >= 1

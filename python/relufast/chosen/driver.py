@@ -490,6 +490,12 @@ def _verdict(exact, have, cert, tol, prec, note, dims, oracle, diag):
                 "trained units whose output weights decayed towards 0), units that switch farther out, or "
                 "fewer units in the model than these widths and a part no ReLU network has"
             )
+        if diag.get("affine_rest"):
+            return status, head + (
+                f": the search stopped with {diag['affine_rest']} of the {widths[-1]} last-layer units not found, "
+                "the outputs affine in the layer below at every point tested, and the network with that affine "
+                "part misses the model: a unit among them switches where no test point was (rarely, or far out)"
+            )
         few = diag.get("signs_underdetermined_layers")
         if few:
             return status, head + (
