@@ -209,7 +209,8 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
     layer refitted. Returns (tent final, new tentative layer, its rows confirmed, the units
     of it whose signs the wiggles settled, signs ok) or None."""
     oriented = bool(np.all(settled))
-    found, carry = None, {}
+    found = None
+    carry: dict = {}  # kept between the searches (.deep.next_layer), and the affine test
     if li + 1 == len(widths) and not oracle.low_precision:
         # The units no search finds may never switch (.affine); their test has its own points
         # and random stream, so the searches draw what they drew without it.
