@@ -347,31 +347,21 @@ def _stages(oracle, widths, rng, clock, diag, fit):
         diag["polish_residual"], diag["polish_points"] = res, used
     fit["X"], fit["Y"] = X, Y
     if diag.get("undetermined_units"):
-        hidden, out = _pad_first_layer(hidden, out, diag["undetermined_units"])
-    if diag.get("affine_rest"):
-        hidden, out = _pad_last_layer(hidden, out, widths[-1])
+        hidden, out = _pad(hidden, out, 0, diag["undetermined_units"])
+    if diag.get("affine_rest"):  # after the units found and those carrying the affine part
+        hidden, out = _pad(hidden, out, len(hidden) - 1, widths[-1] - len(hidden[-1][0]))
     return hidden, out, True, ""
 
 
-def _pad_last_layer(hidden, out, k):
-    """The last hidden layer filled up to ``k`` units with units never active (zero row,
-    bias -1, zero output weights) after those found and those carrying the affine term."""
-    W, b = hidden[-1]
-    n = k - len(W)
-    if n <= 0:
-        return hidden, out
-    last = (np.vstack([W, np.zeros((n, W.shape[1]))]), np.append(b, -np.ones(n)))
-    return [*hidden[:-1], last], (np.hstack([out[0], np.zeros((out[0].shape[0], n))]), out[1])
-
-
-def _pad_first_layer(hidden, out, n):
-    """``n`` first-layer units that are never active (zero row, bias -1) and read by nothing
-    (zero columns in the next layer): the network keeps the requested widths."""
+def _pad(hidden, out, li, n):
+    """Layer ``li`` (0 the first hidden one) with ``n`` units more, never active (zero row,
+    bias -1) and read by nothing (zero columns in the layer after): the network keeps the
+    requested widths."""
     layers = [*hidden, out]
-    W, b = layers[0]
-    layers[0] = (np.vstack([W, np.zeros((n, W.shape[1]))]), np.append(b, -np.ones(n)))
-    Wn, bn = layers[1]
-    layers[1] = (np.hstack([Wn, np.zeros((Wn.shape[0], n))]), bn)
+    W, b = layers[li]
+    layers[li] = (np.vstack([W, np.zeros((n, W.shape[1]))]), np.append(b, -np.ones(n)))
+    Wn, bn = layers[li + 1]
+    layers[li + 1] = (np.hstack([Wn, np.zeros((Wn.shape[0], n))]), bn)
     return layers[:-1], layers[-1]
 
 
@@ -732,10 +722,10 @@ def extract_chosen(
         precision=prec,
     )
     n_un = diag.get("undetermined_units", 0) if layers is not None else 0
-    padded = tuple(range(widths[0] - n_un, widths[0]))  # _pad_first_layer put them last
+    padded = tuple(range(widths[0] - n_un, widths[0]))  # _pad put them last
     if len(widths) > 1:
         n_rest = diag.get("affine_rest", 0) if layers is not None else 0
-        rest = tuple((len(widths), i) for i in range(widths[-1] - n_rest, widths[-1]))  # _pad_last_layer
+        rest = tuple((len(widths), i) for i in range(widths[-1] - n_rest, widths[-1]))  # _pad
         res = DeepResult(layers=layers, undetermined_units=tuple((1, i) for i in padded) + rest, **common)
     else:
         (V, b), (U, c) = layers if layers is not None else ((None, None), (None, None))
