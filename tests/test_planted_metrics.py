@@ -66,3 +66,27 @@ def test_parameter_error_shape_mismatch():
     b = rf.planted.two_layer(d=6, k=2, m=4, random_state=2)
     with pytest.raises(ValueError, match="shapes differ"):
         rf.metrics.parameter_error(a, b)
+
+
+def test_relu_function_ignores_a_spurious_invalid_flag_but_not_a_nan():
+    """A float32 BLAS kernel that raises the invalid flag on finite data (a CI machine's
+    OpenBLAS did, in `H @ Wo.T`) no longer fails a run where warnings are errors; a NaN
+    in the outputs on inputs without one is still reported."""
+    import warnings
+
+    from relufast import planted as P
+
+    hidden, out = P.deep_relu(5, (4, 3), 2, random_state=0)
+
+    def flagging(z):  # the invalid flag raised, the value thrown away
+        _ = np.array([np.inf], dtype=z.dtype) * 0
+        return np.maximum(z, 0)
+
+    X = np.random.default_rng(0).standard_normal((7, 5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Y = P.relu_function(hidden, out, np.float32, activation=flagging)(X)
+        ref = P.relu_function(hidden, out, np.float64)(X)
+    np.testing.assert_allclose(Y, ref, rtol=1e-5, atol=1e-5)
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        P.relu_function(hidden, out, np.float32, activation=lambda z: z * np.nan)(X)

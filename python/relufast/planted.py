@@ -6,6 +6,7 @@ rows, U of shape (m, k).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -753,9 +754,16 @@ def relu_function(hidden, out, dtype=np.float64, activation=None):
 
     def f(X):
         H = np.asarray(X).astype(dtype)
-        for W, b in hs:
-            H = act(H @ W.T + b)
-        return H @ Wo.T + c
+        # OpenBLAS's float32 kernels can raise the invalid flag on finite data ("invalid value
+        # encountered in matmul", numpy/numpy#24067; seen once on a CI machine, on none here):
+        # the flag is ignored and the values checked instead.
+        with np.errstate(invalid="ignore"):
+            for W, b in hs:
+                H = act(H @ W.T + b)
+            Y = H @ Wo.T + c
+        if np.isnan(Y).any() and not np.isnan(np.asarray(X, dtype=np.float64)).any():
+            warnings.warn("invalid value (NaN) in the network's outputs on inputs without NaN", RuntimeWarning, 2)
+        return Y
 
     return f
 
