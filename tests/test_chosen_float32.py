@@ -326,8 +326,8 @@ def test_anchored_rows_refuse_a_top_pass_outside_its_own_margin(monkeypatch):
     true_pass = refit._anchored_pass
     tops = []
 
-    def off_at_the_top(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves=None):
-        fit = true_pass(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves)
+    def off_at_the_top(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves=None, samples=None):
+        fit = true_pass(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves, samples)
         if fit is None or rho < refit.COARSE_TOP:
             return fit
         tops.append(rho)
@@ -396,10 +396,12 @@ def test_deep_rows_above_100_dimensions_try_short_segments_first(monkeypatch):
     W, b = W / s[:, None], b / s
     true_pass = refit._anchored_pass
     calls: list = []
+    sampled: list = []
 
-    def spy(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves=None):
-        fit = true_pass(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves)
+    def spy(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves=None, samples=None):
+        fit = true_pass(oracle, W_, b_, j, w, c, a_, rho, rng_, P_, batch, halves, samples)
         calls.append((j, rho, halves[0], fit is not None))
+        sampled.append((halves[0], samples))
         return fit
 
     monkeypatch.setattr(refit, "_anchored_pass", spy)
@@ -418,6 +420,11 @@ def test_deep_rows_above_100_dimensions_try_short_segments_first(monkeypatch):
         if deep:  # no pass between a third of the last radius and the last
             top = refit.COARSE_TOP
             assert not [rho for _, rho, _, ok in calls if refit.COARSE_JUMP_DEEP * top <= rho < top]
+    # Three samples a side, four once a row's passes stalled (long segments first from then on).
+    longest = max(refit.COARSE_HALF)
+    assert sampled and all(
+        S == (refit.COARSE_SAMPLES_WEAK if h == longest else refit.COARSE_SAMPLES) for h, S in sampled
+    )
 
 
 @pytest.mark.parametrize("seed", [1, 3])
@@ -619,3 +626,25 @@ def test_a_choice_of_open_signs_needs_rows_that_read_the_open_unit(monkeypatch):
     assert len(got) == 3 and hold.all() and not carry["delta"][0]
     got, hold = hypotheses.chosen_choice(None, [], tent, hyps, [reads, rows(3, 0.05)], rng, {}, 0.1)
     assert len(got) == 0  # both choices read it equally: no lead
+
+
+def test_passes_after_a_stall_take_four_samples_a_side(monkeypatch):
+    """A row whose plane stops improving (a weak unit: the kinks' spread sets its error)
+    goes on with long segments and COARSE_SAMPLES_WEAK samples a side; before the stall its
+    passes take COARSE_SAMPLES (with three throughout, a row of a trained float32
+    784-64-64-10 ended 3.5e-3 off where the others were 5e-5 at most)."""
+    d = 20
+    W = np.eye(d)[:3]
+    b = np.zeros(3)
+    thetas = iter([1e-3, 0.9e-3, 1e-6, 1e-7])  # the second pass stalls
+    seen = []
+
+    def fake(oracle, W_, b_, j, w, c, a, rho, rng, P_, batch, halves=None, samples=None):
+        seen.append((rho, halves[0], samples))
+        return w, c, next(thetas)
+
+    monkeypatch.setattr(refit, "_anchored_pass", fake)
+    out = refit._anchored_row(None, (W, b), 0, np.zeros(d), np.random.default_rng(0), False)
+    assert out is not None and len(seen) == 4
+    assert [S for _, _, S in seen] == [refit.COARSE_SAMPLES] * 2 + [refit.COARSE_SAMPLES_WEAK] * 2
+    assert [h for _, h, _ in seen[2:]] == [max(refit.COARSE_HALF)] * 2 and seen[-1][0] == refit.COARSE_TOP

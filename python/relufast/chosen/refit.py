@@ -492,11 +492,19 @@ COARSE_MARGIN = 0.25
 #: d <= COARSE_DIMS is kept beyond it; there the first layer took 3.9 passes a row (4.9
 #: million queries), 2.6 with this (3.2 million).
 COARSE_DIMS = 100.0
-#: Samples a side; half-lengths of the segments, in the order tried (shorter ones where
+#: Samples a side (three: a line through them and one degree of freedom to see a boundary
+#: crossing the side; four cost the planted float32 784-64-64-10's first layer 1.51 million
+#: queries instead of 1.16 million, for the same residual, 7.6e-8 and 8.0e-8, ad-hoc);
+#: half-lengths of the segments, in the order tried (shorter ones where
 #: boundaries of later layers are dense, longer ones for a unit whose slope jump is small);
 #: rms residual of a side's line allowed (units of eps * max |output|); slope jump over a
 #: half segment needed (units of that bar); largest change of the unit normal a pass may make.
-COARSE_SAMPLES, COARSE_HALF, COARSE_RESIDUAL, COARSE_DETECT, COARSE_AGREE = 4, (0.05, 0.0125, 0.25), 8.0, 64.0, 1.5
+COARSE_SAMPLES, COARSE_HALF, COARSE_RESIDUAL, COARSE_DETECT, COARSE_AGREE = 3, (0.05, 0.0125, 0.25), 8.0, 64.0, 1.5
+#: Samples a side once a row's passes stalled (a weak unit, long segments from then on: the
+#: kinks' spread sets its plane's error, and with three samples one row of the trained
+#: float32 784-64-64-10 ended 3.5e-3 off, against an estimate of 1.8e-4, where the others
+#: were 8e-6 off, median, 5e-5 at most; ad-hoc, against its weights).
+COARSE_SAMPLES_WEAK = 4
 #: Clean fraction of a pass's segments above which more segments are asked, not shorter ones.
 COARSE_MIN = 0.2
 #: Segments of a pass's pilot batch, and the clean fraction under which its length is given
@@ -530,18 +538,20 @@ def _around(a, w, c, rho, n, rng):
     return X - np.outer(X @ w + c, w)
 
 
-def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves=None):
+def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves=None, samples=None):
     """One pass of :func:`anchored_rows`: the plane (w, c) of row j refitted through kinks on
     segments along w at about P points of it at distance ``rho`` from the anchor a. Returns
     (w, c, estimated angle error) or None (too few clean segments, or a plane the kinks do
-    not fit). Each half-length is first tried on a pilot batch of COARSE_PILOT segments."""
+    not fit). Each half-length is first tried on a pilot batch of COARSE_PILOT segments;
+    ``samples`` a side (default COARSE_SAMPLES)."""
     d = W.shape[1]
     Wj, bj = W.copy(), b.copy()
     Wj[j], bj[j] = w, c
 
     def kinks(X, half, pilot=0):
         G = np.broadcast_to(w, X.shape)
-        return _kinks_across(oracle, [], (Wj, bj), j, X, G, COARSE_SAMPLES, batch, half, coarse=True, pilot=pilot)
+        S = samples or COARSE_SAMPLES
+        return _kinks_across(oracle, [], (Wj, bj), j, X, G, S, batch, half, coarse=True, pilot=pilot)
 
     target = d + 2 + max(32, d // 4)  # the plane's unknowns, and rows to spare for its trimming
     X0 = _around(a, w, c, rho, P, rng)
@@ -585,7 +595,7 @@ def anchored_rows(oracle, layer, rows, anchors, rng, *, deep=False):
     measured with there; one outside counts as failed): 1e-6 to 2e-5 at d = 784 in float32 (ad-hoc runs on planted
     784-32-1; tests/test_chosen_float32.py checks 1e-4 at d = 100), three or four passes of
     ``5 d / 4 + REFIT_EXTRA`` segments (more where boundaries of later layers cross some), each
-    ``2 COARSE_SAMPLES`` queries.
+    ``2 COARSE_SAMPLES`` queries (``2 COARSE_SAMPLES_WEAK`` once a row's passes stalled).
 
     ``deep``: the network has hidden layers after this one. Above COARSE_DIMS their
     boundaries cross long segments often; the passes then try the shortest segments first,
@@ -627,7 +637,7 @@ def _anchored_row(oracle, layer, j, a, rng, deep):
     W, b = layer
     d = W.shape[1]
     P = (5 * d) // 4 + REFIT_EXTRA
-    batch = max(1, int(REFIT_BATCH_BYTES // (2 * COARSE_SAMPLES * d * 8)))
+    batch = max(1, int(REFIT_BATCH_BYTES // (2 * COARSE_SAMPLES_WEAK * d * 8)))
     scale = max(1.0, np.sqrt(d / COARSE_DIMS))
     short = deep and d > COARSE_DIMS
     order = COARSE_HALF_DEEP if short else COARSE_HALF
@@ -643,7 +653,8 @@ def _anchored_row(oracle, layer, j, a, rng, deep):
     best_w, best_c = w, c  # the plane of the first pass there (its estimate stays in `last`)
     while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
         passes += 1
-        fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order)
+        S = COARSE_SAMPLES if halves is None else COARSE_SAMPLES_WEAK
+        fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order, S)
         if fit is None:  # the plane is too far off at this radius (or too many crossings)
             if again:  # the pass repeated at COARSE_TOP: the plane of the one before (below)
                 break
