@@ -77,7 +77,9 @@ def affine_units(known, last, X, Y):
             part = np.maximum(sign * B[i], 0.0)
             if np.any(part > 0):
                 rows.append(part)
-                cols.append(sign * np.eye(B.shape[0])[i])
+                col = np.zeros(B.shape[0])
+                col[i] = sign
+                cols.append(col)
     if not rows:
         return last, (A, c), 0
     W = np.vstack([last[0], np.array(rows)])

@@ -126,23 +126,19 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
     others = np.ones(sum(W.shape[0] for W, _ in [*known, layer]), dtype=bool)
     others[sum(W.shape[0] for W, _ in known) + j] = False
-    # First layer: every z is affine on the segment, z(X0) + t z(G) (one product of X0 with
-    # the layer, G's once where it is one row), so its two ends tell; deeper, the pattern is
-    # checked at every sample.
+    # The first layer's z is affine on the segment, z(X0) + t z(G) (one product of X0 with
+    # the layer, G's once where it is one row), whatever follows it. Alone, its two ends
+    # tell; deeper, the later layers' patterns are checked at every sample, from the first
+    # layer's z there (not a product with every sample: the patterns took 7% of a float32
+    # 784-128-128-10's run, about as much as the model's own products).
+    W1, b1 = (known or [layer])[0]
+    Z0 = X0 @ W1.T + b1
+    ZG = G[:1] @ W1.T if len(G) > 1 and G.strides[0] == 0 else G @ W1.T
     if not known:
-        W, b = layer
-        Z0 = X0 @ W.T + b
-        ZG = G[:1] @ W.T if len(G) > 1 and G.strides[0] == 0 else G @ W.T
         pat = (Z0[:, None, :] + np.array([t[0], t[-1]])[None, :, None] * ZG[:, None, :] > 0)[:, :, others]
         pend = np.stack([Z0 - 1e-9 * ZG > 0, Z0 + 1e-9 * ZG > 0])[:, :, others]
         n_lo = 1
     else:
-        # The first layer's z is affine on each segment here too: its samples' pre-activations
-        # from two products (X0's and G's), not one with every sample (the patterns took 7%
-        # of a float32 784-128-128-10's run, about as much as the model's own products).
-        W1, b1 = known[0]
-        Z0 = X0 @ W1.T + b1
-        ZG = np.broadcast_to(G[:1] @ W1.T, Z0.shape) if len(G) > 1 and G.strides[0] == 0 else G @ W1.T
         Z1 = (Z0[:, None, :] + t[None, :, None] * ZG[:, None, :]).reshape(-1, W1.shape[0])
         later, _ = pre_activations([*known[1:], layer], np.maximum(Z1, 0.0))
         pat = np.hstack([Z1 > 0, *[z > 0 for z in later]]).reshape(P, X.shape[1], -1)[:, :, others]
