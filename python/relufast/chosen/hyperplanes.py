@@ -153,14 +153,11 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
         """The kinks from lo: one model call; (jumps (c, m, d), output scales, singular
         values, top right singular vectors)."""
         sl = slice(lo, min(K, lo + chunk))
-        B = basis(kinks.x[sl])  # (c, d, r)
-        pts = []
-        for sgn in (-1.0, 1.0):
-            xs = kinks.x[sl] + sgn * side[sl]
-            pts.append(xs[:, None, :])
-            pts.append(xs[:, None, :] + h[sl, None, None] * _directions(B))
-        P = np.concatenate(pts, axis=1)  # (c, 2 (r + 1), d)
-        c = P.shape[0]
+        B = _bases(basis, kinks.x[sl]) if K <= chunk else basis(kinks.x[sl])  # (c, d, r); one batch: in pieces
+        c = B.shape[0]
+        P = np.empty((c, 2 * (r + 1), d))  # (c, 2 (r + 1), d): each side's point, then its steps
+        for i, sgn in enumerate((-1.0, 1.0)):
+            _stencil(kinks.x[sl] + sgn * side[sl], h[sl, None, None], B, P[:, i * (r + 1) : (i + 1) * (r + 1)])
         Y = oracle(P.reshape(-1, d)).reshape(c, 2 * (r + 1), -1)
         Jm = (Y[:, 1 : r + 1] - Y[:, :1]) / h[sl, None, None]  # (c, r, m): derivatives along B
         Jp = (Y[:, r + 2 :] - Y[:, r + 1 : r + 2]) / h[sl, None, None]
@@ -196,6 +193,8 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
 #: Memory of one batch of finite-difference queries (bytes of float64 inputs): at d = 3072
 #: all kinks at once took 5 GB.
 FD_BATCH_BYTES = 64 * 2**20
+#: Pieces in which the kinks' bases (a QR or an SVD a kink) are computed side by side.
+BASIS_PARTS = 4
 
 
 #: Distance of that pass from the boundary, and its step (inputs of unit scale); the largest
@@ -205,12 +204,22 @@ FD_BATCH_BYTES = 64 * 2**20
 REFINE_OFFSET, REFINE_STEP, REFINE_REACH = 0.02, 0.01, 0.03
 
 
+def _stencil(x, h, B, out):
+    """Forward-difference points into ``out`` (c, r + 1, d): each point x (c, d), then x plus
+    h times each column of its basis B (c, d, r); the step written first and the point
+    added in place (the numbers of ``x + h B^T``, without a temporary of the block's size)."""
+    out[:, 0] = x
+    np.multiply(h, _directions(B), out=out[:, 1:])
+    out[:, 1:] += x[:, None, :]
+    return out
+
+
 def _jacobians(oracle, P, B, h):
     """Jacobians (K, m, d) at points P (K, d) from forward differences along the columns of
     the bases B (K, d, r)."""
     K, d = P.shape
     r = B.shape[2]
-    pts = np.concatenate([P[:, None, :], P[:, None, :] + h * _directions(B)], axis=1)
+    pts = _stencil(P, h, B, np.empty((K, r + 1, d)))
     Y = oracle(pts.reshape(-1, d)).reshape(K, r + 1, -1)
     return _to_inputs(B, (Y[:, 1:] - Y[:, :1]) / h)
 
@@ -222,7 +231,7 @@ def _refine(oracle, x, n, basis):
     accuracy of that estimate (a wider stencil that crossed another boundary does not)."""
     K, d = x.shape
     P = np.concatenate([x + REFINE_OFFSET * n, x - REFINE_OFFSET * n])
-    B = basis(x)
+    B = _bases(basis, x)
     B = np.broadcast_to(B[0], (2 * K, *B.shape[1:])) if _shared(B) else np.concatenate([B, B])
     J = _jacobians(oracle, P, B, REFINE_STEP)
     _, _, Vt = svd(J[:K] - J[K:], full_matrices=False)
@@ -240,6 +249,18 @@ AFFINE_OFFSETS, AFFINE_POINTS, AFFINE_RESIDUAL, AFFINE_AGREE = (0.05, 0.02, 0.00
 #: Largest difference of two affine normals measured one after the other (the second from
 #: boxes along the first) for the second to be taken without a first estimate to agree with.
 AFFINE_SELF = 0.01
+
+
+def _bases(basis, x):
+    """``basis(x)`` in BASIS_PARTS pieces on the method's threads (a QR or an SVD a kink;
+    each kink's basis its own, so the same numbers)."""
+    c = -(-len(x) // BASIS_PARTS)
+    parts = thread_map(lambda lo: basis(x[lo : lo + c]), range(0, len(x), c))
+    if len(parts) == 1:
+        return parts[0]
+    if _shared(parts[0]):
+        return np.broadcast_to(parts[0][0], (len(x), *parts[0].shape[1:]))
+    return np.concatenate(parts)
 
 
 def _affine_refine(oracle, x, n, rng, basis, layers=None):
@@ -265,7 +286,7 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
         return n
     # The kinks' bases once (a QR or an SVD a kink behind a known layer), each fit below
     # taking its rows.
-    B_all = basis(x)
+    B_all = _bases(basis, x)
 
     def bases(idx):
         return np.broadcast_to(B_all[0], (len(idx), *B_all.shape[1:])) if _shared(B_all) else B_all[idx]
@@ -390,33 +411,36 @@ def _affine_normals(oracle, x, n, off, rng, B, layers=None, agree=None):
     M = _box_points(r, d)
     off = np.broadcast_to(np.asarray(off, dtype=np.float64), (K,))
     # The boxes' coordinates first, a side after the other (the same draws however the kinks
-    # are split below); then the kinks by batches of FD_BATCH_BYTES of queries a side, side
-    # by side on the method's threads (one model call at a time).
+    # are split below); then the kinks by batches of FD_BATCH_BYTES of queries a side, each
+    # side of each batch a piece on the method's threads (one model call a piece, one at a
+    # time: the same calls on any number of threads; a call of a few kinks is one batch, its
+    # two sides side by side).
     Cs = [0.5 * off[:, None, None] * rng.uniform(-1.0, 1.0, (K, M, r)) for _ in range(2)]
     chunk = max(1, int(FD_BATCH_BYTES // (M * d * 8)))
 
-    def part(lo):
+    def side(piece):
+        """One side of the kinks from lo: their Jacobians (c, m, d) along the box fits, and
+        whether the fits held."""
+        lo, i = piece
         sl = slice(lo, min(K, lo + chunk))
         R = _directions(B[sl])  # (c, r, d)
-        J, ok = [], np.ones(len(x[sl]), dtype=bool)
-        for sgn, C in zip((1.0, -1.0), Cs):
-            C = C[sl]
-            centre = x[sl] + sgn * off[sl, None] * n[sl]
-            if layers is not None:  # each point drawn in to AFFINE_CLEAR of its room
-                s = _crossing_fan(layers, centre, C, R)
-                C = C * np.minimum(1.0, AFFINE_CLEAR * s)[:, :, None]
-            P = centre[:, None, :] + C @ R
-            Y = oracle(P.reshape(-1, d)).reshape(len(C), M, -1)
-            coef, A = _box_fit(C, Y)  # (c, r + 1, m)
-            rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
-            ok &= rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
-            J.append(_to_inputs(B[sl], coef[:, :r]))
-        _, _, Vt = svd(J[0] - J[1], full_matrices=False)
-        return Vt[:, 0, :], ok
+        C = Cs[i][sl]
+        centre = x[sl] + (1.0, -1.0)[i] * off[sl, None] * n[sl]
+        if layers is not None:  # each point drawn in to AFFINE_CLEAR of its room
+            s = _crossing_fan(layers, centre, C, R)
+            C = C * np.minimum(1.0, AFFINE_CLEAR * s)[:, :, None]
+        P = C @ R
+        P += centre[:, None, :]  # the numbers of centre + C R, without a temporary
+        Y = oracle(P.reshape(-1, d)).reshape(len(C), M, -1)
+        coef, A = _box_fit(C, Y)  # (c, r + 1, m)
+        rms = np.sqrt(np.mean((A @ coef - Y) ** 2, axis=(1, 2)))
+        ok = rms <= AFFINE_RESIDUAL * oracle.eps * np.abs(Y).max(axis=(1, 2))
+        return _to_inputs(B[sl], coef[:, :r]), ok
 
-    parts = thread_map(part, range(0, K, chunk))
-    n2 = np.concatenate([p[0] for p in parts])
-    ok = np.concatenate([p[1] for p in parts])
+    sides = thread_map(side, [(lo, i) for lo in range(0, K, chunk) for i in (0, 1)])
+    J = [np.concatenate([p[0] for p in sides[i::2]]) for i in (0, 1)]
+    ok = np.concatenate([a[1] & b[1] for a, b in zip(sides[::2], sides[1::2])])
+    n2 = svd(J[0] - J[1], full_matrices=False)[2][:, 0, :]
     n2 *= np.sign(np.einsum("kd,kd->k", n2, n))[:, None]
     ok &= np.linalg.norm(n2 - n, axis=1) <= (AFFINE_AGREE if agree is None else agree)
     return n2, ok

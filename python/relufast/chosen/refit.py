@@ -34,6 +34,7 @@ import scipy.linalg
 
 from .._blas import thread_map
 from .._validation import NonFiniteOutputs
+from .lines import line_points
 from .net import activation_pattern, pre_activations, pull_back
 
 __all__ = ["anchored_rows", "refit_layer"]
@@ -122,7 +123,7 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     if len(G) > 1 and G.strides[0] == 0:  # one direction for every segment (anchored passes)
         X = X0[:, None, :] + (t[:, None] * G[0])[None]  # the same numbers, without a (P, 2S, d) temporary
     else:
-        X = X0[:, None, :] + t[None, :, None] * G[:, None, :]
+        X = line_points(X0, t, G)
     # Known boundaries (every unit but j) must not cross the segment: one pattern a side.
     others = np.ones(sum(W.shape[0] for W, _ in [*known, layer]), dtype=bool)
     others[sum(W.shape[0] for W, _ in known) + j] = False

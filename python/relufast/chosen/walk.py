@@ -18,7 +18,7 @@ import numpy as np
 
 from . import nullspace
 from .hyperplanes import Spans, jump_normals
-from .lines import find_kinks, screened_kinks
+from .lines import find_kinks, line_points, screened_kinks
 from .net import activation_pattern, active_jacobian, features, pre_activations, preact_jacobians
 
 #: Unit roundoff under which lines are screened (:func:`.lines.screened_kinks`) and a step's
@@ -113,7 +113,7 @@ def _first_crossings(layers, X, N, V):
     the sign pattern there. NaN rows where no boundary is met."""
     C, d = X.shape
     s = np.linspace(0.0, WALK_LENGTH, WALK_GRID)
-    P = X[:, None, :] + s[None, :, None] * V[:, None, :]
+    P = line_points(X, s, V)
     Zs = np.hstack(pre_activations(layers, P.reshape(-1, d))[0]).reshape(C, WALK_GRID, -1)
     S = Zs > 0
     changed = (S != S[:, :1]).any(axis=2)
@@ -335,7 +335,7 @@ def known_breaks(layers, Theta, base, dirs, t0, t1):
     block = max(1, int(BREAK_BYTES // (8 * G * d)))
     for lo in range(0, L, block):
         B, U = base[lo : lo + block], dirs[lo : lo + block]
-        V = values((B[:, None, :] + t[None, :, None] * U[:, None, :]).reshape(-1, d)).reshape(len(B), G, -1)
+        V = values(line_points(B, t, U).reshape(-1, d)).reshape(len(B), G, -1)
         line, cell, col = np.nonzero(np.signbit(V[:, :-1]) != np.signbit(V[:, 1:]))
         a, b = t[cell], t[cell + 1]
         va, vb = V[line, cell, col], V[line, cell + 1, col]

@@ -1,0 +1,61 @@
+"""The batches of chosen queries: points built in place (the same numbers as the plain
+expressions), and finite-difference work shared between threads without changing the
+model's calls."""
+
+import numpy as np
+import pytest
+
+import relufast as rf
+from relufast._blas import thread_budget
+from relufast.chosen import hyperplanes as H
+from relufast.chosen.deep import downstream_basis
+from relufast.chosen.lines import find_kinks, line_points
+from relufast.chosen.net import pre_activations
+from relufast.chosen.oracle import Oracle
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_line_points_are_the_numbers_of_the_expression(dtype):
+    rng = np.random.default_rng(0)
+    base, dirs = rng.standard_normal((5, 7)).astype(dtype), rng.standard_normal((5, 7))
+    t = np.linspace(-1.3, 2.1, 9)
+    assert np.array_equal(line_points(base, t, dirs), base[:, None, :] + t[None, :, None] * dirs[:, None, :])
+    T = rng.standard_normal((5, 3))  # a parameter per line
+    assert np.array_equal(line_points(base, T, dirs), base[:, None, :] + T[:, :, None] * dirs[:, None, :])
+    assert line_points(base, t, dirs).dtype == np.float64
+
+
+def test_stencil_is_the_numbers_of_the_expression():
+    rng = np.random.default_rng(1)
+    x, h = rng.standard_normal((4, 6)), rng.uniform(0.1, 1, (4, 1, 1))
+    B = np.linalg.qr(rng.standard_normal((4, 6, 3)))[0]
+    want = np.concatenate([x[:, None, :], x[:, None, :] + h * np.swapaxes(B, 1, 2)], axis=1)
+    assert np.array_equal(H._stencil(x, h, B, np.empty((4, 4, 6))), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_normals_on_any_number_of_threads_are_the_same(dtype, monkeypatch):
+    # The bases in pieces, the affine fits' sides side by side: the model calls and their
+    # batches are the same on one thread and two, and so are the normals, bit for bit.
+    d, widths, m = 40, (16, 8), 3
+    hidden, out = rf.planted.deep_relu(d, list(widths), m, random_state=2)
+    rng = np.random.default_rng(0)
+    probe = Oracle(rf.planted.relu_function(hidden, out, dtype), d)
+    kinks = find_kinks(probe, 0.5 * rng.standard_normal((6, d)), rng.standard_normal((6, d)), np.linspace(-3, 3, 2048))
+    Z, _ = pre_activations(hidden, kinks.x)
+    deep = np.abs(Z[0]).min(axis=1) > 1e-3  # kinks of the second layer
+    sub = kinks._replace(**{f: getattr(kinks, f)[deep] for f in ("line", "t", "x", "u", "slope_jump")})
+    assert len(sub.t) >= H.BASIS_PARTS
+    fits, affine = [], H._affine_normals
+    monkeypatch.setattr(H, "_affine_normals", lambda *a, **k: fits.append(len(a[1])) or affine(*a, **k))
+    runs = []
+    for n_jobs in (1, 2):
+        oracle = Oracle(rf.planted.relu_function(hidden, out, dtype), d)
+        with thread_budget(n_jobs):
+            nrm = H.jump_normals(oracle, sub, np.random.default_rng(3), downstream_basis(hidden[:1]))
+        runs.append((nrm, oracle.n_calls, oracle.n_queries))
+    (a, calls, queries), (b, calls2, queries2) = runs
+    assert (calls, queries) == (calls2, queries2)
+    assert np.array_equal(a.keep, b.keep) and np.array_equal(a.n, b.n)
+    assert len(a.keep) >= 0.8 * len(sub.t)
+    assert bool(fits) == (dtype == np.float32)  # the affine fits at low precision only
