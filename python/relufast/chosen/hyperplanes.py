@@ -150,8 +150,9 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
     chunk = max(1, int(FD_BATCH_BYTES // (2 * (r + 1) * d * 8)))  # kinks per model call
 
     def part(lo):
-        """The kinks from lo: one model call; (jumps (c, m, d), output scales, singular
-        values, top right singular vectors)."""
+        """The kinks from lo: one model call; (kept or not, the slope jumps' errors and the
+        finite differences' predicted ones, top right singular vectors of the kept, and at
+        low precision their bases for the refinements below)."""
         sl = slice(lo, min(K, lo + chunk))
         B = _bases(basis, kinks.x[sl]) if K <= chunk else basis(kinks.x[sl])  # (c, d, r); one batch: in pieces
         c = B.shape[0]
@@ -163,30 +164,34 @@ def jump_normals(oracle, kinks, rng, basis=None, layers=None):
         Jp = (Y[:, r + 2 :] - Y[:, r + 1 : r + 2]) / h[sl, None, None]
         jump = _to_inputs(B, Jp - Jm)  # (c, m, d): J+ - J-
         _, s, Vt = svd(jump, full_matrices=False)
-        return jump, np.abs(Y).max(axis=(1, 2)), s, Vt[:, 0, :]
+        along = np.einsum("kmd,kd->km", jump, kinks.u[sl])
+        ref = np.maximum(np.linalg.norm(kinks.slope_jump[sl], axis=1), 1e-300)
+        err = np.linalg.norm(along - kinks.slope_jump[sl], axis=1) / ref
+        err = np.where(np.isnan(err), 0.0, err)  # kinks measured again off their lines: no slope to check
+        fd_err = 8.0 * oracle.eps * np.abs(Y).max(axis=(1, 2)) / h[sl] / np.maximum(s[:, 0], 1e-300)
+        tol = np.maximum(64.0 * fd_err * np.sqrt(r), 1e-7)
+        rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(c, dtype=bool)
+        ok = (err <= tol) & rank1 & (s[:, 0] > 0)
+        kept = B[ok] if oracle.low_precision and B.strides[0] != 0 else None  # (stride 0: one basis for all)
+        return ok, err, fd_err, Vt[ok, 0, :], kept
 
     # The batches side by side on the method's threads (one model call at a time; the same
     # batches, so the same answers, on any number of threads).
     parts = thread_map(part, range(0, K, chunk))
-    jump, fscale, s, n = (np.concatenate([p[i] for p in parts]) for i in range(4))
-    along = np.einsum("kmd,kd->km", jump, kinks.u)
-    ref = np.maximum(np.linalg.norm(kinks.slope_jump, axis=1), 1e-300)
-    err = np.linalg.norm(along - kinks.slope_jump, axis=1) / ref
-    err = np.where(np.isnan(err), 0.0, err)  # kinks measured again off their lines: no slope to check
-    fd_err = 8.0 * oracle.eps * fscale / h / np.maximum(s[:, 0], 1e-300)
-    tol = np.maximum(64.0 * fd_err * np.sqrt(r), 1e-7)
-    rank1 = s[:, 1] <= tol * s[:, 0] if s.shape[1] > 1 else np.ones(K, dtype=bool)
-    keep = np.nonzero((err <= tol) & rank1 & (s[:, 0] > 0))[0]
-    n = n[keep]
+    ok, err, fd_err, n = (np.concatenate([p[i] for p in parts]) for i in range(4))
+    keep = np.nonzero(ok)[0]
     if oracle.low_precision and len(keep):
+        # Each kept kink's basis as measured above (None: one basis shared by all), not
+        # computed again (a QR or an SVD a kink: 16 s of a trained float32 784-128-128-10).
+        B = None if parts[0][4] is None else np.concatenate([p[4] for p in parts])
         # The wider stencil only where the first estimate can pass its agreement test: its
         # predicted error fd_err sqrt(r) within REFINE_REACH (float32 first layers at d = 784
         # had 0 of 575 kinks refined, at 1,570 queries each: bench/test_bench_trained.py's
         # 784-64-64-10 and a planted 784-32-1, ad-hoc runs).
         near = np.nonzero(fd_err[keep] * np.sqrt(r) <= REFINE_REACH)[0]
         if len(near):
-            n[near] = _refine(oracle, kinks.x[keep][near], n[near], basis)
-        n = _affine_refine(oracle, kinks.x[keep], n, rng, basis, layers)
+            n[near] = _refine(oracle, kinks.x[keep][near], n[near], basis, None if B is None else B[near])
+        n = _affine_refine(oracle, kinks.x[keep], n, rng, basis, layers, B)
     return Normals(keep, kinks.x[keep], n, err[keep])
 
 
@@ -224,14 +229,15 @@ def _jacobians(oracle, P, B, h):
     return _to_inputs(B, (Y[:, 1:] - Y[:, :1]) / h)
 
 
-def _refine(oracle, x, n, basis):
+def _refine(oracle, x, n, basis, B=None):
     """Low-precision outputs: the jump measured again at REFINE_OFFSET on both sides along
     the first estimate of the normal, with the wider step REFINE_STEP (the rounding error of
     a difference is eps |f| / step). Kept where it agrees with the first estimate to the
-    accuracy of that estimate (a wider stencil that crossed another boundary does not)."""
+    accuracy of that estimate (a wider stencil that crossed another boundary does not).
+    ``B``: the kinks' bases where known (else from ``basis``)."""
     K, d = x.shape
     P = np.concatenate([x + REFINE_OFFSET * n, x - REFINE_OFFSET * n])
-    B = _bases(basis, x)
+    B = _bases(basis, x) if B is None else B
     B = np.broadcast_to(B[0], (2 * K, *B.shape[1:])) if _shared(B) else np.concatenate([B, B])
     J = _jacobians(oracle, P, B, REFINE_STEP)
     _, _, Vt = svd(J[:K] - J[K:], full_matrices=False)
@@ -263,7 +269,7 @@ def _bases(basis, x):
     return np.concatenate(parts)
 
 
-def _affine_refine(oracle, x, n, rng, basis, layers=None):
+def _affine_refine(oracle, x, n, rng, basis, layers=None, B_all=None):
     """Low-precision outputs: the affine map on each side fitted by least squares on
     AFFINE_POINTS points spread over a box of the linear region (the network is piecewise
     linear, so the fit averages the rounding of the outputs away, [CJM20] Sec. 4.3); the
@@ -277,16 +283,16 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None):
     boxes of 0.008 and more crossed them and left normals 0.1-0.3 off)."""
     done = np.zeros(len(x), dtype=bool)
     n = n.copy()
-    r = basis(x[:1]).shape[2]
+    r = (basis(x[:1]) if B_all is None else B_all).shape[2]
     if _box_points(r, x.shape[1]) <= r + 1:
         # Fewer box points than unknowns (a first layer at d >= 64: 64 points for d + 1
         # unknowns): the fits interpolate any answers, the normal is noise, none is ever
         # taken (0 of 1,608 at d = 784, bench/test_bench_trained.py's 784-64-64-10, an
         # ad-hoc run), so no queries are spent on it.
         return n
-    # The kinks' bases once (a QR or an SVD a kink behind a known layer), each fit below
-    # taking its rows.
-    B_all = _bases(basis, x)
+    # The kinks' bases once (a QR or an SVD a kink behind a known layer; ``B_all`` where the
+    # caller has them), each fit below taking its rows.
+    B_all = _bases(basis, x) if B_all is None else B_all
 
     def bases(idx):
         return np.broadcast_to(B_all[0], (len(idx), *B_all.shape[1:])) if _shared(B_all) else B_all[idx]
