@@ -120,27 +120,27 @@ def _restrictions(E, S, tol, ratio=False, cache=None):
     trained float32 784-64-64-10's second layer had been seen before, ad-hoc count)."""
     K, _, cols = E.shape
     R = np.full((K, cols), np.nan)
-    keys: list = [None] * K
-    # The kinks in RESTRICTION_PARTS pieces side by side on the method's threads (a digest
-    # and, for a kink not seen before, an SVD a kink, each its own: the same rows on any
-    # number of threads); the cache takes the new rows after.
-    c = max(1, -(-K // RESTRICTION_PARTS))
+    keys = [None] * K
+    todo = []
+    for p in range(K):
+        if cache is not None:
+            keys[p] = (hashlib.blake2b(E[p].tobytes() + S[p].tobytes(), digest_size=16).digest(), tol, ratio)
+            if keys[p] in cache:
+                R[p] = cache[keys[p]]
+                continue
+        todo.append(p)
+    # The kinks not seen before in RESTRICTION_PARTS pieces side by side on the method's
+    # threads (an SVD a kink, each its own: the same rows on any number of threads).
+    c = max(1, -(-len(todo) // RESTRICTION_PARTS))
 
     def piece(lo):
-        for p in range(lo, min(K, lo + c)):
-            if cache is not None:
-                keys[p] = (hashlib.blake2b(E[p].tobytes() + S[p].tobytes(), digest_size=16).digest(), tol, ratio)
-                if keys[p] in cache:
-                    R[p] = cache[keys[p]]
-                    keys[p] = None  # nothing new
-                    continue
+        for p in todo[lo : lo + c]:
             R[p] = _restriction(E[p], S[p], tol, ratio)
 
-    thread_map(piece, range(0, K, c))
+    thread_map(piece, range(0, len(todo), c))
     if cache is not None:
-        for p in range(K):
-            if keys[p] is not None:
-                cache[keys[p]] = R[p].copy()
+        for p in todo:
+            cache[keys[p]] = R[p].copy()
     return R
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._blas import thread_map
 from .._deadline import check as check_deadline
 from .._validation import NonFiniteOutputs
 from .cluster import CLUSTER_MIN, CLUSTER_MIN_LOW, cluster_units
@@ -150,7 +149,6 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None, carried=Non
             want.append(pick)
         Xn, Nn, ok = walk_step(oracle, known, tent, X[act], N[act], want, rng, put_back[act])
         put_back[act[ok]] = False
-        grown = []  # the chains that took their step, in order
         for j, c in enumerate(act):
             if not ok[j]:
                 fails[c] += 1
@@ -167,16 +165,11 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None, carried=Non
             X[c], N[c] = Xn[j], Nn[j]
             pats[c].append(activation_pattern(layers, Xn[j : j + 1])[0])
             M[c] = np.concatenate([M[c], _constraints(known, tent, Xn[j : j + 1], Nn[j : j + 1])], axis=1)
-            grown.append(c)
-        # Only the null space is used: the triangular factor keeps it (d + 1 rows a step, 5 MB
-        # at d = 784: a float32 784-64-64-10 held 8.6 GB in chains; the SVDs of the stacked
-        # rows took 36 of 58 s of a float32 64-32-32-10). The chains' factors side by side on
-        # the method's threads (7 s of a trained float32 784-128-128-10's main thread, one
-        # after another; each chain's own, the same numbers).
-        big = [c for c in grown if _tall(M[c])]
-        for c, R in zip(big, thread_map(lambda c: np.asarray(np.linalg.qr(M[c][0], mode="r"))[None], big)):
-            M[c] = R
-        for c in grown:
+            if M[c].shape[1] > 2 * M[c].shape[2] or (M[c].nbytes > CHAIN_BYTES and M[c].shape[1] > M[c].shape[2]):
+                # Only the null space is used: the triangular factor keeps it (d + 1 rows a
+                # step, 5 MB at d = 784: a float32 784-64-64-10 held 8.6 GB in chains; the
+                # SVDs of the stacked rows took 36 of 58 s of a float32 64-32-32-10).
+                M[c] = np.asarray(np.linalg.qr(M[c][0], mode="r"))[None]
             if _targets(pats[c], n_tent, n_last, delta):
                 continue  # phi has null directions until every unit was crossed
             theta = _solve(M[c], _null_tol(oracle), _chain_loose(oracle))
@@ -196,14 +189,6 @@ def _chains(oracle, known, tent, X0, N0, rng, max_steps, delta=None, carried=Non
         if c not in done or c in stalled
     ]
     return (np.array(found) if found else None), unfinished
-
-
-def _tall(Mc):
-    """Whether a chain's stacked equations (1, rows, cols) are reduced to their triangular
-    factor: more than twice as many rows as columns, or above CHAIN_BYTES and taller than
-    wide."""
-    rows, cols = Mc.shape[1], Mc.shape[2]
-    return rows > 2 * cols or (Mc.nbytes > CHAIN_BYTES and rows > cols)
 
 
 #: Size of a chain's stacked equations above which they are reduced to a triangular factor;
