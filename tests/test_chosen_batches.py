@@ -59,3 +59,29 @@ def test_normals_on_any_number_of_threads_are_the_same(dtype, monkeypatch):
     assert np.array_equal(a.keep, b.keep) and np.array_equal(a.n, b.n)
     assert len(a.keep) >= 0.8 * len(sub.t)
     assert bool(fits) == (dtype == np.float32)  # the affine fits at low precision only
+
+
+def test_restricted_rows_side_by_side_and_cached(monkeypatch):
+    # Kinks' restricted rows in pieces on the method's threads: the same rows on one thread
+    # and two; the cache then answers every kink seen before without an SVD.
+    from relufast.chosen import cluster as C
+
+    rng = np.random.default_rng(4)
+    K, k = 11, 6
+    v = rng.standard_normal(k + 1)  # one null vector for every kink's equations
+    E = rng.standard_normal((K, k + 2, k + 1))
+    E -= (E @ v)[:, :, None] * v / (v @ v)
+    S = np.ones((K, k), dtype=bool)
+    rows = []
+    for n_jobs in (1, 2):
+        with thread_budget(n_jobs):
+            rows.append(C._restrictions(E, S, 1e-10))
+    assert np.array_equal(rows[0], rows[1], equal_nan=True)
+    assert np.allclose(np.abs(rows[0] @ v) / np.linalg.norm(v), 1.0)
+    cache: dict = {}
+    with thread_budget(2):
+        first = C._restrictions(E, S, 1e-10, cache=cache)
+        calls = []
+        monkeypatch.setattr(C, "_restriction", lambda *a: calls.append(1) or a[0][0] * np.nan)
+        again = C._restrictions(E, S, 1e-10, cache=cache)
+    assert len(cache) == K and not calls and np.array_equal(first, again) and np.array_equal(first, rows[0])
