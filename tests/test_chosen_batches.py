@@ -85,3 +85,32 @@ def test_restricted_rows_side_by_side_and_cached(monkeypatch):
         monkeypatch.setattr(C, "_restriction", lambda *a: calls.append(1) or a[0][0] * np.nan)
         again = C._restrictions(E, S, 1e-10, cache=cache)
     assert len(cache) == K and not calls and np.array_equal(first, again) and np.array_equal(first, rows[0])
+
+
+def test_partial_row_at_low_precision_takes_its_own_direction_above_the_tolerance():
+    # A component's equations: exact null directions for the units it never saw active, and
+    # its own row's direction from measured normals, a little above the tolerance. At low
+    # precision the row is taken where the next direction stands GAP times above it (a
+    # float32 784-128-128-10's last second-layer unit: 2.06e-4 against 1.67e-4, next 2.4e-2).
+    from relufast.chosen import cluster as C
+
+    rng = np.random.default_rng(5)
+    cols, missing, tol = 8, np.array([4, 5]), 1e-4
+    theta = rng.standard_normal(cols)
+    theta[missing] = 0.0
+    theta /= np.linalg.norm(theta)
+    null = np.stack([np.eye(cols)[4], np.eye(cols)[5], theta])
+    rest = np.linalg.svd(null, full_matrices=True)[2][3:]  # an orthonormal complement
+
+    def equations(own, nxt):
+        s = np.array([1.0, 0.6, 0.4, 0.2, nxt, own])  # (rest's five, then theta's)
+        V = np.vstack([rest, theta])
+        U = np.linalg.qr(rng.standard_normal((12, 6)))[0]
+        return ((U * s) @ V)[None]
+
+    E = equations(2.0 * tol, 0.03)
+    assert C._partial_row(E, missing, tol) is None  # strictly: two null directions, not three
+    row = C._partial_row(E, missing, tol, ratio=True)
+    assert row is not None and abs(abs(row @ theta) - 1.0) < 1e-12
+    assert C._partial_row(equations(2.0 * tol, 0.005), missing, tol, ratio=True) is None  # no gap
+    assert C._partial_row(equations(20.0 * tol, 0.9), missing, tol, ratio=True) is None  # beyond LOOSE
