@@ -120,7 +120,7 @@ def _restrictions(E, S, tol, ratio=False, cache=None):
     trained float32 784-64-64-10's second layer had been seen before, ad-hoc count)."""
     K, _, cols = E.shape
     R = np.full((K, cols), np.nan)
-    keys = [None] * K
+    keys: list = [None] * K
     todo = []
     for p in range(K):
         if cache is not None:
