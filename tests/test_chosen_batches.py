@@ -114,3 +114,19 @@ def test_partial_row_at_low_precision_takes_its_own_direction_above_the_toleranc
     assert row is not None and abs(abs(row @ theta) - 1.0) < 1e-12
     assert C._partial_row(equations(2.0 * tol, 0.005), missing, tol, ratio=True) is None  # no gap
     assert C._partial_row(equations(20.0 * tol, 0.9), missing, tol, ratio=True) is None  # beyond LOOSE
+
+
+def test_bases_in_pieces_are_the_bases_of_one_call():
+    rng = np.random.default_rng(6)
+    W = rng.standard_normal((5, 9))
+
+    def basis(x):
+        return np.linalg.qr(np.broadcast_to(W.T, (len(x), 9, 5)) * (x[:, None, :5] > 0))[0]
+
+    x = rng.standard_normal((7, 9))
+    with thread_budget(2):
+        assert np.array_equal(H._bases(basis, x), basis(x))
+        assert H._bases(basis, x[:0]).shape == (0, 9, 5)
+    Q = np.linalg.qr(rng.standard_normal((9, 9)))[0]
+    shared = H._bases(lambda x: np.broadcast_to(Q, (len(x), 9, 9)), x)
+    assert shared.strides[0] == 0 and np.array_equal(shared[3], Q)  # one basis stays one

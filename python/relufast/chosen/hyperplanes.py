@@ -260,6 +260,8 @@ AFFINE_SELF = 0.01
 def _bases(basis, x):
     """``basis(x)`` in BASIS_PARTS pieces on the method's threads (a QR or an SVD a kink;
     each kink's basis its own, so the same numbers)."""
+    if len(x) == 0:
+        return basis(x)
     c = -(-len(x) // BASIS_PARTS)
     parts = thread_map(lambda lo: basis(x[lo : lo + c]), range(0, len(x), c))
     if len(parts) == 1:
