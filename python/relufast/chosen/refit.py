@@ -140,7 +140,7 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
         pend = np.stack([Z0 - 1e-9 * ZG > 0, Z0 + 1e-9 * ZG > 0])[:, :, others]
         n_lo = 1
     else:
-        Z1 = (Z0[:, None, :] + t[None, :, None] * ZG[:, None, :]).reshape(-1, W1.shape[0])
+        Z1 = line_points(Z0, t, np.broadcast_to(ZG, Z0.shape)).reshape(-1, W1.shape[0])
         later, _ = pre_activations([*known[1:], layer], np.maximum(Z1, 0.0))
         pat = np.hstack([Z1 > 0, *[z > 0 for z in later]]).reshape(P, X.shape[1], -1)[:, :, others]
         ends = np.concatenate([X0 - 1e-9 * G, X0 + 1e-9 * G])
