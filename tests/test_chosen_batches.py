@@ -90,8 +90,9 @@ def test_restricted_rows_side_by_side_and_cached(monkeypatch):
 def test_partial_row_at_low_precision_takes_its_own_direction_above_the_tolerance():
     # A component's equations: exact null directions for the units it never saw active, and
     # its own row's direction from measured normals, a little above the tolerance. At low
-    # precision the row is taken where the next direction stands GAP times above it (a
-    # float32 784-128-128-10's last second-layer unit: 2.06e-4 against 1.67e-4, next 2.4e-2).
+    # precision the row is taken where the next direction stands PARTIAL_GAP times above it
+    # (a float32 784-128-128-10's last second-layer unit: 2.06e-4 against 1.67e-4, next
+    # 2.4e-2; in another run 3.3e-4, next 1.07e-2).
     from relufast.chosen import cluster as C
 
     rng = np.random.default_rng(5)
@@ -112,8 +113,32 @@ def test_partial_row_at_low_precision_takes_its_own_direction_above_the_toleranc
     assert C._partial_row(E, missing, tol) is None  # strictly: two null directions, not three
     row = C._partial_row(E, missing, tol, ratio=True)
     assert row is not None and abs(abs(row @ theta) - 1.0) < 1e-12
-    assert C._partial_row(equations(2.0 * tol, 0.005), missing, tol, ratio=True) is None  # no gap
+    other_run = equations(3.3e-4 / 1.67e-4 * tol, 1.07e-2 / 1.67e-4 * tol)  # 32 times above
+    assert C._partial_row(other_run, missing, tol, ratio=True) is not None
+    assert C._partial_row(equations(2.0 * tol, 0.0015), missing, tol, ratio=True) is None  # no gap
     assert C._partial_row(equations(20.0 * tol, 0.9), missing, tol, ratio=True) is None  # beyond LOOSE
+
+
+def test_null_row_at_low_precision_takes_a_gap_of_row_gap_low():
+    # A component of a weak unit whose kinks' normals are 1e-3 off: the row's singular value
+    # within the tolerance, the next 68 times the tolerance above it (a float32
+    # 784-128-128-10's last second-layer unit). Float64 keeps GAP; without a gap, no row.
+    from relufast.chosen import cluster as C
+
+    rng = np.random.default_rng(7)
+    cols, tol = 9, 1e-4
+    V = np.linalg.qr(rng.standard_normal((cols, cols)))[0].T
+
+    def equations(own, nxt):
+        s = np.concatenate([np.linspace(1.0, 0.2, cols - 2), [nxt, own]])
+        U = np.linalg.qr(rng.standard_normal((20, cols)))[0]
+        return ((U * s) @ V)[None]
+
+    E = equations(0.87 * tol, 68.0 * tol)
+    assert C._null_row(E, tol) is None  # float64: GAP times the tolerance
+    row = C._null_row(E, tol, ratio=True)
+    assert row is not None and abs(abs(row @ V[-1]) - 1.0) < 1e-12
+    assert C._null_row(equations(0.87 * tol, 20.0 * tol), tol, ratio=True) is None
 
 
 def test_bases_in_pieces_are_the_bases_of_one_call():

@@ -218,7 +218,8 @@ SPLIT_TRIES = 6
 def _null_row(E, tol, ratio=False):
     """The null vector of stacked equations E when it is one-dimensional with a clear gap.
     ``ratio`` (low precision): the smallest singular value may instead be up to LOOSE times
-    the tolerance where the second smallest stands GAP times above it."""
+    the tolerance where the second smallest stands GAP times above it, or within the
+    tolerance where the second stands ROW_GAP_LOW times the tolerance above it."""
     R = E.reshape(-1, E.shape[-1])
     _, s, Vt = svd(R, full_matrices=False)
     if len(s) < R.shape[1]:
@@ -226,6 +227,8 @@ def _null_row(E, tol, ratio=False):
     if s[-1] <= tol * s[0] and s[-2] > GAP * tol * s[0]:
         return Vt[-1]
     if ratio and s[-1] <= LOOSE * tol * s[0] and s[-2] > GAP * s[-1]:
+        return Vt[-1]
+    if ratio and s[-1] <= tol * s[0] and s[-2] > ROW_GAP_LOW * tol * s[0]:
         return Vt[-1]
     return None
 
@@ -237,6 +240,16 @@ def _null_row(E, tol, ratio=False):
 #: 1.74e-4 of the largest against a tolerance of 1.67e-4, the next 0.057, and the row 5.6e-4
 #: off; the search went on for minutes without it (ad-hoc replay against the weights).
 LOOSE = 10.0
+
+
+#: At low precision, a smallest singular value within the tolerance makes a row where the
+#: next stands this many times the tolerance above it (GAP in float64; the row is verified
+#: against the model before it is taken). The 135 linked kinks of a trained float32
+#: 784-128-128-10's last second-layer unit (active on 0.4% of Gaussian inputs, normals 1e-3
+#: to 3.5e-3 rad off) stacked gave 1.45e-4 of the largest against a tolerance of 1.67e-4,
+#: the next 1.14e-2 (68 times the tolerance), and a row within 2e-7 of the true one; the
+#: search ended `failed` with them in its pool (ad-hoc replay against the weights).
+ROW_GAP_LOW = 30.0
 
 
 def _outliers(ang):
@@ -348,8 +361,8 @@ def cluster_units(
 def _partial_row(E, missing, tol, ratio=False):
     """The row of a component restricted to the units it saw active (zero on ``missing``):
     its equations keep one null direction per missing unit besides it. None otherwise.
-    ``ratio`` (low precision): as in :func:`_null_row`, the last of those directions may
-    stand up to LOOSE times the tolerance where the next one stands GAP times above it."""
+    ``ratio`` (low precision): the last of those directions may stand up to LOOSE times the
+    tolerance where the next one stands PARTIAL_GAP times above it (and the tolerance)."""
     R = E.reshape(-1, E.shape[-1])
     # Tall (many kinks): the reduced SVD has every right singular vector, and no U of
     # (rows x rows) (a full one took 61 s of 226 at 784-128-128-10).
@@ -364,13 +377,23 @@ def _partial_row(E, missing, tol, ratio=False):
         # own direction at 2.06e-4 of the largest against a tolerance of 1.67e-4, the next
         # at 2.43e-2; the row was never asked for and the search ended `failed` (ad-hoc
         # replay against the weights).
-        if s[-want] <= LOOSE * tol * s[0] and s[-want - 1] > GAP * s[-want]:
+        if s[-want] <= LOOSE * tol * s[0] and s[-want - 1] > PARTIAL_GAP * max(s[-want], tol * s[0]):
             K = Vt[-want:]
     if len(K) != want:
         return None
     _, _, Ct = svd(K[:, missing].T, full_matrices=True)
     theta = Ct[-1] @ K
     return theta / np.linalg.norm(theta)
+
+
+#: At low precision, how far above the last of a partial row's null directions (or the
+#: tolerance) the next must stand. A partial row only draws entry lines (a wrong one costs
+#: their queries; the rows they lead to are verified), so an order of magnitude: the same
+#: network's unit at random state 0 with the affine normals of 2026-11-29 had 8 linked kinks
+#: missing 57 first-layer units, its own direction at 3.3e-4 of the largest (tolerance
+#: 1.67e-4), the next at 1.07e-2 (32 times above), and the search ended `failed` at
+#: GAP (ad-hoc replay against the weights).
+PARTIAL_GAP = 10.0
 
 
 def _entry_lines(known, true_tent, E, x, missing, tol, rng, ratio=False):
