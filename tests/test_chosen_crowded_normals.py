@@ -35,14 +35,20 @@ def _kink_beside_a_boundary(hidden, u, gap, rng):
     return onto(x - np.sign(z1[j]) * (dist[j] - gap) * T[j] / np.linalg.norm(T[j]))
 
 
-def test_normals_beside_known_boundaries_are_refined():
+def _crowded_network(seed):
+    """A planted float32 100-32-16-5 behind its known first layer: (d, hidden, oracle, rng,
+    layers, spans)."""
     d = 100
     hidden, out = rf.planted.deep_relu(d, [32, 16], 5, random_state=3)
     oracle = Oracle(rf.planted.relu_function(hidden, out, dtype=np.float32), d)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     oracle(rng.standard_normal((2, d)))
     layers = hidden[:1]
-    spans = downstream_basis(layers)
+    return d, hidden, oracle, rng, layers, downstream_basis(layers)
+
+
+def test_normals_beside_known_boundaries_are_refined():
+    d, hidden, oracle, rng, layers, spans = _crowded_network(0)
     errors = {True: [], False: []}
     for trial in range(20):
         x, n = _kink_beside_a_boundary(hidden, trial % 16, 0.004, rng)
@@ -72,13 +78,7 @@ def test_a_fit_that_holds_against_a_coarse_estimate_is_checked_along_itself(monk
     # again along the coarse estimate (agree=inf), and the normal comes out refined.
     from relufast.chosen import hyperplanes as H
 
-    d = 100
-    hidden, out = rf.planted.deep_relu(d, [32, 16], 5, random_state=3)
-    oracle = Oracle(rf.planted.relu_function(hidden, out, dtype=np.float32), d)
-    rng = np.random.default_rng(1)
-    oracle(rng.standard_normal((2, d)))
-    layers = hidden[:1]
-    spans = downstream_basis(layers)
+    d, hidden, oracle, rng, layers, spans = _crowded_network(1)
     calls, affine = [], H._affine_normals
     monkeypatch.setattr(H, "_affine_normals", lambda *a, **k: calls.append(k.get("agree")) or affine(*a, **k))
     errors = []

@@ -329,16 +329,17 @@ def _affine_refine(oracle, x, n, rng, basis, layers=None, B_all=None):
     # refused for disagreeing with them): the normal of fits that hold (kept above, or
     # measured now where none held), measured again from boxes along it, taken where the two
     # agree within AFFINE_SELF.
+    offs = np.minimum(AFFINE_OFFSETS[1], cap)
     todo = np.nonzero(~done & ~held & (cap > 0))[0]
     if len(todo):
-        offs = np.minimum(AFFINE_OFFSETS[1], cap[todo])
-        n2, ok, _ = _affine_normals(oracle, x[todo], n[todo], offs, rng, bases(todo), layers, agree=np.inf)
+        n2, ok, _ = _affine_normals(oracle, x[todo], n[todo], offs[todo], rng, bases(todo), layers, agree=np.inf)
         n_held[todo[ok]] = n2[ok]
         held[todo[ok]] = True
-    todo = np.nonzero(held & ~done & (cap > 0))[0]
+    todo = np.nonzero(held)[0]  # (a kink held is never done, and its room is positive)
     if len(todo):
-        offs = np.minimum(AFFINE_OFFSETS[1], cap[todo])
-        n3, ok, _ = _affine_normals(oracle, x[todo], n_held[todo], offs, rng, bases(todo), layers, agree=AFFINE_SELF)
+        n3, ok, _ = _affine_normals(
+            oracle, x[todo], n_held[todo], offs[todo], rng, bases(todo), layers, agree=AFFINE_SELF
+        )
         n[todo[ok]] = n3[ok]
     return n
 
