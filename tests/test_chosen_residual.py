@@ -152,3 +152,28 @@ def test_a_lone_kink_asks_for_entry_lines_at_low_precision(monkeypatch):
     assert seen.sum() > act.sum()
     monkeypatch.setattr(cluster, "SMALL_ASKS", False)
     assert cluster.cluster_units(*args, np.random.default_rng(1), **kw)[1] == []
+
+
+@pytest.mark.parametrize(
+    "d, dtype, chains", [(128, np.float32, False), (64, np.float32, True), (128, np.float64, True)]
+)
+def test_no_chains_at_low_precision_above_coarse_dims(monkeypatch, d, dtype, chains):
+    # With the signs of the layer below known, a search whose single kinks left units
+    # missing follows their boundaries with chains, except at low precision above
+    # COARSE_DIMS inputs, where they get COARSE_CHAIN_ROUNDS: there the chains' equations
+    # (d + 1 rows a kink from normals 1e-3 off) found no unit in any run measured, at 20-60 s
+    # a round at d = 784.
+    from relufast.chosen import deep
+
+    hidden, out = rf.planted.deep_relu(d, [6, 4], 1, random_state=0)
+    oracle = Oracle(rf.planted.relu_function(hidden, out, dtype=dtype), d)
+    oracle(np.zeros((1, d)))  # the precision is known from the first answer
+    assert oracle.low_precision == (dtype == np.float32)
+    calls = []
+    monkeypatch.setattr(deep, "_gathered", lambda *a, **k: a[7])  # single kinks find no unit
+    monkeypatch.setattr(deep, "_chained", lambda *a: calls.append(a[10]) or a[7])
+    pool = KinkPool(d)
+    rng = np.random.default_rng(0)
+    found = deep.next_layer(oracle, [], hidden[0], 4, (6, 4), rng, pool, max_rounds=7, oriented=True)
+    assert found is None  # no unit: the driver's next search draws new lines
+    assert calls == [7 if chains else deep.COARSE_CHAIN_ROUNDS] and deep.COARSE_CHAIN_ROUNDS < 7

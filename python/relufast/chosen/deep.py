@@ -613,6 +613,8 @@ def next_layer(
         rounds = max_rounds
         if nearly is not None and delta is not None and len(Theta) >= nearly:
             rounds = min(max_rounds, NEARLY_CHAIN_ROUNDS)
+        if delta is not None and oracle.low_precision and oracle.d > COARSE_DIMS:
+            rounds = min(rounds, COARSE_CHAIN_ROUNDS)  # then the next search's single kinks
         Theta = _chained(oracle, known, tent, k, widths, rng, pool, Theta, carry, steps, rounds, delta)
         if len(Theta) >= k or delta is not None or _signs(tent, Theta, carry) is None:
             break
@@ -628,6 +630,19 @@ def next_layer(
 #: 40 rounds of chains that found nothing; the next search found the last unit among the
 #: kinks of those lines in 0.6 s: a diagnostic run).
 NEARLY_CHAIN_ROUNDS = 2
+
+#: Rounds of chains at low precision above COARSE_DIMS inputs once the signs of the layer
+#: below are known, however many units are missing: the chains' equations, d + 1 rows a kink
+#: from normals about 1e-3 off, gave no unit in any run measured (hooks on the trained float32
+#: 784-128-128-10 and 784-64-64-10 of ``bench/test_bench_trained.py`` and the planted float32
+#: 784-64-64-10: none in 6 to 40 rounds, 21-59 s a round of 14-32 chains at d = 784, 0.4
+#: million queries a round of 32), where the next search's single kinks found the units
+#: left. The planted 784-64-64-10 at seed 1 under OpenBLAS's Haswell kernels, whose first
+#: layer lacked a unit, ran 40 rounds of them (over 12 minutes). As many as
+#: NEARLY_CHAIN_ROUNDS, not none: a search with fewer rounds draws other lines after, and
+#: the trained float32 784-128-128-10 at random state 0 then took 16.7 million queries
+#: instead of 14.3 (both exact).
+COARSE_CHAIN_ROUNDS = NEARLY_CHAIN_ROUNDS
 
 
 def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented, size, settled=None):
