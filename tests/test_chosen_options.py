@@ -208,7 +208,7 @@ def test_chains_cut_short_only_where_residual_lines_follow(monkeypatch):
     for have, nearly, want in [(63, 57.6, deep.NEARLY_CHAIN_ROUNDS), (50, 57.6, 40), (63, None, 40)]:
         monkeypatch.setattr(deep, "_gathered", lambda *a, have=have: np.zeros((have, 4 + 3 + 1)))
         monkeypatch.setattr(deep, "_chained", lambda *a: rounds.append(a[10]) or a[7])
-        oracle = types.SimpleNamespace(low_precision=True, eps=1e-7)
+        oracle = types.SimpleNamespace(low_precision=True, eps=1e-7, d=4)  # d <= COARSE_DIMS
         got = deep.next_layer(
             oracle, [], (np.eye(3, 4), np.zeros(3)), 64, (3, 64), None, None, oriented=True, nearly=nearly
         )
