@@ -49,6 +49,10 @@ __all__ = ["anchored_rows", "refit_layer"]
 REFIT_EXTRA, REFIT_HALF = 32, 0.02
 REFIT_RESIDUAL_LOW, REFIT_RESIDUAL_DOUBLE = 4.0, 64.0
 REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE, REFIT_SAMPLES_LAST = 16, 3, 2
+#: Samples a side at low precision in the last hidden layer: there too no unknown boundary
+#: crosses a segment, so the samples only average the rounding away (the kink's place to
+#: sqrt(2) of its error with 16, which the plane fit's hundreds of kinks average again).
+REFIT_SAMPLES_LOW_LAST = 8
 #: Innermost sample of a side, as a fraction of REFIT_HALF (float64; low precision).
 REFIT_INNER_DOUBLE, REFIT_INNER_LOW = 1 / 64, 1 / 8
 #: Low precision: a side's rms residual may be NOISE_SPREAD times the median over the
@@ -165,7 +169,7 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
         if coarse:
             noise = COARSE_RESIDUAL * oracle.eps * scale
         else:
-            noise = (REFIT_RESIDUAL_LOW if S == REFIT_SAMPLES_LOW else REFIT_RESIDUAL_DOUBLE) * oracle.eps * scale
+            noise = (REFIT_RESIDUAL_LOW if low else REFIT_RESIDUAL_DOUBLE) * oracle.eps * scale
         if low and P >= NOISE_MIN_SEGMENTS:
             # The rounding of a low-precision forward pass is that of its largest terms, which
             # can be a hundred times eps * |output| where the units' contributions cancel (a
@@ -431,13 +435,17 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
     whole, and the count of each reason a row was not refitted whole (with the number of
     kinks the plane fits dropped, "kinks dropped"). ``tol``: the largest change accepted
     (default REFIT_AGREE). ``last``: no hidden layer follows (every boundary a segment may
-    cross is known, so in float64 two samples a side suffice: REFIT_SAMPLES_LAST). ``rows``:
+    cross is known, so in float64 two samples a side suffice: REFIT_SAMPLES_LAST, and at low
+    precision REFIT_SAMPLES_LOW_LAST average the rounding). ``rows``:
     the units to refit (default all; the others' boundaries still drop the segments they cross)."""
     W, b = layer
     k, kin = W.shape
     tol = REFIT_AGREE if tol is None else tol
     P = (5 * kin) // 4 + REFIT_EXTRA
-    S = REFIT_SAMPLES_LOW if oracle.low_precision else (REFIT_SAMPLES_LAST if last else REFIT_SAMPLES_DOUBLE)
+    if oracle.low_precision:
+        S = REFIT_SAMPLES_LOW_LAST if last else REFIT_SAMPLES_LOW
+    else:
+        S = REFIT_SAMPLES_LAST if last else REFIT_SAMPLES_DOUBLE
     W2, b2 = W.copy(), b.copy()
     refitted = 0
     why: dict = {}
