@@ -53,6 +53,10 @@ REFIT_SAMPLES_LOW, REFIT_SAMPLES_DOUBLE, REFIT_SAMPLES_LAST = 16, 3, 2
 #: crosses a segment, so the samples only average the rounding away (the kink's place to
 #: sqrt(2) of its error with 16, which the plane fit's hundreds of kinks average again).
 REFIT_SAMPLES_LOW_LAST = 8
+#: Slope jump over a half segment (units of the residual bar) a refit segment's kink needs;
+#: in the last hidden layer at low precision, where the plane fit's many kinks average
+#: their places (the first layer's passes take COARSE_DETECT, 64).
+REFIT_DETECT, REFIT_DETECT_LOW_LAST = 1e3, 250.0
 #: Innermost sample of a side, as a fraction of REFIT_HALF (float64; low precision).
 REFIT_INNER_DOUBLE, REFIT_INNER_LOW = 1 / 64, 1 / 8
 #: Low precision: a side's rms residual may be NOISE_SPREAD times the median over the
@@ -176,7 +180,12 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
             # float32 100-32-1): the rms of the batch's typical side sets the bar.
             typical = float(np.median(np.maximum(rms_lo, rms_hi) / np.maximum(scale, 1e-300)))
             noise = np.maximum(noise, NOISE_SPREAD * typical * scale)
-        detect = COARSE_DETECT if coarse else 1e3  # slope jump over a half segment, in units of the bar
+        # The slope jump over a half segment, in units of the bar, that locates a kink.
+        detect = (
+            COARSE_DETECT
+            if coarse
+            else (REFIT_DETECT_LOW_LAST if low and S == REFIT_SAMPLES_LOW_LAST else REFIT_DETECT)
+        )
         ok = clear & (rms_lo <= noise) & (rms_hi <= noise) & (jump * half > detect * noise)
         return t0, ok & (np.abs(t0) < half * inner)
 
