@@ -173,6 +173,29 @@ def test_anchored_pass_leaves_a_crossed_length_after_its_pilot(monkeypatch):
     assert np.sqrt(max(0.0, 1 - (w1 @ W[0]) ** 2)) < 1e-3
 
 
+def test_refit_segments_crossed_by_known_boundaries_ask_nothing():
+    """A layer's refit asks only the segments no known boundary crosses: with two known
+    boundaries parallel to the unit's, 0.01 away on both sides, every segment of half-length
+    0.02 crosses one and nothing is asked (none would be usable); 0.5 away, all are asked
+    and their kinks lie on the unit's boundary."""
+    d = 20
+    hidden, out = P.deep_relu(d, (8,), 1, random_state=0)
+    oracle = Oracle(P.relu_function(hidden, out, np.float32), d)
+    oracle(np.zeros((1, d)))
+    W, b = (np.asarray(a, dtype=float) for a in hidden[0])
+    s = np.linalg.norm(W[0])
+    w, c = W[0] / s, b[0] / s
+    X0, G = refit._boundary_points([], (W, b), 0, 64, d, np.random.default_rng(0))
+    S = refit.REFIT_SAMPLES_LOW
+    for gap, asked in ((0.01, 0), (0.5, len(X0))):
+        layer = (np.vstack([W, w, w]), np.concatenate([b, [c - gap, c + gap]]))
+        n0 = oracle.n_queries
+        pts, ok = refit._segment_kinks(oracle, [], layer, 0, X0, G, S)
+        assert oracle.n_queries - n0 == asked * 2 * S
+        assert ok.sum() == 0 if asked == 0 else ok.mean() > 0.5
+    assert np.abs(pts[ok] @ w + c).max() < 1e-4
+
+
 def test_weak_kinks_found_at_low_precision(monkeypatch):
     """Units with output weights 0.035-0.067 of a float32 100-32-1 bend a 1,024-point line by
     less than the fixed bound (256 eps of its largest output): the line's typical second
