@@ -42,6 +42,7 @@ def main():
                 queries=int(res.counts["queries"]),
                 seconds=round(time.perf_counter() - t, 2),
                 stages={k: round(v, 2) for k, v in res.seconds.items()},
+                queries_by_stage=res.diagnostics.get("queries_by_stage"),
                 peak_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
             )
         )

@@ -8,8 +8,8 @@ Adam (learning rate 1e-3, batches of 64, 60 epochs, ``torch.manual_seed(0)``) to
 training accuracy, then extracted with ``relufast.extract(model, 784, random_state=r)`` (widths
 read from the model, chosen queries) in float64 (``model.double()``) or as trained
 (float32). Each case runs in a child process with a time budget. Recorded in ``extra_info``:
-status, certificate residual, queries and queries a weight, seconds, the rows refitted and
-the signs settled by wiggles per layer.
+status, certificate residual, queries and queries a weight (and by stage), seconds, the rows
+refitted and the signs settled by wiggles per layer.
 
 Run: python -m pytest bench/test_bench_trained.py --benchmark-only -s (needs torch)
 """
@@ -75,7 +75,8 @@ with warnings.catch_warnings():
 print(json.dumps(dict(
     status=res.status.value, residual=float(res.residual), queries=int(res.counts["queries"]),
     seconds=time.perf_counter() - t, accuracy=accuracy, precision=res.precision,
-    refitted=res.diagnostics.get("refitted_rows"), signs=res.diagnostics.get("signs_by_wiggle"))))
+    refitted=res.diagnostics.get("refitted_rows"), signs=res.diagnostics.get("signs_by_wiggle"),
+    queries_by_stage=res.diagnostics.get("queries_by_stage"))))
 """
 
 

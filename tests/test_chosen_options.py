@@ -39,6 +39,18 @@ def test_time_limit_stops_a_chosen_run_with_its_reason(deep):
     assert 0 < res.counts["queries"] < full.counts["queries"]
 
 
+def test_queries_by_stage_account_for_the_run(deep):
+    """``diagnostics["queries_by_stage"]`` charges the run's queries to the stages of
+    ``seconds``, each stage's own."""
+    res = rf.extract(deep, 10, (6, 4), random_state=0)
+    by = res.diagnostics["queries_by_stage"]
+    assert res.status == "exact"
+    assert set(by) <= set(res.seconds) and {"first_layer", "layer_2", "certificate"} <= set(by)
+    assert all(v >= 0 for v in by.values()) and by["first_layer"] > 0 and by["layer_2"] > 0
+    assert by["certificate"] == res.diagnostics["certificate_queries"]
+    assert sum(by.values()) <= res.counts["queries"] <= sum(by.values()) + 8  # the probes before the first stage
+
+
 def test_budget_spent_is_named_in_the_diagnostics(deep):
     with pytest.warns(UserWarning, match="max_queries=500 spent"):
         res = rf.extract(deep, 10, (6, 4), random_state=0, max_queries=500)

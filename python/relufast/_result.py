@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import types
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from enum import Enum
@@ -234,6 +234,9 @@ class Run:
         self.precision = "float64"  # set by methods that certify at the outputs' precision
         self.current: str | None = None  # the stage running now (progress reports)
         self.raised_in: str | None = None
+        # A count to charge to each stage (the chosen mode's model queries): ``metered[name]``.
+        self.meter: Callable[[], int] | None = None
+        self.metered: dict[str, int] = {}
 
     @contextmanager
     def stage(self, name):
@@ -241,6 +244,7 @@ class Run:
         method before the stage starts (:mod:`relufast._deadline`)."""
         check_deadline(f"before the stage {name!r}")
         t, outer = time.perf_counter(), self.current
+        m0 = self.meter() if self.meter is not None else None
         self.current = name
         try:
             yield
@@ -250,6 +254,8 @@ class Run:
         finally:
             self.current = outer
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+            if m0 is not None and self.meter is not None:
+                self.metered[name] = self.metered.get(name, 0) + self.meter() - m0
 
     def result(
         self,

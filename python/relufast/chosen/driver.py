@@ -686,6 +686,7 @@ def extract_chosen(
     oracle = Oracle(
         f, n_features, max_queries, dtype_name, precision, batch_size, report if bar.enabled else None, max_queries_low
     )
+    clock.meter = lambda: oracle.n_queries  # queries by stage: diagnostics["queries_by_stage"]
     diag: dict = {}
     if getattr(readable, "reads", None):
         diag["outputs_read_from"] = readable.reads
@@ -699,7 +700,7 @@ def extract_chosen(
     tol = cert_tolerance(oracle.eps, (n_features, *widths))
     residual = float(cert["error"]) if cert is not None else np.inf
     exact = cert is not None and residual <= tol
-    diag.update(certificate_tolerance=tol, extraction_queries=n_extract)
+    diag.update(certificate_tolerance=tol, extraction_queries=n_extract, queries_by_stage=dict(clock.metered))
     if cert is not None:
         diag.update(
             certificate_errors=dict(cert["by_family"]),

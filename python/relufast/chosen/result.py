@@ -39,7 +39,8 @@ class DeepResult:
     seconds, counts, diagnostics : mapping
         Per-stage wall time; ``counts["queries"]`` (and model calls); certificate figures
         (``diagnostics["certificate_errors"]`` by kind of probe, ``["certificate_scales"]``
-        by scale, ``["certificate_queries"]`` against ``["extraction_queries"]``).
+        by scale, ``["certificate_queries"]`` against ``["extraction_queries"]``) and the
+        queries asked in each stage of ``seconds`` (``diagnostics["queries_by_stage"]``).
     precision : str
         Precision at which the certificate holds (``"float32"`` for float32 models).
     undetermined_units : tuple of (layer, unit)
