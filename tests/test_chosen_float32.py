@@ -690,22 +690,33 @@ def test_passes_after_a_stall_take_four_samples_a_side(monkeypatch):
     assert [h for _, h, _ in seen[2:]] == [max(refit.COARSE_HALF)] * 2 and seen[-1][0] == refit.COARSE_TOP
 
 
+def _last_layer_case(m, weak=1.0):
+    """A planted float32 20-12-10-m network (output weights of its last layer's first five
+    units times ``weak``), its oracle, its first layer as known, its second layer's rows
+    1e-3 off, and the rows' errors (max over a row, relative to its norm)."""
+    hidden, out = P.deep_relu(20, (12, 10), m, random_state=1)
+    Wo = out[0].copy()
+    Wo[:, :5] *= weak
+    oracle = Oracle(P.relu_function(hidden, (Wo, out[1]), np.float32), 20)
+    oracle(np.zeros((1, 20)))
+    known = [tuple(np.asarray(a, dtype=float) for a in hidden[0])]
+    W2, b2 = (np.asarray(a, dtype=float) for a in hidden[1])
+    s = np.linalg.norm(W2, axis=1, keepdims=True)
+    off = W2 + 1e-3 * s * np.random.default_rng(1).standard_normal(W2.shape) / np.sqrt(W2.shape[1])
+
+    def err(W, b):
+        return np.abs(np.hstack([W - W2, (b - b2)[:, None]]) / s).max(axis=1)
+
+    return oracle, known, (off, b2), err
+
+
 def test_last_hidden_layer_refit_at_low_precision_asks_half_the_samples(monkeypatch):
     """In the last hidden layer no unknown boundary crosses a refit segment, so at low
     precision its sides take REFIT_SAMPLES_LOW_LAST (8) samples, not 16: half the queries a
     segment, the rows as close to the model's as with 16 (the refit of the trained float32
     784-128-128-10's second layer: 2.3 instead of 3.5 million queries, exact at random
     states 0 and 1, ad-hoc runs)."""
-    hidden, out = P.deep_relu(20, (12, 10), 10, random_state=1)
-    f32 = P.relu_function(hidden, out, np.float32)
-    oracle = Oracle(f32, 20)
-    oracle(np.zeros((1, 20)))
-    known = [tuple(np.asarray(a, dtype=float) for a in hidden[0])]
-    W2, b2 = (np.asarray(a, dtype=float) for a in hidden[1])
-    s = np.linalg.norm(W2, axis=1, keepdims=True)
-    true = np.hstack([W2, b2[:, None]]) / s
-    rng = np.random.default_rng(1)
-    off = W2 + 1e-3 * s * rng.standard_normal(W2.shape) / np.sqrt(W2.shape[1])
+    oracle, known, off, err = _last_layer_case(10)
     seen = []
     real = refit._segment_kinks
 
@@ -718,13 +729,12 @@ def test_last_hidden_layer_refit_at_low_precision_asks_half_the_samples(monkeypa
     for last in (False, True):
         seen.clear()
         q0 = oracle.n_queries
-        W, b, n, _ = refit.refit_layer(oracle, known, (off, b2), np.random.default_rng(2), last=last)
-        err = np.abs(np.hstack([W, b[:, None]]) / s - true).max(axis=1)
-        runs[last] = (set(seen), n, oracle.n_queries - q0, err)
+        W, b, n, _ = refit.refit_layer(oracle, known, off, np.random.default_rng(2), last=last)
+        runs[last] = (set(seen), n, oracle.n_queries - q0, err(W, b))
     assert runs[False][0] == {refit.REFIT_SAMPLES_LOW} and runs[True][0] == {refit.REFIT_SAMPLES_LOW_LAST} == {8}
     assert runs[True][1] >= runs[False][1] >= 8  # the same rows refitted, or more (REFIT_DETECT_LOW_LAST)
     assert runs[True][2] <= 0.7 * runs[False][2]
-    e0 = np.abs(np.hstack([off, b2[:, None]]) / s - true).max(axis=1)
+    e0 = err(*off)
     moved = runs[False][3] < 0.5 * e0  # the rows the refit brought in
     assert moved.sum() >= 8
     assert np.all(runs[True][3][moved] <= 1.5 * runs[False][3][moved] + 1e-6)
@@ -738,23 +748,13 @@ def test_weak_last_layer_units_refit_at_low_precision(monkeypatch):
     of the ten are refitted, three of the weak ones now within half their estimate's error
     (the trained float32 784-128-128-10: all 128 second-layer rows refitted, 125 and 121
     before, at random states 0 and 1)."""
-    hidden, out = P.deep_relu(20, (12, 10), 3, random_state=1)
-    Wo = out[0].copy()
-    Wo[:, :5] *= 0.03
-    f32 = P.relu_function(hidden, (Wo, out[1]), np.float32)
-    oracle = Oracle(f32, 20)
-    oracle(np.zeros((1, 20)))
-    known = [tuple(np.asarray(a, dtype=float) for a in hidden[0])]
-    W2, b2 = (np.asarray(a, dtype=float) for a in hidden[1])
-    s = np.linalg.norm(W2, axis=1, keepdims=True)
-    true = np.hstack([W2, b2[:, None]]) / s
-    off = W2 + 1e-3 * s * np.random.default_rng(1).standard_normal(W2.shape) / np.sqrt(W2.shape[1])
-    e0 = np.abs(np.hstack([off, b2[:, None]]) / s - true).max(axis=1)
+    oracle, known, off, err = _last_layer_case(3, weak=0.03)
+    e0 = err(*off)
     runs = {}
     for detect in (refit.REFIT_DETECT, refit.REFIT_DETECT_LOW_LAST):
         monkeypatch.setattr(refit, "REFIT_DETECT_LOW_LAST", detect)
-        W, b, n, why = refit.refit_layer(oracle, known, (off, b2), np.random.default_rng(2), last=True)
-        runs[detect] = (n, np.abs(np.hstack([W, b[:, None]]) / s - true).max(axis=1))
+        W, b, n, _ = refit.refit_layer(oracle, known, off, np.random.default_rng(2), last=True)
+        runs[detect] = (n, err(W, b))
     (n_hi, e_hi), (n_lo, e_lo) = runs[refit.REFIT_DETECT], runs[250.0]
     assert n_hi <= 6 and n_lo >= 9
     gained = (e_lo < 0.5 * e0) & ~(e_hi < 0.5 * e0)  # rows refitted only with the lower bar
