@@ -115,7 +115,8 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     :func:`anchored_rows`, whose estimates are off by up to that). ``pilot``: the first
     ``pilot`` segments are asked alone and, where under COARSE_PILOT_MIN of them are usable
     (judged on their own), the rest are not asked and none is usable; otherwise the rest
-    are asked and all judged together, as in one batch."""
+    are asked and all judged together, as in one batch. Without ``coarse`` only the segments
+    that no known boundary crosses are asked (the others are returned unusable)."""
     P, d = X0.shape
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
