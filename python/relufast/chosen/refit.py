@@ -519,6 +519,13 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
 #: plane is too far off there), the largest factor by which it grows after one that held,
 #: the last radius and the smallest, and the most passes a row gets.
 COARSE_START, COARSE_DOWN, COARSE_GROWTH, COARSE_TOP, COARSE_FLOOR, COARSE_PASSES = 0.1, 10.0, 300.0, 30.0, 5e-4, 8
+#: Failed passes after which a row is given up (its anchor's kink goes back to the pool, and
+#: another kink of the unit anchors it later). The first layers of trained float32
+#: 784-64-64-10 and 784-128-128-10 (random state 0, ad-hoc traces): of 198 rows whose passes
+#: reached COARSE_TOP, none had two failed passes and one had one; the 8 rows with two
+#: failed three times or more, cycling between a radius that fails and one ten times
+#: closer whose estimate stays where it was, until the passes ran out.
+COARSE_FAILS = 2
 #: A pass at COARSE_TOP whose estimated error fell less than the radius grew over
 #: COARSE_FALL (from the pass before) is followed by one more there.
 COARSE_FALL = 20.0
@@ -691,13 +698,15 @@ def _anchored_row(oracle, layer, j, a, rng, deep):
     rho, passes, last, halves = COARSE_START * (scale if short else 1.0), 0, np.inf, None
     came_from, again = None, False  # radius of the last pass held; a pass at COARSE_TOP repeated
     best_w, best_c = w, c  # the plane of the first pass there (its estimate stays in `last`)
-    while passes < COARSE_PASSES and rho >= COARSE_FLOOR:
+    failed = 0
+    while passes < COARSE_PASSES and rho >= COARSE_FLOOR and failed < COARSE_FAILS:
         passes += 1
         S = COARSE_SAMPLES if halves is None else COARSE_SAMPLES_WEAK
         fit = _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves or order, S)
         if fit is None:  # the plane is too far off at this radius (or too many crossings)
             if again:  # the pass repeated at COARSE_TOP: the plane of the one before (below)
                 break
+            failed += 1
             rho /= COARSE_DOWN
             continue
         reach = (halves or order)[0]
@@ -708,6 +717,7 @@ def _anchored_row(oracle, layer, j, a, rng, deep):
             # margin it was measured with at this radius (kinks of other boundaries on
             # long segments; a trained float32 784-64-64-10 had two rows end 0.008 and
             # 0.02 rad off that way, and no second-layer unit verified): a failed pass.
+            failed += 1
             rho /= COARSE_DOWN
             continue
         w, c, theta = fit
