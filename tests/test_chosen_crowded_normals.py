@@ -146,3 +146,55 @@ def test_derivatives_back_to_inputs_by_blas_match_the_einsum():
         X = rng.standard_normal((5, B.shape[2], 3))
         np.testing.assert_allclose(_to_inputs(B, X), np.einsum("kir,krm->kmi", B, X), atol=1e-13)
         np.testing.assert_array_equal(_directions(B), np.swapaxes(B, 1, 2))
+
+
+def test_boxes_stay_within_the_offsets_and_a_kink_no_box_fitted_is_tried_at_the_smallest(monkeypatch):
+    # A first estimate 1.2 rad off: boxes along it straddle the boundary and no fit holds,
+    # so the kink is measured again (agree=inf), at the smallest offset (fits there hold
+    # three times as often as at the middle one of the earlier (0.05, 0.02, 0.008), in the
+    # second layer of a trained float32 784-128-128-10); no box lies beyond the first offset.
+    from relufast.chosen import hyperplanes as H
+
+    d, hidden, oracle, rng, layers, spans = _crowded_network(2)
+    calls, affine = [], H._affine_normals
+    monkeypatch.setattr(
+        H, "_affine_normals", lambda *a, **k: calls.append((k.get("agree"), float(np.max(a[3])))) or affine(*a, **k)
+    )
+    retried = 0
+    for trial in range(6):
+        x, n = _kink_beside_a_boundary(hidden, trial, 0.05, rng)
+        r = int(spans.dims(x[None])[0])
+        p = rng.standard_normal(d)
+        p -= (p @ n) * n
+        first = np.cos(1.2) * n + np.sin(1.2) * p / np.linalg.norm(p)
+        calls.clear()
+        H._affine_refine(
+            oracle, x[None], first[None], np.random.default_rng(trial), lambda X, r=r: spans.basis(X, r), layers
+        )
+        assert calls and max(off for _, off in calls) <= H.AFFINE_OFFSETS[0]
+        again = [off for agree, off in calls if agree == np.inf]
+        retried += bool(again)
+        assert all(off <= H.AFFINE_OFFSETS[-1] for off in again), calls
+    assert retried >= 1
+
+
+def test_widest_boxes_only_up_to_wide_dims(monkeypatch):
+    # Above WIDE_DIMS inputs boundaries are dense and boxes at the first offset seldom hold
+    # (18% at 0.05 in the second layer of a trained float32 784-128-128-10): the kinks start
+    # at the second offset; up to it (64% held in a planted float32 64-32-32-10) at the first.
+    from relufast.chosen import hyperplanes as H
+
+    d, hidden, oracle, rng, layers, spans = _crowded_network(3)
+    x, n = _kink_beside_a_boundary(hidden, 0, 0.05, rng)
+    r = int(spans.dims(x[None])[0])
+    offsets, affine = [], H._affine_normals
+    monkeypatch.setattr(H, "_affine_normals", lambda *a, **k: offsets.append(float(np.max(a[3]))) or affine(*a, **k))
+
+    def first_offset():
+        offsets.clear()
+        H._affine_refine(oracle, x[None], n[None], np.random.default_rng(0), lambda X: spans.basis(X, r), layers)
+        return offsets[0]
+
+    assert d <= H.WIDE_DIMS and first_offset() == H.AFFINE_OFFSETS[0]
+    monkeypatch.setattr(H, "WIDE_DIMS", d - 1)
+    assert first_offset() == H.AFFINE_OFFSETS[1]
