@@ -35,6 +35,15 @@ def _kink_beside_a_boundary(hidden, u, gap, rng):
     return onto(x - np.sign(z1[j]) * (dist[j] - gap) * T[j] / np.linalg.norm(T[j]))
 
 
+def _kink_and_estimate(hidden, spans, u, angle, rng):
+    """A kink of second-layer unit u 0.05 from a first-layer boundary, its normal, its
+    span's dimension, and a first estimate of the normal ``angle`` off in a random direction."""
+    x, n = _kink_beside_a_boundary(hidden, u, 0.05, rng)
+    p = rng.standard_normal(len(n))
+    p -= (p @ n) * n
+    return x, n, int(spans.dims(x[None])[0]), np.cos(angle) * n + np.sin(angle) * p / np.linalg.norm(p)
+
+
 def _crowded_network(seed):
     """A planted float32 100-32-16-5 behind its known first layer: (d, hidden, oracle, rng,
     layers, spans)."""
@@ -83,11 +92,7 @@ def test_a_fit_that_holds_against_a_coarse_estimate_is_checked_along_itself(monk
     monkeypatch.setattr(H, "_affine_normals", lambda *a, **k: calls.append(k.get("agree")) or affine(*a, **k))
     errors = []
     for trial in range(8):
-        x, n = _kink_beside_a_boundary(hidden, trial, 0.05, rng)
-        r = int(spans.dims(x[None])[0])
-        p = rng.standard_normal(d)
-        p -= (p @ n) * n
-        first = np.cos(0.3) * n + np.sin(0.3) * p / np.linalg.norm(p)
+        x, n, r, first = _kink_and_estimate(hidden, spans, trial, 0.3, rng)
         calls.clear()
         n2 = H._affine_refine(
             oracle, x[None], first[None], np.random.default_rng(trial), lambda X, r=r: spans.basis(X, r), layers
@@ -162,11 +167,7 @@ def test_boxes_stay_within_the_offsets_and_a_kink_no_box_fitted_is_tried_at_the_
     )
     retried = 0
     for trial in range(6):
-        x, n = _kink_beside_a_boundary(hidden, trial, 0.05, rng)
-        r = int(spans.dims(x[None])[0])
-        p = rng.standard_normal(d)
-        p -= (p @ n) * n
-        first = np.cos(1.2) * n + np.sin(1.2) * p / np.linalg.norm(p)
+        x, n, r, first = _kink_and_estimate(hidden, spans, trial, 1.2, rng)
         calls.clear()
         H._affine_refine(
             oracle, x[None], first[None], np.random.default_rng(trial), lambda X, r=r: spans.basis(X, r), layers

@@ -88,6 +88,14 @@ def _unit_rows_and_oracle(d, k=32):
     return W / s[:, None], b / s, Oracle(P.relu_function(hidden, out, np.float32), d)
 
 
+def _one_row_case():
+    """Unit rows of a planted 100-32-1's first layer, its float32 oracle, a random stream and
+    a kink of unit 0 on a search line (its anchor)."""
+    W, b, oracle = _unit_rows_and_oracle(100)
+    rng = np.random.default_rng(0)
+    return W, b, oracle, rng, _kink_on(W, b, 0, rng, 100)
+
+
 @pytest.mark.parametrize("angle", [2e-2, 0.3])
 def test_anchored_rows_refine_coarse_normals(angle):
     """Rows 2e-2 off (finite differences at d = 784) and 0.3 off (a unit with a small slope
@@ -359,10 +367,7 @@ def test_anchored_rows_refuse_a_top_pass_outside_its_own_margin(monkeypatch):
     float32 784-64-64-10 ended 0.008-0.02 rad off) does not finish the row."""
     from relufast.chosen import refit
 
-    d = 100
-    W, b, oracle = _unit_rows_and_oracle(d)
-    rng = np.random.default_rng(0)
-    a = _kink_on(W, b, 0, rng, d)
+    W, b, oracle, rng, a = _one_row_case()
     true_pass = refit._anchored_pass
     tops = []
 
@@ -389,10 +394,7 @@ def test_anchored_rows_give_up_a_row_after_two_failed_passes(monkeypatch):
     passes, not COARSE_PASSES; one failed pass still lets the row finish."""
     from relufast.chosen import refit
 
-    d = 100
-    W, b, oracle = _unit_rows_and_oracle(d)
-    rng = np.random.default_rng(0)
-    a = _kink_on(W, b, 0, rng, d)
+    W, b, oracle, rng, a = _one_row_case()
     true_pass = refit._anchored_pass
     radii = []
 
