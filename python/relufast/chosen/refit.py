@@ -108,7 +108,7 @@ def _unit_gradient(known, w, Z):
     return np.ascontiguousarray(pull_back(known, np.broadcast_to(w, (n, len(w))), Z))
 
 
-def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=False, pilot=0):
+def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=False, pilot=0, detect=REFIT_DETECT):
     """Kinks of the model on the segments ``X0 + t G`` (|t| <= REFIT_HALF); returns the
     kinks (P, d) and a mask of the usable ones. ``coarse``: S evenly spaced samples a side
     from ``half / 8`` and a kink anywhere within ``half / 8`` of X0 (the passes of
@@ -116,7 +116,8 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     ``pilot`` segments are asked alone and, where under COARSE_PILOT_MIN of them are usable
     (judged on their own), the rest are not asked and none is usable; otherwise the rest
     are asked and all judged together, as in one batch. Without ``coarse`` only the segments
-    that no known boundary crosses are asked (the others are returned unusable)."""
+    that no known boundary crosses are asked (the others are returned unusable). ``detect``:
+    the slope jump over a half segment, in units of the residual bar, that locates a kink."""
     P, d = X0.shape
     # The innermost sample close to the kink: a boundary of a later layer between the kink
     # and it leaves both sides linear but misplaces their meeting point (an outlier of the
@@ -181,12 +182,6 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
             # float32 100-32-1): the rms of the batch's typical side sets the bar.
             typical = float(np.median(np.maximum(rms_lo, rms_hi) / np.maximum(scale, 1e-300)))
             noise = np.maximum(noise, NOISE_SPREAD * typical * scale)
-        # The slope jump over a half segment, in units of the bar, that locates a kink.
-        detect = (
-            COARSE_DETECT
-            if coarse
-            else (REFIT_DETECT_LOW_LAST if low and S == REFIT_SAMPLES_LOW_LAST else REFIT_DETECT)
-        )
         ok = clear & (rms_lo <= noise) & (rms_hi <= noise) & (jump * half > detect * noise)
         return t0, ok & (np.abs(t0) < half * inner)
 
@@ -218,19 +213,31 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     return X0 + t0[:, None] * G, ok
 
 
-def _kinks_across(oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF, coarse=False, pilot=0):
+def _kinks_across(
+    oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF, coarse=False, pilot=0, detect=REFIT_DETECT
+):
     """:func:`_segment_kinks` on the segments through X0 along G, ``batch`` segments a model
     call (``pilot`` for the first batch); returns (kinks, usable mask)."""
     found = [
         _answered_kinks(
-            oracle, known, layer, j, X0[i : i + batch], G[i : i + batch], S, half, coarse=coarse, pilot=pilot * (i == 0)
+            oracle,
+            known,
+            layer,
+            j,
+            X0[i : i + batch],
+            G[i : i + batch],
+            S,
+            half,
+            coarse=coarse,
+            pilot=pilot * (i == 0),
+            detect=detect,
         )
         for i in range(0, len(X0), batch)
     ]
     return np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
 
-def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=False, pilot=0):
+def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=False, pilot=0, detect=REFIT_DETECT):
     """:func:`_segment_kinks`; where the model does not answer far out (a classifier's
     logits read from saturated probabilities), the segments beyond half the largest norm
     are left out (not usable), up to ``tries`` times."""
@@ -239,7 +246,7 @@ def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=Fal
         try:
             # A broadcast G stays one (its segments are built from one row).
             X1, G1 = (X0, G) if keep.all() else (X0[keep], G[keep])
-            pts, ok = _segment_kinks(oracle, known, layer, j, X1, G1, S, half, coarse, pilot)
+            pts, ok = _segment_kinks(oracle, known, layer, j, X1, G1, S, half, coarse, pilot, detect)
             break
         except NonFiniteOutputs:
             if attempt == tries or not keep.any():
@@ -406,7 +413,7 @@ def _accept(fit, w, b, tol, eps):
     return bool(_near(fit, w, b, tol) and fit[2] <= REFIT_FIT * eps)
 
 
-def _row_fit(oracle, known, layer, j, P, S, rng, half):
+def _row_fit(oracle, known, layer, j, P, S, rng, half, detect=REFIT_DETECT):
     """The plane through kinks of unit j on segments of half-length ``half`` across its
     boundary at P boundary points (more where few are clean or where units before it are
     never active): (fit of :func:`_plane_through` or None, the reason when None)."""
@@ -420,9 +427,9 @@ def _row_fit(oracle, known, layer, j, P, S, rng, half):
         X1, G1 = _boundary_points(known, layer, j, n, d, rng, scales)
         if len(X1) == 0:
             return np.zeros((0, d)), np.zeros(0, dtype=bool)
-        return _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half)
+        return _kinks_across(oracle, known, layer, j, X1, G1, S, batch, half, detect=detect)
 
-    pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch, half)
+    pts, ok = _kinks_across(oracle, known, layer, j, X0, G, S, batch, half, detect=detect)
     if ok.sum() <= kin + 2 and ok.sum() >= SPARSE_MIN * len(ok):
         # A unit whose kink is visible at few points of its boundary (no active path after
         # it elsewhere, as in trained networks): more points, farther out, as many as the
@@ -469,6 +476,7 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
     k, kin = W.shape
     tol = REFIT_AGREE if tol is None else tol
     P = (5 * kin) // 4 + REFIT_EXTRA
+    detect = REFIT_DETECT_LOW_LAST if oracle.low_precision and last else REFIT_DETECT
     if oracle.low_precision:
         S = REFIT_SAMPLES_LOW_LAST if last else REFIT_SAMPLES_LOW
     else:
@@ -487,11 +495,11 @@ def refit_layer(oracle, known, layer, rng, *, tol=None, last=False, rows=None):
         plane as given."""
         s = np.linalg.norm(W[j])
         w, c0 = W[j] / s, b[j] / s
-        fit, reason = _row_fit(oracle, known, layer, j, P, S, rng_j, REFIT_HALF)
+        fit, reason = _row_fit(oracle, known, layer, j, P, S, rng_j, REFIT_HALF, detect)
         if fit is not None and not _accept(fit, w, c0, tol, oracle.eps):
             # Kinks off the plane, as where boundaries of a later layer are dense (trained
             # networks): twice the segments, each SHORT_FACTOR times shorter.
-            retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng_j, REFIT_HALF / SHORT_FACTOR)
+            retry, _ = _row_fit(oracle, known, layer, j, 2 * P, S, rng_j, REFIT_HALF / SHORT_FACTOR, detect)
             fit = retry if retry is not None and _accept(retry, w, c0, tol, oracle.eps) else fit
         return fit, reason, s, w, c0
 
@@ -598,7 +606,9 @@ def _anchored_pass(oracle, W, b, j, w, c, a, rho, rng, P, batch, halves=None, sa
     def kinks(X, half, pilot=0):
         G = np.broadcast_to(w, X.shape)
         S = samples or COARSE_SAMPLES
-        return _kinks_across(oracle, [], (Wj, bj), j, X, G, S, batch, half, coarse=True, pilot=pilot)
+        return _kinks_across(
+            oracle, [], (Wj, bj), j, X, G, S, batch, half, coarse=True, pilot=pilot, detect=COARSE_DETECT
+        )
 
     target = d + 2 + max(32, d // 4)  # the plane's unknowns, and rows to spare for its trimming
     X0 = _around(a, w, c, rho, P, rng)
