@@ -213,9 +213,7 @@ def _segment_kinks(oracle, known, layer, j, X0, G, S, half=REFIT_HALF, coarse=Fa
     return X0 + t0[:, None] * G, ok
 
 
-def _kinks_across(
-    oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF, coarse=False, pilot=0, detect=REFIT_DETECT
-):
+def _kinks_across(oracle, known, layer, j, X0, G, S, batch, half=REFIT_HALF, coarse=False, pilot=0, *, detect):
     """:func:`_segment_kinks` on the segments through X0 along G, ``batch`` segments a model
     call (``pilot`` for the first batch); returns (kinks, usable mask)."""
     found = [
@@ -237,7 +235,7 @@ def _kinks_across(
     return np.vstack([f[0] for f in found]), np.concatenate([f[1] for f in found])
 
 
-def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=False, pilot=0, detect=REFIT_DETECT):
+def _answered_kinks(oracle, known, layer, j, X0, G, S, half, tries=4, coarse=False, pilot=0, *, detect):
     """:func:`_segment_kinks`; where the model does not answer far out (a classifier's
     logits read from saturated probabilities), the segments beyond half the largest norm
     are left out (not usable), up to ``tries`` times."""
@@ -413,7 +411,7 @@ def _accept(fit, w, b, tol, eps):
     return bool(_near(fit, w, b, tol) and fit[2] <= REFIT_FIT * eps)
 
 
-def _row_fit(oracle, known, layer, j, P, S, rng, half, detect=REFIT_DETECT):
+def _row_fit(oracle, known, layer, j, P, S, rng, half, detect):
     """The plane through kinks of unit j on segments of half-length ``half`` across its
     boundary at P boundary points (more where few are clean or where units before it are
     never active): (fit of :func:`_plane_through` or None, the reason when None)."""
