@@ -252,7 +252,8 @@ LOOSE = 10.0
 #: the tolerance too (up to LOOSE times it): the 171 linked kinks of the same network's last
 #: unit at random state 1 (active on 0.57% of Gaussian inputs, normals 1.3e-3 rad off or
 #: more) gave 2.4e-4 of the largest and the next 9.3e-3 (39 times above), a row 2.1e-4 off;
-#: its pool grew to 840 kinks of that unit in 40 rounds with no row (ad-hoc replay).
+#: its pool grew to 840 kinks of that unit in 40 rounds with no row (ad-hoc replay, in a
+#: run with a looser test of the rows, not taken: docs/chosen.md).
 ROW_GAP_LOW = 30.0
 
 
