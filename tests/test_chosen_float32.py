@@ -303,10 +303,8 @@ def test_restrictions_of_kinks_seen_before_come_from_the_cache(monkeypatch):
 def test_component_row_with_a_clear_gap_is_kept_at_low_precision():
     """A component's stacked equations whose smallest singular value lies just above the
     tolerance (a weak unit's float32 normals, 1e-3 rad off) but 300 times under the next:
-    no row by the absolute test, its row with ``ratio``; with the next one ROW_GAP_LOW
-    times above it (the 171 kinks of a trained float32 784-128-128-10's last unit: 2.4e-4
-    and 9.3e-3) a row too; with the next one under ROW_GAP_LOW times the smallest, or the
-    smallest above LOOSE times the tolerance, none either way."""
+    no row by the absolute test, its row with ``ratio``; with the next one under GAP times
+    the smallest, or the smallest above LOOSE times the tolerance, none either way."""
     from relufast.chosen import cluster
 
     rng = np.random.default_rng(3)
@@ -321,10 +319,7 @@ def test_component_row_with_a_clear_gap_is_kept_at_low_precision():
     assert row(0.057, 1.8e-4, False) is None
     got = row(0.057, 1.8e-4, True)
     assert got is not None and abs(abs(got @ V[:, -1]) - 1.0) < 1e-12
-    got = row(9.3e-3, 2.4e-4, True)  # ROW_GAP_LOW above the smallest, under GAP
-    assert got is not None and abs(abs(got @ V[:, -1]) - 1.0) < 1e-12
-    assert row(9.3e-3, 2.4e-4, False) is None
-    assert row(0.004, 1.8e-4, True) is None  # next singular value under ROW_GAP_LOW x the smallest
+    assert row(0.01, 1.8e-4, True) is None  # next singular value under GAP x the smallest
     assert row(0.5, 1.8e-3, True) is None  # above LOOSE x the tolerance
     assert row(0.057, 1e-5, False) is not None  # the absolute test still holds
 
