@@ -148,6 +148,7 @@ def test_searches_past_three_only_for_the_last_units(monkeypatch, width, found, 
 
     monkeypatch.setattr(driver, "next_layer", no_layer)
     monkeypatch.setattr(driver, "residual_lines", lambda *a: 0)
+    monkeypatch.setattr(driver, "from_outputs", lambda *a: a[3])  # no row from the outputs
     monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
     tent = (np.eye(4), np.zeros(4))
     oracle = types.SimpleNamespace(low_precision=low)
@@ -172,9 +173,10 @@ def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch, low
         carry["Theta"] = np.zeros((63, 3))
         return None
 
-    lines = []
+    lines, asked = [], []
     monkeypatch.setattr(driver, "next_layer", no_layer)
     monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
+    monkeypatch.setattr(driver, "from_outputs", lambda *a: asked.append(1) or a[3])  # no row from the outputs
     monkeypatch.setattr(driver, "residual_lines", lambda *a: lines.append(1) or 32)
     oracle = types.SimpleNamespace(low_precision=low)
     tent = (np.eye(4), np.zeros(4))
@@ -182,9 +184,10 @@ def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch, low
     settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
     assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), diag, tries) is None
     assert len(lines) == tries - 1 and diag["residual_lines"] == 32 * len(lines)
-    lines.clear()  # a layer before the last: none
+    assert len(asked) == (len(lines) if low else 0)  # at low precision the outputs first, each time
+    lines.clear(), asked.clear()  # a layer before the last: none
     assert driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), None, None, Run("chosen"), {}, tries) is None
-    assert not lines
+    assert not lines and not asked
 
 
 def test_chains_cut_short_only_where_residual_lines_follow(monkeypatch):
@@ -210,6 +213,7 @@ def test_chains_cut_short_only_where_residual_lines_follow(monkeypatch):
     monkeypatch.setattr(driver, "next_layer", no_layer)
     monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
     monkeypatch.setattr(driver, "residual_lines", lambda *a: 0)
+    monkeypatch.setattr(driver, "from_outputs", lambda *a: a[3])  # no row from the outputs
     oracle = types.SimpleNamespace(low_precision=True)
     tent, settled, tries = (np.eye(4), np.zeros(4)), np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
     assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), {}, tries) is None

@@ -692,6 +692,8 @@ def _gathered(oracle, known, tent, k, widths, rng, pool, Theta, carry, oriented,
         if len(found):
             hold = verified(oracle, known, tent, found, rng, carry, tol) if hold is None else hold
             Theta = carry["Theta"] = _add(Theta, found[hold], k, tol)
+        if "outfit" in carry:  # the last hidden layer's last units from the outputs (.outfit)
+            Theta = carry["outfit"](Theta)
         if len(Theta) >= k:
             break
     return Theta

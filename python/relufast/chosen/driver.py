@@ -39,6 +39,7 @@ from .first_layer import LINE_SCALES, KinkPool, first_layer, measure_again
 from .fit import cert_tolerance, certify, output_layer, polish, resolve_signs
 from .net import forward, pre_activations
 from .oracle import BudgetSpent, Oracle
+from .outfit import from_outputs
 from .probes import certificate_probes
 from .refit import refit_layer
 from .residual import residual_lines
@@ -222,6 +223,8 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
             diag["normals_again"] = measure_again(oracle, pool, [tent], rng)
         last_layer = li + 1 == len(widths)
         nearly = min(LAST_UNITS * widths[li], widths[li] - 1)
+        if last_layer and oracle.low_precision:  # its last units from the outputs (.outfit), every round
+            carry["outfit"] = lambda Th: from_outputs(oracle, known, tent, Th, widths[li], rng, carry, oriented, nearly)
         for i in range(tries):  # each try draws new lines; the kink pool and units found are kept
             # Where residual lines follow a search that lacks only the last units, its chains
             # are cut short (.deep.NEARLY_CHAIN_ROUNDS).
@@ -246,10 +249,16 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
             if last_layer and have >= nearly and i + 1 < tries:
                 # The last units switch on few random lines: lines where the outputs' fit on
                 # the units found misses (.residual), for the next search's pool (none after
-                # the last search).
+                # the last search). First the rows the outputs' fit gives (.outfit).
+                if "outfit" in carry and len(carry["outfit"](carry["Theta"])) >= widths[li]:
+                    kt, Theta = len(tent[0]), carry["Theta"]
+                    found = Theta[:, :kt], Theta[:, kt:-1], Theta[:, -1]
+                    break
                 diag["residual_lines"] = diag.get("residual_lines", 0) + residual_lines(
-                    oracle, known, tent, carry["Theta"], rng, pool, oriented, widths[li] - have
+                    oracle, known, tent, carry["Theta"], rng, pool, oriented, widths[li] - len(carry["Theta"])
                 )
+    if carry.get("output_rows"):
+        diag["output_rows"] = diag.get("output_rows", 0) + carry["output_rows"]
     if found is None:
         return None
     coef, beta, const = found
