@@ -9,7 +9,8 @@ training accuracy, then extracted with ``relufast.extract(model, 784, random_sta
 read from the model, chosen queries) in float64 (``model.double()``) or as trained
 (float32). Each case runs in a child process with a time budget. Recorded in ``extra_info``:
 status, certificate residual, queries and queries a weight (and by stage), seconds, the rows
-refitted and the signs settled by wiggles per layer.
+refitted and the signs settled by wiggles per layer, the last layer's rows from the outputs
+(``output_rows``, :mod:`relufast.chosen.outfit`).
 
 Run: python -m pytest bench/test_bench_trained.py --benchmark-only -s (needs torch)
 """
@@ -76,7 +77,7 @@ print(json.dumps(dict(
     status=res.status.value, residual=float(res.residual), queries=int(res.counts["queries"]),
     seconds=time.perf_counter() - t, accuracy=accuracy, precision=res.precision,
     refitted=res.diagnostics.get("refitted_rows"), signs=res.diagnostics.get("signs_by_wiggle"),
-    queries_by_stage=res.diagnostics.get("queries_by_stage"))))
+    queries_by_stage=res.diagnostics.get("queries_by_stage"), output_rows=res.diagnostics.get("output_rows"))))
 """
 
 

@@ -143,3 +143,13 @@ def test_from_outputs_asks_only_for_the_last_few_units():
     assert len(got) == 10 and carry["Theta"] is got and carry["output_rows"] == 2
     for u in (1, 3):
         assert min(_off(r, Theta[u]) for r in got[8:]) < 1e-4
+
+
+def test_extraction_takes_the_last_unit_from_the_outputs():
+    # A planted float32 20-10-10-10 whose searches leave one second-layer unit: the outputs
+    # give it (diagnostics["output_rows"]), and the network is certified at float32.
+    hidden, out = rf.planted.deep_relu(20, [10, 10], 10, random_state=3)
+    f = rf.planted.relu_function(hidden, out, dtype=np.float32)
+    res = rf.extract(f, 20, n_hidden=[10, 10], queries="chosen", random_state=3)
+    assert res.status.value == "exact" and res.precision == "float32"
+    assert res.diagnostics["output_rows"] == 1

@@ -223,8 +223,10 @@ def _peel(oracle, known, tent, settled, li, widths, rng, pool, clock, diag, trie
             diag["normals_again"] = measure_again(oracle, pool, [tent], rng)
         last_layer = li + 1 == len(widths)
         nearly = min(LAST_UNITS * widths[li], widths[li] - 1)
-        if last_layer and oracle.low_precision:  # its last units from the outputs (.outfit), every round
-            carry["outfit"] = lambda Th: from_outputs(oracle, known, tent, Th, widths[li], rng, carry, oriented, nearly)
+        if last_layer and oracle.low_precision:  # its last units from the outputs (.outfit), every round,
+            # on their own random stream (spawned: the searches draw the lines they drew without it)
+            sub = _spawn(rng)
+            carry["outfit"] = lambda Th: from_outputs(oracle, known, tent, Th, widths[li], sub, carry, oriented, nearly)
         for i in range(tries):  # each try draws new lines; the kink pool and units found are kept
             # Where residual lines follow a search that lacks only the last units, its chains
             # are cut short (.deep.NEARLY_CHAIN_ROUNDS).
