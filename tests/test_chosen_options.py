@@ -153,7 +153,7 @@ def test_searches_past_three_only_for_the_last_units(monkeypatch, width, found, 
     tent = (np.eye(4), np.zeros(4))
     oracle = types.SimpleNamespace(low_precision=low)
     settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
-    args = (oracle, [], tent, settled, 1, (4, width), None, None, Run("chosen"), {}, tries)
+    args = (oracle, [], tent, settled, 1, (4, width), np.random.default_rng(0), None, Run("chosen"), {}, tries)
     assert driver._peel(*args) is None
     assert len(calls) == searches
 
@@ -182,11 +182,17 @@ def test_residual_lines_between_searches_of_the_last_layer_only(monkeypatch, low
     tent = (np.eye(4), np.zeros(4))
     diag: dict = {}
     settled, tries = np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
-    assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), diag, tries) is None
+    assert (
+        driver._peel(oracle, [], tent, settled, 1, (4, 64), np.random.default_rng(0), None, Run("chosen"), diag, tries)
+        is None
+    )
     assert len(lines) == tries - 1 and diag["residual_lines"] == 32 * len(lines)
     assert len(asked) == (len(lines) if low else 0)  # at low precision the outputs first, each time
     lines.clear(), asked.clear()  # a layer before the last: none
-    assert driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), None, None, Run("chosen"), {}, tries) is None
+    assert (
+        driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), np.random.default_rng(0), None, Run("chosen"), {}, tries)
+        is None
+    )
     assert not lines and not asked
 
 
@@ -216,10 +222,16 @@ def test_chains_cut_short_only_where_residual_lines_follow(monkeypatch):
     monkeypatch.setattr(driver, "from_outputs", lambda *a: a[3])  # no row from the outputs
     oracle = types.SimpleNamespace(low_precision=True)
     tent, settled, tries = (np.eye(4), np.zeros(4)), np.ones(4, dtype=bool), driver.LAYER_TRIES_LAST
-    assert driver._peel(oracle, [], tent, settled, 1, (4, 64), None, None, Run("chosen"), {}, tries) is None
+    assert (
+        driver._peel(oracle, [], tent, settled, 1, (4, 64), np.random.default_rng(0), None, Run("chosen"), {}, tries)
+        is None
+    )
     assert told == [64 * driver.LAST_UNITS] * (tries - 1) + [None]
     told.clear()
-    assert driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), None, None, Run("chosen"), {}, tries) is None
+    assert (
+        driver._peel(oracle, [], tent, settled, 1, (4, 64, 8), np.random.default_rng(0), None, Run("chosen"), {}, tries)
+        is None
+    )
     assert told and all(t is None for t in told)
 
     rounds = []
