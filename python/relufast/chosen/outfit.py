@@ -53,7 +53,8 @@ __all__ = ["from_outputs", "output_rows", "output_units"]
 #: any row). The lines of :mod:`.residual` go on alone.
 OUTFIT_SHARE = 0.4
 #: Most units missing for which the outputs are asked (each ask costs a batch of points and
-#: about 7 s of fits at d = 784, 128 units, on 2 cores).
+#: seconds of fits at d = 784 and 128 units on 2 cores: 2.5 s where it proposes nothing, 8-12 s
+#: with a row to propose, ad-hoc replays of the trained float32 784-128-128-10's search).
 OUTFIT_UNITS = 4
 #: Gaussian points a batch (half at scale 1, half at scale 3): OUTFIT_POINTS per unknown of a
 #: row, at least OUTFIT_SMALL and at most OUTFIT_BATCH; the most batches a search asks.
