@@ -54,7 +54,7 @@ def test_no_row_where_the_unit_not_found_is_active_on_most_inputs():
     oracle, hidden, Theta = _planted(rare=(5,), on=0.96)
     before = oracle.n_queries
     rows = outfit.output_rows(oracle, [], hidden[0], np.delete(Theta, 5, axis=0), np.random.default_rng(1), True)
-    assert len(rows) == 0 and oracle.n_queries - before == outfit._batch([], hidden[0], True) == 128 * 13
+    assert len(rows) == 0 and oracle.n_queries - before == outfit._batch(hidden[0], True) == 128 * 13
 
 
 def test_two_units_not_found_apart_by_their_output_directions():
@@ -89,7 +89,7 @@ def test_nothing_asked_beyond_a_batch_when_every_unit_is_found():
     before = oracle.n_queries
     rows = outfit.output_rows(oracle, [], hidden[0], Theta, np.random.default_rng(1), True)
     assert len(rows) == 0
-    assert oracle.n_queries - before == outfit._batch([], hidden[0], True)
+    assert oracle.n_queries - before == outfit._batch(hidden[0], True)
 
 
 def test_output_units_adds_the_verified_row_once_per_count():

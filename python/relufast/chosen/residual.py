@@ -46,16 +46,21 @@ RESIDUAL_BACK = 16.0
 RESIDUAL_OUT, RESIDUAL_FLOOR, RESIDUAL_FITS = 20.0, 1e3, 16
 
 
-def _fit_residual(F, Y, floor):
+def _lstsq(F, Y):
+    return np.linalg.lstsq(F, Y, rcond=None)[0]
+
+
+def _fit_residual(F, Y, floor, solve=_lstsq):
     """Row norms of the residual of the least-squares fit of Y on the design F, and
     the bar above which a point stands out: the fit is made again on the half of the points
     it fits best until that half settles (at most RESIDUAL_FITS times: a unit not found
     biases a fit on its points, and its points near its boundary, with small residuals,
     leave the half only gradually), then once more on every point within the bar. Returns
-    (residuals, coefficients, bar)."""
+    (residuals, coefficients, bar). ``solve(F, Y)``: the coefficients of the fits that choose
+    the half (:func:`.outfit._normal`, from the normal equations, where only the bar is wanted)."""
     use = np.ones(len(F), dtype=bool)
     for _ in range(RESIDUAL_FITS):
-        coef = np.linalg.lstsq(F[use], Y[use], rcond=None)[0]
+        coef = solve(F[use], Y[use])
         r = np.linalg.norm(Y - F @ coef, axis=1)
         best = r <= np.median(r)
         if np.array_equal(best, use):

@@ -207,15 +207,11 @@ def _refit_partial(oracle, known, tent, Theta, hits, tries, idx, rng, carry):
     cand = np.array([i for i in range(len(Theta)) if hits[i] > 0 and count.get(idx[i], 0) < PARTIAL_REFITS], dtype=int)
     cand = cand[~_enough(hits[cand], tries[cand])]
     have = carry.get("Theta", np.zeros((0, Theta.shape[1])))
-    both = np.vstack([have, Theta[cand]])
-    if len(cand) == 0 or np.any(both[:, kt:-1] != 0):
+    if len(cand) == 0 or np.any(np.vstack([have, Theta[cand]])[:, kt:-1] != 0):
         return
     for i in cand:
         count[idx[i]] = count.get(idx[i], 0) + 1
-    n = len(have)
-    W, b, _, _ = refit_layer(oracle, [*known, tent], (both[:, :kt], both[:, -1]), rng, rows=range(n, len(both)))
-    new = Theta[cand].copy()
-    new[:, :kt], new[:, -1] = W[n:], b[n:]
+    new = refit_rows(oracle, known, tent, have, Theta[cand], rng)
     moved = np.any(new != Theta[cand], axis=1)
     if not moved.any():
         return
@@ -223,6 +219,20 @@ def _refit_partial(oracle, known, tent, Theta, hits, tries, idx, rng, carry):
     keep = _enough(h2, t2)
     rows = cand[moved][keep]
     Theta[rows], hits[rows], tries[rows] = new[moved][keep], h2[keep], t2[keep]
+
+
+def refit_rows(oracle, known, tent, have, rows, rng, last=False):
+    """``rows`` of Theta (on ``relu`` of the oriented tentative layer: no linear term)
+    refitted through precise kinks (:func:`.refit.refit_layer`), the rows ``have`` dropping
+    the segments their boundaries cross; ``last``: no hidden layer follows."""
+    kt, n = tent[0].shape[0], len(have)
+    both = np.vstack([have, rows])
+    W, b, _, _ = refit_layer(
+        oracle, [*known, tent], (both[:, :kt], both[:, -1]), rng, rows=range(n, len(both)), last=last
+    )
+    new = rows.copy()
+    new[:, :kt], new[:, -1] = W[n:], b[n:]
+    return new
 
 
 #: Random lines on which a deeper unit's predicted boundary is tested, and hits needed.
