@@ -145,11 +145,48 @@ def test_from_outputs_asks_only_for_the_last_few_units():
         assert min(_off(r, Theta[u]) for r in got[8:]) < 1e-4
 
 
-def test_extraction_takes_the_last_unit_from_the_outputs():
-    # A planted float32 20-10-10-10 whose searches leave one second-layer unit: the outputs
-    # give it (diagnostics["output_rows"]), and the network is certified at float32.
+def test_extraction_with_the_outputs_asked_is_certified():
+    # A planted float32 20-10-10-10 whose searches leave their last second-layer unit to the
+    # outputs on the CPUs measured (SkylakeX, Haswell and Zen kernels: output_rows 1); what
+    # any route must give is the certificate at float32.
     hidden, out = rf.planted.deep_relu(20, [10, 10], 10, random_state=3)
     f = rf.planted.relu_function(hidden, out, dtype=np.float32)
     res = rf.extract(f, 20, n_hidden=[10, 10], queries="chosen", random_state=3)
     assert res.status.value == "exact" and res.precision == "float32"
-    assert res.diagnostics["output_rows"] == 1
+    assert res.residual <= res.diagnostics["certificate_tolerance"]
+
+
+def test_rows_from_the_outputs_end_the_search(monkeypatch):
+    # The driver (no model: its steps stubbed): a search that leaves one unit of the last
+    # layer, the outputs give it, and the layer is taken without another search or residual
+    # lines; the rows are counted in diagnostics["output_rows"].
+    import types
+
+    from relufast._result import Run
+    from relufast.chosen import driver
+
+    searches, lines = [], []
+
+    def one_short(oracle, known, tent, k, widths, rng, pool, *, carry, **kw):
+        searches.append(1)
+        carry["Theta"] = np.ones((k - 1, 9))
+        return None
+
+    def outputs(oracle, known, tent, Theta, k, rng, carry, oriented, least):
+        assert oriented and least == driver.LAST_UNITS * k
+        carry["Theta"], carry["output_rows"] = np.vstack([Theta, np.full(9, 2.0)]), 1
+        return carry["Theta"]
+
+    monkeypatch.setattr(driver, "next_layer", one_short)
+    monkeypatch.setattr(driver, "from_outputs", outputs)
+    monkeypatch.setattr(driver, "measure_again", lambda *a: 0)
+    monkeypatch.setattr(driver, "residual_lines", lambda *a: lines.append(1) or 32)
+    monkeypatch.setattr(driver, "resolve_signs", lambda W, b, coef, beta, const: (W, b, coef, const, True))
+    monkeypatch.setattr(driver, "_refit", lambda oracle, known, tent, *a: (tent, True, np.ones(len(tent[0]), bool)))
+    oracle = types.SimpleNamespace(low_precision=True)
+    tent, diag = (np.eye(4), np.zeros(4)), {}
+    got = driver._peel(
+        oracle, [], tent, np.ones(4, bool), 1, (4, 64), np.random.default_rng(0), None, Run("chosen"), diag, 3
+    )
+    assert got is not None and len(got[1][0]) == 64
+    assert searches == [1] and not lines and diag["output_rows"] == 1
